@@ -1,0 +1,441 @@
+"""save / load: the DCP-shaped entry points, and the commit protocol that makes a save atomic.
+
+A save takes three collectives on the given group, all of them carrying errors as data so that
+a failure on one rank makes every rank raise, never hang:
+
+1. all-gather of declarations (what each rank holds, as global regions) and rank 0's save id;
+   every rank then computes the same write plan (replicas once, balanced) on its own;
+2. (only if replicas exist) all-gather of the replicas' checksums: replicas that differ fail
+   the save and name the key, where DCP silently keeps one;
+3. all-gather of chunk records after each rank has written and fsynced its data file; rank 0
+   writes the metadata, then the manifest (temp, fsync, rename, fsync directory), then
+   broadcasts the outcome. Files of older saves in the same directory are removed only after.
+
+A load needs no collective at all: every rank reads the metadata and intersects it with the
+layout of the tensors it was given.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import crc32c
+import msgspec
+import numpy as np
+import torch
+
+from . import collective
+from .dtypes import dtype as dtype_info
+from .format import (
+    DEFAULT_BLOCK,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MANIFEST,
+    CheckpointError,
+    FileEntry,
+    Manifest,
+    Metadata,
+    MetadataRef,
+    TensorEntry,
+    decode_value,
+    encode_metadata,
+    encode_value,
+)
+from .geometry import Region, build_index
+from .plan_save import Decl, plan_writes
+from .readengine import DEFAULT_READ_BUFFER, ReadStats, Request
+from .reader import Checkpoint
+from .state import TensorLeaf, dest_bytes, flatten, host_bytes
+from .storage import fsync_dir, publish_atomic, remove_quietly, write_durable
+from .writer import Piece, write_data_file
+
+
+class SaveError(CheckpointError):
+    """A save failed; nothing was committed. The message names the rank, key or file at fault."""
+
+
+@dataclass
+class SaveResult:
+    path: Path
+    save_id: str
+    step: int | None
+    bytes_written: int  # by this rank
+    total_bytes: int  # by all ranks
+    bytes_per_rank: list[int]
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class LoadResult:
+    path: Path
+    step: int | None
+    stats: ReadStats
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _resolve(path: Any, checkpoint_id: Any) -> Path:
+    if path is None and checkpoint_id is None:
+        raise TypeError("give the checkpoint's path (or checkpoint_id=)")
+    if path is not None and checkpoint_id is not None and Path(path) != Path(checkpoint_id):
+        raise TypeError("give either path or checkpoint_id, not two different ones")
+    return Path(path if path is not None else checkpoint_id)
+
+
+def _enc_region(r: Region) -> list:
+    return [list(r.offsets), list(r.sizes), r.flat_start, r.flat_count]
+
+
+def _dec_region(x: list) -> Region:
+    return Region(tuple(x[0]), tuple(x[1]), int(x[2]), int(x[3]))
+
+
+def _err(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+def _raise_errors(msgs: list[dict], what: str) -> None:
+    errs = [f"rank {m['rank']}: {m['error']}" for m in msgs if m.get("error")]
+    if errs:
+        raise SaveError(f"{what}; nothing was committed. " + "; ".join(errs))
+
+
+def _slice_local(leaf: TensorLeaf, piece: Region) -> torch.Tensor | np.ndarray:
+    src = leaf.region
+    if piece == src:
+        return leaf.local
+    if piece.is_flat:
+        a = piece.flat_start - src.flat_start
+        return leaf.local[a : a + piece.flat_count]
+    idx = tuple(slice(p - s, p - s + n) for p, s, n in zip(piece.offsets, src.offsets, piece.sizes))
+    return leaf.local[idx]
+
+
+def _check_tiling(name: str, shape: tuple[int, ...], regions: list[Region]) -> None:
+    """Distinct declared regions of one tensor must not overlap and must cover it."""
+    numel = int(np.prod(shape, dtype=np.int64))
+    total = sum(r.numel for r in regions)
+    if len(regions) > 1:
+        idx = build_index(shape, regions, list(range(len(regions))))
+        for i, r in enumerate(regions):
+            for offs, sizes in r.boxes(shape):
+                lo = np.asarray(offs, np.int64)
+                owners, _, _ = idx.query(lo, lo + np.asarray(sizes, np.int64))
+                if np.any(owners != i):
+                    j = int(owners[owners != i][0])
+                    raise ValueError(f"{name!r}: shards {r.describe()} and {regions[j].describe()} overlap but differ")
+    if total != numel:
+        raise ValueError(f"{name!r}: the ranks' shards hold {total} of the tensor's {numel} elements (shape {shape})")
+
+
+def save(
+    state_dict: dict[str, Any],
+    path: str | os.PathLike | None = None,
+    *,
+    checkpoint_id: str | os.PathLike | None = None,
+    process_group: Any = None,
+    step: int | None = None,
+    block_bytes: int = DEFAULT_BLOCK,
+    user: dict[str, Any] | None = None,
+) -> SaveResult:
+    """Save ``state_dict`` to ``path`` from every rank of ``process_group``; atomic on success."""
+    t0 = time.perf_counter()
+    path = _resolve(path, checkpoint_id)
+    group = process_group
+    rank, world = collective.world(group)
+    timings: dict[str, float] = {}
+
+    # ---- 1. declarations --------------------------------------------------------------------
+    error = None
+    leaves: list[TensorLeaf] = []
+    vals: dict[str, Any] = {}
+    decls: list[list] = []
+    try:
+        if block_bytes <= 0 or block_bytes % 512:
+            raise ValueError(f"block_bytes must be a positive multiple of 512, got {block_bytes}")
+        path.mkdir(parents=True, exist_ok=True)
+        leaves, value_leaves = flatten(state_dict)
+        vals = {v.name: encode_value(v.value, v.name) for v in value_leaves}
+        for lf in leaves:
+            nbytes = lf.region.numel * dtype_info(lf.dtype).itemsize
+            decls.append([lf.name, lf.dtype, list(lf.global_shape), lf.kind, _enc_region(lf.region), nbytes])
+    except Exception as e:  # carried to every rank, raised there
+        error = _err(e)
+    msg = {"rank": rank, "error": error, "save_id": uuid.uuid4().hex[:16] if rank == 0 else "", "decls": decls, "values": vals}
+    gathered = collective.all_gather_obj(msg, group)
+    _raise_errors(gathered, f"save to {str(path)!r} failed")
+    save_id = gathered[0]["save_id"]
+
+    # every rank checks the same gathered data and so reaches the same verdict
+    meta: dict[str, tuple[str, list[int], str]] = {}
+    per_rank: list[list[Decl]] = []
+    values: dict[str, Any] = {}
+    value_src: dict[str, int] = {}
+    for m in gathered:
+        ds = []
+        for name, dt, shape, kind, reg, nbytes in m["decls"]:
+            prev = meta.setdefault(name, (dt, shape, kind))
+            if prev != (dt, shape, kind):
+                raise SaveError(f"{name!r}: rank {m['rank']} holds {dt}{shape}, another rank {prev[0]}{prev[1]}")
+            region = _dec_region(reg)
+            if region.numel:
+                ds.append(Decl(name, region, nbytes))
+        per_rank.append(ds)
+        for k, v in m["values"].items():
+            if k in meta:
+                raise SaveError(f"{k!r} is a tensor on one rank and a value on rank {m['rank']}")
+            if k in values and values[k] != v:
+                raise SaveError(f"value {k!r} differs across ranks (rank {value_src[k]}: {values[k]!r}, rank {m['rank']}: {v!r})")
+            values.setdefault(k, v)
+            value_src.setdefault(k, m["rank"])
+    regions_of: dict[str, set[Region]] = {}
+    holders: dict[tuple[str, Region], list[int]] = {}
+    for r, ds in enumerate(per_rank):
+        for d in ds:
+            regions_of.setdefault(d.name, set()).add(d.region)
+            holders.setdefault((d.name, d.region), []).append(r)
+    for name, regs in regions_of.items():
+        try:
+            _check_tiling(name, tuple(meta[name][1]), sorted(regs, key=lambda r: (r.flat_start, r.offsets)))
+        except ValueError as e:
+            raise SaveError(f"save to {str(path)!r} failed: {e}") from None
+
+    # ---- 2. replicas must agree -------------------------------------------------------------
+    replica_keys = sorted((k for k, hs in holders.items() if len(hs) > 1), key=lambda k: (k[0], _enc_region(k[1])))
+    by_name = {lf.name: lf for lf in leaves}
+    if replica_keys:
+        mine = {}
+        error = None
+        try:
+            for i, (name, region) in enumerate(replica_keys):
+                lf = by_name.get(name)
+                if lf is not None and lf.region == region:
+                    mine[str(i)] = crc32c.crc32c(host_bytes(lf.local))
+        except Exception as e:
+            error = _err(e)
+        crcs = collective.all_gather_obj({"rank": rank, "error": error, "crcs": mine}, group)
+        _raise_errors(crcs, f"save to {str(path)!r} failed")
+        for i, (name, region) in enumerate(replica_keys):
+            seen = {m["rank"]: m["crcs"][str(i)] for m in crcs if str(i) in m["crcs"]}
+            if len(set(seen.values())) > 1:
+                ranks = sorted(seen)
+                groups: dict[int, list[int]] = {}
+                for r in ranks:
+                    groups.setdefault(seen[r], []).append(r)
+                desc = " vs ".join(f"ranks {g}" for g in groups.values())
+                raise SaveError(
+                    f"save to {str(path)!r} failed: replicas of {name!r} {region.describe()} differ across ranks ({desc}); "
+                    "a tensor without a declared layout must be identical on every rank (declare shards with "
+                    "DTensor, LocalShard or FlatShard)"
+                )
+    timings["plan_s"] = time.perf_counter() - t0
+
+    # ---- 3. write, then commit --------------------------------------------------------------
+    t1 = time.perf_counter()
+    plan = plan_writes(per_rank)
+    bytes_per_rank = [0] * world
+    for a in plan:
+        bytes_per_rank[a.rank] += a.piece.numel * dtype_info(meta[a.name][0]).itemsize
+    fname = f"data-{save_id}-r{rank:05d}.bin"
+    fpath = path / fname
+    error = None
+    result = None
+    try:
+        pieces = [
+            Piece(a.name, a.piece, host_bytes(_slice_local(by_name[a.name], a.piece)))
+            for a in plan
+            if a.rank == rank
+        ]
+        if pieces:
+            result = write_data_file(str(fpath), pieces, block_bytes)
+    except Exception as e:
+        error = _err(e)
+        remove_quietly(fpath)
+    rec = {"rank": rank, "error": error, "file": None, "records": []}
+    if result is not None:
+        rec["file"] = [result.name, result.bytes, result.crc_offset, result.crc_count]
+        rec["records"] = [[c.name, _enc_region(c.region), c.offset, c.length, c.crc32c, c.block0] for c in result.records]
+    timings["write_s"] = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    written = collective.all_gather_obj(rec, group)
+    outcome = {"ok": True, "error": None}
+    if any(m["error"] for m in written):
+        if result is not None:
+            remove_quietly(fpath)
+        errs = "; ".join(f"rank {m['rank']}: {m['error']}" for m in written if m["error"])
+        raise SaveError(f"save to {str(path)!r} failed while writing; nothing was committed. {errs}")
+    if rank == 0:
+        try:
+            _commit(path, save_id, step, world, meta, values, written, block_bytes, user or {})
+        except Exception as e:
+            outcome = {"ok": False, "error": _err(e)}
+    outcome = collective.broadcast_obj(outcome, 0, group)
+    if not outcome["ok"]:
+        if result is not None:
+            remove_quietly(fpath)
+        raise SaveError(f"save to {str(path)!r} failed at commit on rank 0: {outcome['error']}")
+    timings["commit_s"] = time.perf_counter() - t2
+    timings["total_s"] = time.perf_counter() - t0
+    return SaveResult(path, save_id, step, result.bytes if result else 0, sum(bytes_per_rank), bytes_per_rank, timings)
+
+
+def _commit(
+    path: Path,
+    save_id: str,
+    step: int | None,
+    world: int,
+    meta: dict[str, tuple[str, list[int], str]],
+    values: dict[str, Any],
+    written: list[dict],
+    block_bytes: int,
+    user: dict[str, Any],
+) -> None:
+    names = sorted(meta)
+    tid = {n: i for i, n in enumerate(names)}
+    tensors = [TensorEntry(n, meta[n][0], list(meta[n][1]), meta[n][2]) for n in names]
+    files: list[FileEntry] = []
+    rows: list[tuple] = []
+    for m in written:
+        if m["file"] is None:
+            continue
+        fid = len(files)
+        name, nbytes, crc_off, crc_count = m["file"]
+        files.append(FileEntry(name, nbytes, crc_off, crc_count, m["rank"]))
+        for tname, reg, off, length, crc, block0 in m["records"]:
+            r = _dec_region(reg)
+            rows.append((tid[tname], r.flat_start, tuple(r.offsets), fid, off, length, crc, block0, r))
+    rows.sort(key=lambda x: (x[0], x[1], x[2]))
+    ndim = max([len(t.shape) for t in tensors], default=0)
+    n = len(rows)
+    cols = {
+        "tensor": np.array([x[0] for x in rows], np.uint32),
+        "file": np.array([x[3] for x in rows], np.uint32),
+        "offset": np.array([x[4] for x in rows], np.int64),
+        "length": np.array([x[5] for x in rows], np.int64),
+        "crc32c": np.array([x[6] for x in rows], np.uint32),
+        "block0": np.array([x[7] for x in rows], np.int64),
+        "flat_start": np.array([x[8].flat_start for x in rows], np.int64),
+        "flat_count": np.array([x[8].flat_count for x in rows], np.int64),
+        "offsets": np.zeros((n, ndim), np.int64),
+        "sizes": np.zeros((n, ndim), np.int64),
+    }
+    for i, x in enumerate(rows):
+        r = x[8]
+        if not r.is_flat and r.offsets:
+            cols["offsets"][i, : len(r.offsets)] = r.offsets
+            cols["sizes"][i, : len(r.sizes)] = r.sizes
+    md = Metadata(save_id, block_bytes, tensors, files, values, cols)
+    raw = encode_metadata(md)
+    mname = f"metadata-{save_id}.bin"
+    write_durable(path / mname, raw)
+    fsync_dir(path)  # the data files' and metadata's names are durable before the commit
+    manifest = Manifest(
+        format=FORMAT_NAME,
+        version=FORMAT_VERSION,
+        save_id=save_id,
+        created=time.time(),
+        world_size=world,
+        metadata=MetadataRef(mname, len(raw), crc32c.crc32c(raw)),
+        data_bytes=int(cols["length"].sum()) if n else 0,
+        num_files=len(files),
+        num_tensors=len(tensors),
+        step=step,
+        user=user,
+    )
+    publish_atomic(path, MANIFEST, msgspec.json.encode(manifest))
+    # only now may the files of earlier saves into this directory go
+    keep = {mname} | {f.name for f in files} | {MANIFEST}
+    for p in path.iterdir():
+        if p.name not in keep and (p.name.startswith(("data-", "metadata-", f".{MANIFEST}.tmp"))):
+            remove_quietly(p)
+
+
+def load(
+    state_dict: dict[str, Any],
+    path: str | os.PathLike | None = None,
+    *,
+    checkpoint_id: str | os.PathLike | None = None,
+    process_group: Any = None,
+    verify: bool = True,
+    read_buffer: int = DEFAULT_READ_BUFFER,
+    threads: int = 4,
+    strict: bool = True,
+) -> LoadResult:
+    """Fill ``state_dict`` in place from the checkpoint at ``path``.
+
+    What each rank reads is decided by the layout of the tensors it passes (DTensor placements,
+    LocalShard/FlatShard declarations, or whole tensors), whatever layout the checkpoint was
+    saved with. ``process_group`` is accepted for DCP compatibility: a load needs no collective.
+    """
+    t0 = time.perf_counter()
+    path = _resolve(path, checkpoint_id)
+    ck = Checkpoint(path)
+    leaves, value_leaves = flatten(state_dict)
+    saved = {t.name: t for t in ck.metadata.tensors}
+    requests: list[Request] = []
+    finish: list[tuple[Any, Any]] = []
+    for lf in leaves:
+        t = saved.get(lf.name)
+        if t is None:
+            if lf.name in ck.metadata.values:
+                raise CheckpointError(f"{lf.name!r} was saved as a value ({ck.metadata.values[lf.name]!r}), not a tensor")
+            if strict:
+                raise CheckpointError(f"tensor {lf.name!r} is not in the checkpoint at {str(path)!r} ({_near(lf.name, saved)})")
+            continue
+        if tuple(t.shape) != tuple(lf.global_shape):
+            raise CheckpointError(f"tensor {lf.name!r}: saved with global shape {tuple(t.shape)}, loading into {tuple(lf.global_shape)}")
+        if t.dtype != lf.dtype:
+            raise CheckpointError(f"tensor {lf.name!r}: saved as {t.dtype}, loading into {lf.dtype}")
+        if lf.region.numel == 0:
+            continue
+        dest = dest_bytes(lf.local)
+        if dest is None:
+            staging = _staging_like(lf)
+            finish.append((lf.local, staging))
+            dest = dest_bytes(staging)
+        requests.append(Request(lf.name, lf.region, dest))
+    for v in value_leaves:
+        if v.name not in ck.metadata.values:
+            if v.name in saved:
+                raise CheckpointError(f"{v.name!r} was saved as a tensor, the state dict holds a {type(v.value).__name__}")
+            if strict:
+                raise CheckpointError(f"value {v.name!r} is not in the checkpoint at {str(path)!r}")
+            continue
+        new = decode_value(ck.metadata.values[v.name])
+        if isinstance(v.parent, tuple):
+            if new != v.value:
+                raise CheckpointError(f"{v.name!r} lives in a tuple and cannot be replaced in place")
+            continue
+        v.parent[v.key] = new
+    stats = ck.read_into(requests, verify=verify, read_buffer=read_buffer, threads=threads)
+    for target, staging in finish:
+        if isinstance(target, np.ndarray):
+            np.copyto(target, staging)
+        else:
+            with torch.no_grad():
+                target.copy_(staging, non_blocking=False)
+    return LoadResult(path, ck.step, stats, {"total_s": time.perf_counter() - t0})
+
+
+def _staging_like(lf: TensorLeaf) -> torch.Tensor | np.ndarray:
+    shape = (lf.region.flat_count,) if lf.region.is_flat else lf.region.sizes
+    if isinstance(lf.local, np.ndarray):
+        return np.empty(shape, dtype=lf.local.dtype)
+    pin = lf.local.device.type == "cuda" and torch.cuda.is_available()
+    return torch.empty(shape, dtype=lf.local.dtype, pin_memory=pin)
+
+
+def _near(name: str, saved: dict) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, list(saved), n=3)
+    return f"did you mean {', '.join(map(repr, close))}?" if close else f"it holds {len(saved)} tensors"
+
+
+def verify(path: str | os.PathLike, progress: Any = None) -> int:
+    """Check every chunk and block checksum of a committed checkpoint; returns bytes checked."""
+    return Checkpoint(path).verify(progress)

@@ -1,0 +1,69 @@
+"""Byte-string collectives over a torch.distributed group (no pickle on the wire either).
+
+Messages are msgpack (msgspec). On NCCL groups the buffers live on the current CUDA device; on
+gloo they stay on the CPU. Without an initialised process group everything is a world of one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import torch
+import torch.distributed as dist
+
+
+def world(group: Any = None) -> tuple[int, int]:
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _device(group: Any) -> torch.device:
+    if dist.get_backend(group) == "nccl":  # pragma: no cover - GPU machines
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_gather_bytes(payload: bytes, group: Any = None) -> list[bytes]:
+    rank, size = world(group)
+    if size == 1:
+        return [payload]
+    dev = _device(group)
+    n = torch.tensor([len(payload)], dtype=torch.int64, device=dev)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(size)]
+    dist.all_gather(sizes, n, group=group)
+    lens = [int(s.item()) for s in sizes]
+    cap = max(lens)
+    buf = torch.zeros(cap, dtype=torch.uint8, device=dev)
+    if payload:
+        buf[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(dev)
+    outs = [torch.empty(cap, dtype=torch.uint8, device=dev) for _ in range(size)]
+    dist.all_gather(outs, buf, group=group)
+    return [bytes(o[:n].cpu().numpy().tobytes()) for o, n in zip(outs, lens)]
+
+
+def broadcast_bytes(payload: bytes | None, src: int = 0, group: Any = None) -> bytes:
+    rank, size = world(group)
+    if size == 1:
+        assert payload is not None
+        return payload
+    dev = _device(group)
+    global_src = dist.get_global_rank(group, src) if group is not None else src
+    n = torch.tensor([len(payload) if rank == src and payload is not None else 0], dtype=torch.int64, device=dev)
+    dist.broadcast(n, global_src, group=group)
+    buf = torch.empty(int(n.item()), dtype=torch.uint8, device=dev)
+    if rank == src and payload:
+        buf[:] = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(dev)
+    dist.broadcast(buf, global_src, group=group)
+    return bytes(buf.cpu().numpy().tobytes())
+
+
+def all_gather_obj(obj: Any, group: Any = None) -> list[Any]:
+    return [msgspec.msgpack.decode(b) for b in all_gather_bytes(msgspec.msgpack.encode(obj), group)]
+
+
+def broadcast_obj(obj: Any, src: int = 0, group: Any = None) -> Any:
+    rank, _ = world(group)
+    raw = msgspec.msgpack.encode(obj) if rank == src else None
+    return msgspec.msgpack.decode(broadcast_bytes(raw, src, group))

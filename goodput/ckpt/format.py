@@ -1,0 +1,366 @@
+"""The on-disk format (specified in docs/FORMAT.md): manifest, global metadata, validation.
+
+Nothing here trusts what it reads. Decoding checks types (msgspec, strict), then every column's
+dtype and shape, then every chunk's file, offset, length and box against the tensor it claims to
+belong to, before a single data byte is read. numpy only: the torch-free reader uses it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import crc32c
+import msgspec
+import numpy as np
+
+from .dtypes import DTYPES, dtype
+from .geometry import Region
+
+FORMAT_NAME = "goodput.ckpt"
+FORMAT_VERSION = 1
+MANIFEST = "MANIFEST.json"
+META_MAGIC = b"GPCKMETA"
+ALIGN = 4096  # every chunk starts on a page boundary in its data file
+DEFAULT_BLOCK = 4096  # bytes covered by one block checksum
+MAX_NDIM = 32
+_FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+_SAVE_ID_RE = re.compile(r"^[0-9a-f]{16,32}$")
+
+
+class CheckpointError(Exception):
+    """A checkpoint is missing, corrupt, foreign or malformed. The message names what is wrong."""
+
+
+class MetadataRef(msgspec.Struct, forbid_unknown_fields=False):
+    name: str
+    bytes: int
+    crc32c: int
+
+
+class Manifest(msgspec.Struct, forbid_unknown_fields=False):
+    """Written last; its presence is what makes a checkpoint exist."""
+
+    format: str
+    version: int
+    save_id: str
+    created: float
+    world_size: int
+    metadata: MetadataRef
+    data_bytes: int
+    num_files: int
+    num_tensors: int
+    step: int | None = None
+    user: dict[str, Any] = {}
+
+
+class TensorEntry(msgspec.Struct):
+    name: str
+    dtype: str
+    shape: list[int]
+    kind: str = "torch"  # "torch" | "numpy": what the saver held
+
+
+class FileEntry(msgspec.Struct):
+    name: str
+    bytes: int
+    crc_offset: int
+    crc_count: int
+    rank: int
+
+
+class ColumnEntry(msgspec.Struct):
+    dtype: str
+    shape: list[int]
+    offset: int
+
+
+class Header(msgspec.Struct):
+    version: int
+    save_id: str
+    block_bytes: int
+    ndim: int
+    tensors: list[TensorEntry]
+    files: list[FileEntry]
+    values: dict[str, Any]
+    columns: dict[str, ColumnEntry]
+
+
+# column name -> (dtype, is 2-D with ``ndim`` columns)
+COLUMNS: dict[str, tuple[str, bool]] = {
+    "tensor": ("<u4", False),
+    "file": ("<u4", False),
+    "offset": ("<i8", False),
+    "length": ("<i8", False),
+    "crc32c": ("<u4", False),
+    "block0": ("<i8", False),
+    "flat_start": ("<i8", False),
+    "flat_count": ("<i8", False),
+    "offsets": ("<i8", True),
+    "sizes": ("<i8", True),
+}
+
+
+@dataclass
+class Metadata:
+    """Global metadata: every chunk of every tensor, as columns (one row per chunk)."""
+
+    save_id: str
+    block_bytes: int
+    tensors: list[TensorEntry]
+    files: list[FileEntry]
+    values: dict[str, Any]
+    cols: dict[str, np.ndarray]
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.cols["tensor"])
+
+    def region(self, i: int) -> Region:
+        t = self.tensors[int(self.cols["tensor"][i])]
+        d = len(t.shape)
+        if self.cols["flat_start"][i] >= 0:
+            return Region.flat(int(self.cols["flat_start"][i]), int(self.cols["flat_count"][i]), d)
+        return Region.box(self.cols["offsets"][i, :d].tolist(), self.cols["sizes"][i, :d].tolist())
+
+    def chunk_range(self, tensor_id: int) -> tuple[int, int]:
+        """Rows [a, b) of a tensor's chunks (rows are sorted by tensor)."""
+        col = self.cols["tensor"]
+        return (
+            int(np.searchsorted(col, tensor_id, side="left")),
+            int(np.searchsorted(col, tensor_id, side="right")),
+        )
+
+    def describe_chunk(self, i: int) -> str:
+        t = self.tensors[int(self.cols["tensor"][i])]
+        f = self.files[int(self.cols["file"][i])]
+        return f"chunk {self.region(i).describe()} of tensor {t.name!r} in file {f.name!r}"
+
+
+# --------------------------------------------------------------------------- values (JSON leaves)
+
+
+def encode_value(v: Any, where: str = "") -> Any:
+    """JSON-able leaves, with tuples and non-finite floats tagged so they come back as they were."""
+    if v is None or isinstance(v, (bool, str)):
+        return v
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else {"__float__": repr(v)}
+    if isinstance(v, tuple):
+        return {"__tuple__": [encode_value(x, where) for x in v]}
+    if isinstance(v, list):
+        return [encode_value(x, where) for x in v]
+    if isinstance(v, dict):
+        if not all(isinstance(k, str) for k in v):
+            return {"__dict__": [[encode_value(k, where), encode_value(x, where)] for k, x in v.items()]}
+        return {k: encode_value(x, f"{where}.{k}") for k, x in v.items()}
+    raise TypeError(f"{where!r}: cannot checkpoint a value of type {type(v).__name__}")
+
+
+def decode_value(v: Any) -> Any:
+    if isinstance(v, list):
+        return [decode_value(x) for x in v]
+    if isinstance(v, dict):
+        if len(v) == 1:
+            (k, x), = v.items()
+            if k == "__tuple__":
+                return tuple(decode_value(y) for y in x)
+            if k == "__float__":
+                return float(x)
+            if k == "__dict__":
+                return {decode_value(a): decode_value(b) for a, b in x}
+        return {k: decode_value(x) for k, x in v.items()}
+    return v
+
+
+# --------------------------------------------------------------------------- encode
+
+
+def encode_metadata(md: Metadata) -> bytes:
+    n = md.num_chunks
+    columns: dict[str, ColumnEntry] = {}
+    blobs: list[bytes] = []
+    pos = 0
+    for name, (dt, two_d) in COLUMNS.items():
+        arr = np.ascontiguousarray(md.cols[name], dtype=dt)
+        want = (n, md_ndim(md)) if two_d else (n,)
+        if arr.shape != want:
+            raise ValueError(f"column {name}: shape {arr.shape}, expected {want}")
+        raw = arr.tobytes()
+        columns[name] = ColumnEntry(dt, list(arr.shape), pos)
+        pad = (-len(raw)) % 64
+        blobs.append(raw + b"\0" * pad)
+        pos += len(raw) + pad
+    header = Header(
+        version=FORMAT_VERSION,
+        save_id=md.save_id,
+        block_bytes=md.block_bytes,
+        ndim=md_ndim(md),
+        tensors=md.tensors,
+        files=md.files,
+        values=md.values,
+        columns=columns,
+    )
+    hj = msgspec.json.encode(header)
+    head = META_MAGIC + struct.pack("<Q", len(hj)) + hj
+    head += b"\0" * ((-len(head)) % 64)
+    return head + b"".join(blobs)
+
+
+def md_ndim(md: Metadata) -> int:
+    return max([len(t.shape) for t in md.tensors], default=0)
+
+
+# --------------------------------------------------------------------------- decode + validate
+
+
+def decode_manifest(raw: bytes, where: str) -> Manifest:
+    try:
+        m = msgspec.json.decode(raw, type=Manifest)
+    except msgspec.DecodeError as e:
+        raise CheckpointError(f"{where}: not a valid manifest ({e})") from None
+    if m.format != FORMAT_NAME:
+        raise CheckpointError(f"{where}: format {m.format!r} is not {FORMAT_NAME!r}")
+    if m.version > FORMAT_VERSION or m.version < 1:
+        raise CheckpointError(f"{where}: format version {m.version} is not supported (max {FORMAT_VERSION})")
+    if not _SAVE_ID_RE.match(m.save_id):
+        raise CheckpointError(f"{where}: malformed save_id {m.save_id!r}")
+    check_file_name(m.metadata.name, where)
+    if m.metadata.bytes < 0:
+        raise CheckpointError(f"{where}: negative metadata size")
+    return m
+
+
+def check_file_name(name: str, where: str) -> None:
+    """File names from storage must be plain names inside the checkpoint directory."""
+    if not isinstance(name, str) or not _FILE_RE.match(name) or ".." in name:
+        raise CheckpointError(f"{where}: refusing file name {name!r} (must be a plain name inside the checkpoint)")
+
+
+def decode_metadata(raw: bytes, where: str, manifest: Manifest | None = None) -> Metadata:
+    if manifest is not None:
+        if len(raw) != manifest.metadata.bytes:
+            raise CheckpointError(
+                f"{where}: metadata is {len(raw)} bytes, the manifest says {manifest.metadata.bytes} "
+                "(truncated, or from another checkpoint)"
+            )
+        if crc32c.crc32c(raw) != manifest.metadata.crc32c:
+            raise CheckpointError(f"{where}: metadata checksum does not match the manifest (corrupt or from another checkpoint)")
+    if len(raw) < 16 or raw[:8] != META_MAGIC:
+        raise CheckpointError(f"{where}: not goodput metadata (bad magic)")
+    (hlen,) = struct.unpack("<Q", raw[8:16])
+    if hlen > len(raw) - 16:
+        raise CheckpointError(f"{where}: header length {hlen} exceeds the file")
+    try:
+        h = msgspec.json.decode(raw[16 : 16 + hlen], type=Header)
+    except msgspec.DecodeError as e:
+        raise CheckpointError(f"{where}: malformed metadata header ({e})") from None
+    if h.version > FORMAT_VERSION or h.version < 1:
+        raise CheckpointError(f"{where}: metadata version {h.version} is not supported")
+    if manifest is not None and h.save_id != manifest.save_id:
+        raise CheckpointError(
+            f"{where}: metadata belongs to save {h.save_id}, the manifest to save {manifest.save_id} "
+            "(metadata from another checkpoint)"
+        )
+    if not (1 <= h.block_bytes <= 1 << 30) or not (0 <= h.ndim <= MAX_NDIM):
+        raise CheckpointError(f"{where}: bad block size {h.block_bytes} or ndim {h.ndim}")
+    body_start = 16 + hlen + ((-(16 + hlen)) % 64)
+    body = memoryview(raw)[body_start:]
+    n = None
+    cols: dict[str, np.ndarray] = {}
+    for name, (dt, two_d) in COLUMNS.items():
+        c = h.columns.get(name)
+        if c is None:
+            raise CheckpointError(f"{where}: metadata lacks column {name!r}")
+        if c.dtype != dt:
+            raise CheckpointError(f"{where}: column {name!r} has dtype {c.dtype}, expected {dt}")
+        if n is None:
+            n = c.shape[0] if c.shape else -1
+        want = [n, h.ndim] if two_d else [n]
+        if c.shape != want or n < 0:
+            raise CheckpointError(f"{where}: column {name!r} has shape {c.shape}, expected {want}")
+        nbytes = int(np.prod(want)) * np.dtype(dt).itemsize
+        if c.offset < 0 or c.offset + nbytes > len(body):
+            raise CheckpointError(f"{where}: column {name!r} lies outside the metadata file")
+        cols[name] = np.frombuffer(body[c.offset : c.offset + nbytes], dtype=dt).reshape(want)
+    md = Metadata(h.save_id, h.block_bytes, h.tensors, h.files, h.values, cols)
+    validate_metadata(md, where)
+    return md
+
+
+def validate_metadata(md: Metadata, where: str) -> None:
+    """Reject metadata that could make a reader escape, overflow, or mis-read (before any read)."""
+    for t in md.tensors:
+        if t.dtype not in DTYPES:
+            raise CheckpointError(f"{where}: tensor {t.name!r} has unknown dtype {t.dtype!r}")
+        if len(t.shape) > MAX_NDIM or any((not isinstance(s, int)) or s < 0 or s > 1 << 48 for s in t.shape):
+            raise CheckpointError(f"{where}: tensor {t.name!r} has invalid shape {t.shape}")
+        if math.prod(t.shape) > 1 << 50:
+            raise CheckpointError(f"{where}: tensor {t.name!r} is implausibly large {t.shape}")
+    names = [t.name for t in md.tensors]
+    if len(set(names)) != len(names):
+        raise CheckpointError(f"{where}: duplicate tensor names")
+    for f in md.files:
+        check_file_name(f.name, where)
+        if f.bytes < 0 or f.crc_offset < 0 or f.crc_count < 0 or f.crc_offset + 4 * f.crc_count > f.bytes:
+            raise CheckpointError(f"{where}: file {f.name!r} has an invalid size or checksum table")
+    c = md.cols
+    n = md.num_chunks
+    if n == 0:
+        return
+    tid = c["tensor"].astype(np.int64)
+    fid = c["file"].astype(np.int64)
+    if tid.max() >= len(md.tensors):
+        raise CheckpointError(f"{where}: a chunk names tensor #{int(tid.max())}, there are {len(md.tensors)}")
+    if np.any(np.diff(tid) < 0):
+        raise CheckpointError(f"{where}: chunks are not sorted by tensor")
+    if fid.max() >= len(md.files):
+        raise CheckpointError(f"{where}: a chunk names file #{int(fid.max())}, there are {len(md.files)}")
+    itemsize = np.array([dtype(t.dtype).itemsize for t in md.tensors], np.int64)[tid]
+    ndims = np.array([len(t.shape) for t in md.tensors], np.int64)[tid]
+    shapes = np.zeros((len(md.tensors), max(md_ndim(md), 1)), np.int64)
+    for i, t in enumerate(md.tensors):
+        shapes[i, : len(t.shape)] = t.shape
+    numels = np.array([math.prod(t.shape) for t in md.tensors], np.int64)[tid]
+    off, length = c["offset"], c["length"]
+    fbytes = np.array([f.bytes for f in md.files], np.int64)[fid]
+    is_flat = c["flat_start"] >= 0
+
+    def bad(mask: np.ndarray, what: str) -> None:
+        if np.any(mask):
+            i = int(np.argmax(mask))
+            t = md.tensors[int(tid[i])]
+            f = md.files[int(fid[i])]
+            raise CheckpointError(f"{where}: chunk #{i} of tensor {t.name!r} in file {f.name!r}: {what}")
+
+    bad((off < 0) | (length < 0), "negative offset or length")
+    bad(off > fbytes - length, "byte range runs past the end of its file")
+    bad(np.any((c["offsets"] < 0) | (c["sizes"] < 0), axis=1), "negative box")
+    d = c["offsets"].shape[1]
+    if d:
+        cols_idx = np.arange(d)[None, :]
+        inside = cols_idx < ndims[:, None]
+        ends = c["offsets"] + c["sizes"]
+        out_of = inside & (ends > shapes[tid][:, :d])
+        bad(~is_flat & np.any(out_of, axis=1), "box lies outside the tensor")
+        bad(np.any(~inside & ((c["offsets"] != 0) | (c["sizes"] != 0)), axis=1), "box has extra dimensions")
+        big = np.where(inside, c["sizes"], 1)
+        # overflow-safe: bound the product in floating point before computing it exactly
+        bad(np.prod(big.astype(np.float64), axis=1) > 2.0**56, "box is implausibly large")
+        box_numel = np.prod(big, axis=1)
+    else:
+        box_numel = np.ones(n, np.int64)
+    fs, fc = c["flat_start"], c["flat_count"]
+    bad(is_flat & ((fc < 0) | (fs > numels - fc)), "flat range lies outside the tensor")
+    bad(~is_flat & (fc != 0), "box chunk carries a flat count")
+    bad(is_flat & (fc > 1 << 56), "flat range is implausibly large")
+    numel = np.where(is_flat, fc, box_numel)
+    bad(numel * itemsize != length, "length disagrees with dtype x box")
+    nblocks = (length + md.block_bytes - 1) // md.block_bytes
+    ccount = np.array([f.crc_count for f in md.files], np.int64)[fid]
+    bad((c["block0"] < 0) | (c["block0"] > ccount - nblocks), "block checksums lie outside the file's table")

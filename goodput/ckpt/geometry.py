@@ -1,0 +1,233 @@
+"""Pure geometry of chunks: boxes, flat ranges, intersections and the byte runs between layouts.
+
+A saved chunk and a requested piece are both *regions* of a global tensor: either an N-D box
+(offsets, sizes), stored row-major inside the box, or a flat range of the tensor flattened
+row-major (ZeRO / FSDP1 optimizer state). Every region has an affine address map
+``addr(x) = base + strides . x`` (in elements) from global coordinates to its own storage, so one
+routine turns "intersection of two regions" into "runs of contiguous bytes to copy": that is all
+resharding is. A flat range is cut into at most ``2*ndim - 1`` boxes for intersection.
+
+numpy only: the torch-free reader uses this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+import numpy as np
+
+
+def row_major_strides(shape: tuple[int, ...] | list[int] | np.ndarray) -> np.ndarray:
+    shape = [int(s) for s in shape]
+    strides = np.ones(len(shape), dtype=np.int64)
+    for j in range(len(shape) - 2, -1, -1):
+        strides[j] = strides[j + 1] * shape[j + 1]
+    return strides
+
+
+@dataclass(frozen=True)
+class Region:
+    """A box (``offsets``/``sizes``) or, when ``flat_start >= 0``, a flat range of the tensor."""
+
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    flat_start: int = -1
+    flat_count: int = 0
+
+    @staticmethod
+    def box(offsets: tuple[int, ...] | list[int], sizes: tuple[int, ...] | list[int]) -> Region:
+        return Region(tuple(int(o) for o in offsets), tuple(int(s) for s in sizes))
+
+    @staticmethod
+    def whole(shape: tuple[int, ...] | list[int]) -> Region:
+        return Region((0,) * len(shape), tuple(int(s) for s in shape))
+
+    @staticmethod
+    def flat(start: int, count: int, ndim: int) -> Region:
+        return Region((0,) * ndim, (0,) * ndim, int(start), int(count))
+
+    @property
+    def is_flat(self) -> bool:
+        return self.flat_start >= 0
+
+    @property
+    def numel(self) -> int:
+        return self.flat_count if self.is_flat else prod(self.sizes)
+
+    def boxes(self, shape: tuple[int, ...]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+        if self.is_flat:
+            return flat_to_boxes(self.flat_start, self.flat_count, shape)
+        if self.numel == 0:
+            return []
+        return [(self.offsets, self.sizes)]
+
+    def affine(self, shape: tuple[int, ...]) -> tuple[np.ndarray, int]:
+        """(strides, base) with ``addr(x) = base + strides . x`` in elements of this region."""
+        if self.is_flat:
+            return row_major_strides(shape), -self.flat_start
+        strides = row_major_strides(self.sizes)
+        return strides, -int(np.dot(strides, np.asarray(self.offsets, dtype=np.int64)))
+
+    def describe(self) -> str:
+        if self.is_flat:
+            return f"flat[{self.flat_start}:{self.flat_start + self.flat_count}]"
+        return "[" + ", ".join(f"{o}:{o + s}" for o, s in zip(self.offsets, self.sizes)) + "]"
+
+
+def flat_to_boxes(
+    start: int, count: int, shape: tuple[int, ...]
+) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Cut the row-major range ``[start, start+count)`` of ``shape`` into at most 2d-1 boxes."""
+    shape = tuple(int(s) for s in shape)
+    if count <= 0:
+        return []
+    if len(shape) == 0:
+        return [((), ())]
+    out: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    _flat_boxes(start, start + count, shape, (), out)
+    return out
+
+
+def _flat_boxes(a: int, b: int, shape: tuple[int, ...], prefix: tuple[int, ...], out: list) -> None:
+    if a >= b:
+        return
+    d = len(shape)
+    inner_shape = shape[1:]
+    inner = prod(inner_shape)
+    rest = (0,) * (d - 1)
+    if d == 1:
+        out.append((prefix + (a,), (1,) * len(prefix) + (b - a,)))
+        return
+    ones = (1,) * len(prefix)
+    first, last = a // inner, (b - 1) // inner
+    if first == last:
+        _flat_boxes(a - first * inner, b - first * inner, inner_shape, prefix + (first,), out)
+        return
+    lo_full = -(-a // inner)  # first whole slab
+    hi_full = b // inner  # one past the last whole slab
+    if a % inner:
+        _flat_boxes(a % inner, inner, inner_shape, prefix + (first,), out)
+    if hi_full > lo_full:
+        out.append((prefix + (lo_full,) + rest, ones + (hi_full - lo_full,) + inner_shape))
+    if b % inner:
+        _flat_boxes(0, b % inner, inner_shape, prefix + (hi_full,), out)
+
+
+def runs(
+    lo: np.ndarray,
+    hi: np.ndarray,
+    src: tuple[np.ndarray, int],
+    dst: tuple[np.ndarray, int],
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Contiguous runs that copy the box ``[lo, hi)`` from one region's storage to another's.
+
+    Returns ``(src_start, dst_start, run_elems)``: element offsets of each run in the source and
+    destination storage, and the common length. Trailing dimensions that are contiguous in both
+    layouts are merged, so a whole-chunk copy is one run.
+    """
+    s_strides, s_base = src
+    d_strides, d_base = dst
+    lo = np.asarray(lo, dtype=np.int64)
+    size = np.asarray(hi, dtype=np.int64) - lo
+    d = len(size)
+    s0 = s_base + int(np.dot(s_strides, lo)) if d else s_base
+    d0 = d_base + int(np.dot(d_strides, lo)) if d else d_base
+    if d == 0:
+        return np.array([s0], np.int64), np.array([d0], np.int64), 1
+    if s_strides[-1] != 1 or d_strides[-1] != 1:
+        raise ValueError("innermost dimension must be contiguous in both layouts")
+    run = int(size[-1])
+    j = d - 1  # dims [j, d) are merged into one run
+    while j > 0 and s_strides[j - 1] == run and d_strides[j - 1] == run:
+        run *= int(size[j - 1])
+        j -= 1
+    src_start = np.array([s0], np.int64)
+    dst_start = np.array([d0], np.int64)
+    for k in range(j - 1, -1, -1):
+        steps = np.arange(int(size[k]), dtype=np.int64)
+        src_start = (src_start[None, :] + (steps * s_strides[k])[:, None]).reshape(-1)
+        dst_start = (dst_start[None, :] + (steps * d_strides[k])[:, None]).reshape(-1)
+    # dims were expanded from inner to outer; sort so runs follow source order (sequential I/O)
+    order = np.argsort(src_start, kind="stable")
+    return src_start[order], dst_start[order], run
+
+
+class BoxIndex:
+    """Finds the saved boxes that meet a query box without looking at all of them.
+
+    Boxes are sorted by their start along dimension 0; a query looks only at the window of starts
+    that could reach it (``[q_lo - max_extent, q_hi)``), then tests the other dimensions
+    vectorised. For row-sharded layouts (the common case: TP, FSDP, DP shards along dim 0) the
+    window holds just the boxes that meet the query, so a plan costs O(log n + hits) per query.
+    """
+
+    def __init__(self, owner: np.ndarray, lo: np.ndarray, hi: np.ndarray):
+        self.ndim = lo.shape[1] if lo.ndim == 2 else 0
+        if self.ndim == 0 or len(owner) == 0:
+            self.owner, self.lo, self.hi = owner, lo, hi
+            self.max_extent = 0
+            return
+        order = np.argsort(lo[:, 0], kind="stable")
+        self.owner, self.lo, self.hi = owner[order], lo[order], hi[order]
+        self.max_extent = int((self.hi[:, 0] - self.lo[:, 0]).max())
+
+    def query(self, qlo: np.ndarray, qhi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(owner, lo, hi) of each non-empty intersection of the query with an indexed box."""
+        if self.ndim == 0:
+            return self.owner, self.lo, self.hi
+        starts = self.lo[:, 0]
+        a = int(np.searchsorted(starts, qlo[0] - self.max_extent, side="right"))
+        b = int(np.searchsorted(starts, qhi[0], side="left"))
+        lo = np.maximum(self.lo[a:b], qlo)
+        hi = np.minimum(self.hi[a:b], qhi)
+        keep = np.all(hi > lo, axis=1)
+        return self.owner[a:b][keep], lo[keep], hi[keep]
+
+
+def build_index(shape: tuple[int, ...], regions: list[Region], owners: list[int]) -> BoxIndex:
+    """Index the boxes of saved regions (flat ranges cut into boxes), each tagged by its owner."""
+    d = len(shape)
+    own: list[int] = []
+    los: list[tuple[int, ...]] = []
+    his: list[tuple[int, ...]] = []
+    for region, owner in zip(regions, owners):
+        for offs, sizes in region.boxes(shape):
+            own.append(owner)
+            los.append(offs)
+            his.append(tuple(o + s for o, s in zip(offs, sizes)))
+    lo = np.array(los, dtype=np.int64).reshape(len(los), d)
+    hi = np.array(his, dtype=np.int64).reshape(len(his), d)
+    return BoxIndex(np.array(own, dtype=np.int64), lo, hi)
+
+
+def box_index_from_arrays(
+    shape: tuple[int, ...],
+    owner: np.ndarray,
+    offsets: np.ndarray,
+    sizes: np.ndarray,
+    flat_start: np.ndarray,
+    flat_count: np.ndarray,
+) -> BoxIndex:
+    """Vectorised :func:`build_index` for metadata columns; flat ranges are cut one by one."""
+    d = len(shape)
+    is_flat = flat_start >= 0
+    box_lo = offsets[~is_flat, :d]
+    box_hi = box_lo + sizes[~is_flat, :d]
+    box_own = owner[~is_flat]
+    nonempty = np.all(box_hi > box_lo, axis=1) if d else np.ones(len(box_own), bool)
+    parts_own = [box_own[nonempty]]
+    parts_lo = [box_lo[nonempty]]
+    parts_hi = [box_hi[nonempty]]
+    if is_flat.any():
+        regions = [Region.flat(int(s), int(c), d) for s, c in zip(flat_start[is_flat], flat_count[is_flat])]
+        flat_idx = build_index(shape, regions, [int(o) for o in owner[is_flat]])
+        parts_own.append(flat_idx.owner)
+        parts_lo.append(flat_idx.lo)
+        parts_hi.append(flat_idx.hi)
+    own = np.concatenate(parts_own)
+    return BoxIndex(
+        own,
+        np.concatenate(parts_lo).reshape(len(own), d),
+        np.concatenate(parts_hi).reshape(len(own), d),
+    )

@@ -1,0 +1,271 @@
+"""Read a checkpoint with numpy alone: no torch import, no pickle.
+
+``goodput.ckpt.open(path)`` gives the tensors, their global shapes, dtypes and chunk layouts, and
+any tensor or sub-box of one as a numpy array, reading only the bytes that box needs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import crc32c
+import numpy as np
+
+from .dtypes import bf16_bits_to_f32, dtype
+from .format import (
+    MANIFEST,
+    CheckpointError,
+    Manifest,
+    Metadata,
+    decode_manifest,
+    decode_metadata,
+    decode_value,
+)
+from .geometry import Region, build_index
+from .readengine import DEFAULT_READ_BUFFER, Files, Planner, ReadStats, Request, read_requests
+from .storage import pread_into
+
+
+@dataclass(frozen=True)
+class ChunkInfo:
+    region: Region
+    file: str
+    offset: int
+    length: int
+    crc32c: int
+    rank: int
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    kind: str
+    chunks: tuple[ChunkInfo, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * dtype(self.dtype).itemsize
+
+
+def read_manifest(path: Path) -> Manifest:
+    mpath = path / MANIFEST
+    try:
+        raw = mpath.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(f"{str(path)!r} is not a committed checkpoint (no {MANIFEST})") from None
+    return decode_manifest(raw, str(mpath))
+
+
+class Checkpoint:
+    """A committed checkpoint opened for reading."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.manifest = read_manifest(self.path)
+        mref = self.manifest.metadata
+        mpath = self.path / mref.name
+        try:
+            raw = mpath.read_bytes()
+        except FileNotFoundError:
+            raise CheckpointError(f"metadata file {str(mpath)!r} is missing") from None
+        self.metadata: Metadata = decode_metadata(raw, str(mpath), self.manifest)
+        self._planner = Planner(self.metadata)
+        self._tensors: dict[str, TensorInfo] | None = None
+
+    # ------------------------------------------------------------------ description
+    @property
+    def step(self) -> int | None:
+        return self.manifest.step
+
+    @property
+    def values(self) -> dict[str, Any]:
+        return {k: decode_value(v) for k, v in self.metadata.values.items()}
+
+    @property
+    def tensors(self) -> dict[str, TensorInfo]:
+        if self._tensors is None:
+            md = self.metadata
+            c = md.cols
+            out = {}
+            for tid, t in enumerate(md.tensors):
+                a, b = md.chunk_range(tid)
+                chunks = tuple(
+                    ChunkInfo(
+                        md.region(i),
+                        md.files[int(c["file"][i])].name,
+                        int(c["offset"][i]),
+                        int(c["length"][i]),
+                        int(c["crc32c"][i]),
+                        md.files[int(c["file"][i])].rank,
+                    )
+                    for i in range(a, b)
+                )
+                out[t.name] = TensorInfo(t.name, t.dtype, tuple(t.shape), t.kind, chunks)
+            self._tensors = out
+        return self._tensors
+
+    def keys(self) -> list[str]:
+        return [t.name for t in self.metadata.tensors]
+
+    def bytes_per_rank(self) -> dict[int, int]:
+        md = self.metadata
+        per: dict[int, int] = {}
+        lengths = np.bincount(md.cols["file"].astype(np.int64), weights=md.cols["length"], minlength=len(md.files))
+        for f, n in zip(md.files, lengths.tolist()):
+            per[f.rank] = per.get(f.rank, 0) + int(n)
+        return per
+
+    # ------------------------------------------------------------------ reading
+    def read(
+        self,
+        name: str,
+        index: Any = None,
+        *,
+        raw: bool = False,
+        verify: bool = True,
+        read_buffer: int = DEFAULT_READ_BUFFER,
+        threads: int = 4,
+    ) -> np.ndarray:
+        """A tensor, or the box ``index`` of it (a tuple of slices with step 1), as numpy.
+
+        bfloat16 is widened to float32 exactly unless ``raw``; the float8 types come back as
+        their raw ``uint8`` bits.
+        """
+        tid = self._planner.tensor_id(name)
+        t = self.metadata.tensors[tid]
+        shape = tuple(t.shape)
+        region = box_from_index(shape, index, name)
+        dt = dtype(t.dtype)
+        out = np.empty(region.sizes, dtype=np.dtype(dt.raw))
+        dest = out.reshape(-1).view(np.uint8)
+        read_requests(
+            self.path, self.metadata, [Request(name, region, dest)],
+            verify=verify, read_buffer=read_buffer, threads=threads, planner=self._planner,
+        )  # fmt: skip
+        if raw or dt.numpy is None and dt.name != "bfloat16":
+            return out
+        if dt.name == "bfloat16":
+            return bf16_bits_to_f32(out)
+        return out.view(np.dtype(dt.numpy))
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.read(name)
+
+    def read_into(self, requests: list[Request], **kw: Any) -> ReadStats:
+        return read_requests(self.path, self.metadata, requests, planner=self._planner, **kw)
+
+    # ------------------------------------------------------------------ integrity
+    def verify(self, progress: Callable[[int], None] | None = None, read_buffer: int = 64 << 20) -> int:
+        """Check every byte: files present with their sizes, every block and chunk checksum, and
+        that each tensor's chunks tile it exactly. Returns the bytes checked."""
+        md = self.metadata
+        c = md.cols
+        for tid, t in enumerate(md.tensors):
+            a, b = md.chunk_range(tid)
+            shape = tuple(t.shape)
+            regions = [md.region(i) for i in range(a, b)]
+            total = sum(r.numel for r in regions)
+            numel = int(np.prod(shape, dtype=np.int64))
+            if total != numel:
+                raise CheckpointError(f"tensor {t.name!r}: chunks hold {total} elements, the tensor has {numel}")
+            if b - a > 1:
+                idx = build_index(shape, regions, list(range(a, b)))
+                for i, r in zip(range(a, b), regions):
+                    for offs, sizes in r.boxes(shape):
+                        lo = np.asarray(offs, np.int64)
+                        owners, _, _ = idx.query(lo, lo + np.asarray(sizes, np.int64))
+                        if np.any(owners != i):
+                            raise CheckpointError(f"tensor {t.name!r}: chunks overlap at {r.describe()}")
+        files = Files(self.path, md)
+        stats = ReadStats()
+        checked = 0
+        buf = np.empty(max(md.block_bytes, read_buffer // md.block_bytes * md.block_bytes), np.uint8)
+        try:
+            for fid in range(len(md.files)):
+                files.fd(fid)  # presence and size, even for files with no chunk
+            from .readengine import check_blocks, chunk_block_crcs
+
+            for ch in np.argsort(c["file"].astype(np.int64) * (1 << 40) + c["offset"], kind="stable").tolist():
+                fd = files.fd(int(c["file"][ch]))
+                fname = md.files[int(c["file"][ch])].name
+                base, length = int(c["offset"][ch]), int(c["length"][ch])
+                expect = chunk_block_crcs(files, md, ch, stats)
+                crc = 0
+                for a in range(0, length, len(buf)):
+                    part = memoryview(buf)[: min(len(buf), length - a)]
+                    pread_into(fd, part, base + a, fname)
+                    check_blocks(md, ch, part, a // md.block_bytes, expect)
+                    crc = crc32c.crc32c(part, crc)
+                    checked += len(part)
+                    if progress:
+                        progress(len(part))
+                if crc != int(c["crc32c"][ch]):
+                    raise CheckpointError(f"checksum mismatch: {md.describe_chunk(ch)} is corrupt")
+        finally:
+            files.close()
+        return checked
+
+
+def box_from_index(shape: tuple[int, ...], index: Any, name: str) -> Region:
+    if index is None:
+        return Region.whole(shape)
+    if not isinstance(index, tuple):
+        index = (index,)
+    if len(index) > len(shape):
+        raise IndexError(f"{name!r}: {len(index)} indices for a {len(shape)}-D tensor")
+    offs, sizes = [], []
+    for d, n in enumerate(shape):
+        sl = index[d] if d < len(index) else slice(None)
+        if isinstance(sl, int):
+            i = sl + n if sl < 0 else sl
+            if not 0 <= i < n:
+                raise IndexError(f"{name!r}: index {sl} out of range for dimension {d} of size {n}")
+            sl = slice(i, i + 1)
+        if not isinstance(sl, slice):
+            raise TypeError(f"{name!r}: only ints and slices select a box, got {type(sl).__name__}")
+        a, b, step = sl.indices(n)
+        if step != 1:
+            raise ValueError(f"{name!r}: a box needs step 1 slices")
+        offs.append(a)
+        sizes.append(max(0, b - a))
+    return Region.box(offs, sizes)
+
+
+def open(path: str | os.PathLike) -> Checkpoint:  # noqa: A001 - mirrors the builtin on purpose
+    return Checkpoint(path)
+
+
+def is_committed(path: str | os.PathLike) -> bool:
+    try:
+        read_manifest(Path(path))
+        return True
+    except (CheckpointError, OSError):
+        return False
+
+
+def list_checkpoints(root: str | os.PathLike) -> list[tuple[Path, Manifest]]:
+    """Committed checkpoints directly under ``root`` (and ``root`` itself), oldest first."""
+    root = Path(root)
+    found: list[tuple[Path, Manifest]] = []
+    candidates = [root] + (sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else [])
+    for p in candidates:
+        try:
+            found.append((p, read_manifest(p)))
+        except (CheckpointError, OSError):
+            continue
+    found.sort(key=lambda pm: (pm[1].step if pm[1].step is not None else -1, pm[1].created))
+    return found
+
+
+def latest(root: str | os.PathLike) -> Path | None:
+    """The newest committed checkpoint under ``root`` (by step, then commit time), or None."""
+    found = list_checkpoints(root)
+    return found[-1][0] if found else None
+
+

@@ -1,0 +1,213 @@
+"""Turns a state dict into named leaves (tensors with their global layout, and JSON values).
+
+Names are dotted paths, as DCP names them (``model.layers.0.weight``, ``optim.state.0.exp_avg``).
+Dicts are walked; lists and tuples are walked when they hold tensors and are JSON leaves when they
+do not (``param_groups``). What a tensor *is* globally comes from its type: a DTensor knows its
+mesh and placements; :class:`LocalShard` and :class:`FlatShard` declare a box or a flat range of a
+global tensor (Megatron TP/PP, ZeRO/FSDP1 optimizer state); anything else is a replica.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .dtypes import DTYPES, from_numpy
+from .geometry import Region
+
+
+@dataclass
+class LocalShard:
+    """``tensor`` is the box at ``offsets`` of a global tensor of ``global_shape``."""
+
+    tensor: torch.Tensor
+    global_shape: tuple[int, ...]
+    offsets: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        self.global_shape = tuple(int(s) for s in self.global_shape)
+        self.offsets = tuple(int(o) for o in self.offsets)
+        shape = tuple(self.tensor.shape)
+        if len(shape) != len(self.global_shape) or len(self.offsets) != len(shape):
+            raise ValueError(f"LocalShard: shard {shape}, global {self.global_shape}, offsets {self.offsets} differ in rank")
+        for o, s, g in zip(self.offsets, shape, self.global_shape):
+            if o < 0 or o + s > g:
+                raise ValueError(f"LocalShard: box offsets {self.offsets} size {shape} leaves global shape {self.global_shape}")
+
+
+@dataclass
+class FlatShard:
+    """``tensor`` (1-D) holds elements ``[start, start + numel)`` of a global tensor flattened."""
+
+    tensor: torch.Tensor
+    global_shape: tuple[int, ...]
+    start: int
+
+    def __post_init__(self) -> None:
+        self.global_shape = tuple(int(s) for s in self.global_shape)
+        n = int(np.prod(self.global_shape, dtype=np.int64))
+        if self.tensor.dim() != 1:
+            raise ValueError(f"FlatShard: tensor must be 1-D, got shape {tuple(self.tensor.shape)}")
+        if self.start < 0 or self.start + self.tensor.numel() > n:
+            raise ValueError(f"FlatShard: range [{self.start}, {self.start + self.tensor.numel()}) leaves a tensor of {n} elements")
+
+
+@dataclass
+class TensorLeaf:
+    name: str
+    dtype: str
+    global_shape: tuple[int, ...]
+    region: Region  # this rank's part, in global coordinates
+    local: torch.Tensor | np.ndarray  # the data of ``region``, laid out as the region
+    kind: str  # "torch" | "numpy"
+    declared: bool  # True for DTensor/LocalShard/FlatShard; False for a plain replica
+    parent: Any = None
+    key: Any = None
+    holder: Any = None  # the LocalShard/FlatShard/DTensor object, if any
+
+
+@dataclass
+class ValueLeaf:
+    name: str
+    value: Any
+    parent: Any
+    key: Any
+
+
+def torch_dtype_name(dt: torch.dtype, name: str) -> str:
+    s = str(dt).removeprefix("torch.")
+    if s not in DTYPES:
+        raise TypeError(f"{name!r}: dtype {dt} cannot be checkpointed")
+    return s
+
+
+def _contains_array(v: Any) -> bool:
+    if isinstance(v, (torch.Tensor, np.ndarray, LocalShard, FlatShard)):
+        return True
+    if isinstance(v, dict):
+        return any(_contains_array(x) for x in v.values())
+    if isinstance(v, (list, tuple)):
+        return any(_contains_array(x) for x in v)
+    return False
+
+
+def flatten(state: Any) -> tuple[list[TensorLeaf], list[ValueLeaf]]:
+    tensors: list[TensorLeaf] = []
+    values: list[ValueLeaf] = []
+    if not isinstance(state, dict):
+        raise TypeError(f"state_dict must be a dict, got {type(state).__name__}")
+    for k, v in state.items():
+        _walk(str(k), v, state, k, tensors, values)
+    return tensors, values
+
+
+def _walk(name: str, v: Any, parent: Any, key: Any, tensors: list, values: list) -> None:
+    if isinstance(v, dict):
+        for k, x in v.items():
+            if not isinstance(k, (str, int)):
+                raise TypeError(f"{name!r}: dict keys must be str or int, got {type(k).__name__}")
+            _walk(f"{name}.{k}", x, v, k, tensors, values)
+        return
+    if isinstance(v, (list, tuple)) and _contains_array(v):
+        for i, x in enumerate(v):
+            _walk(f"{name}.{i}", x, v, i, tensors, values)
+        return
+    leaf = tensor_leaf(name, v)
+    if leaf is not None:
+        leaf.parent, leaf.key = parent, key
+        tensors.append(leaf)
+        return
+    from .format import encode_value
+
+    encode_value(v, name)  # raises a TypeError naming the key for anything not JSON-able
+    values.append(ValueLeaf(name, v, parent, key))
+
+
+def tensor_leaf(name: str, v: Any) -> TensorLeaf | None:
+    if isinstance(v, LocalShard):
+        t = v.tensor.detach()
+        region = Region.box(v.offsets, tuple(t.shape))
+        return TensorLeaf(name, torch_dtype_name(t.dtype, name), v.global_shape, region, t, "torch", True, holder=v)
+    if isinstance(v, FlatShard):
+        t = v.tensor.detach()
+        region = Region.flat(v.start, t.numel(), len(v.global_shape))
+        return TensorLeaf(name, torch_dtype_name(t.dtype, name), v.global_shape, region, t, "torch", True, holder=v)
+    if isinstance(v, np.ndarray):
+        if v.dtype == object:
+            raise TypeError(f"{name!r}: object arrays cannot be checkpointed (they would need pickle)")
+        try:
+            dt = from_numpy(v.dtype).name
+        except TypeError as e:
+            raise TypeError(f"{name!r}: {e}") from None
+        return TensorLeaf(name, dt, tuple(v.shape), Region.whole(v.shape), v, "numpy", False)
+    if isinstance(v, torch.Tensor):
+        if _is_dtensor(v):
+            return _dtensor_leaf(name, v)
+        if v.is_sparse or v.layout != torch.strided:
+            raise TypeError(f"{name!r}: only dense (strided) tensors can be checkpointed, got {v.layout}")
+        if v.device.type == "meta":
+            raise TypeError(f"{name!r}: a meta tensor has no data to checkpoint")
+        t = v.detach()
+        return TensorLeaf(name, torch_dtype_name(t.dtype, name), tuple(t.shape), Region.whole(t.shape), t, "torch", False)
+    return None
+
+
+def _is_dtensor(v: Any) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without distributed
+        return False
+    return isinstance(v, DTensor)
+
+
+def _dtensor_leaf(name: str, v: Any) -> TensorLeaf:
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    for p in v.placements:
+        if type(p).__name__ == "_StridedShard":
+            raise TypeError(f"{name!r}: strided-shard DTensor placements (FSDP2 x TP) are not supported yet")
+        if not isinstance(p, (Shard, Replicate)):
+            raise TypeError(f"{name!r}: DTensor placement {p} is not supported (reduce Partial placements before saving)")
+    shape, offsets = compute_local_shape_and_global_offset(v.shape, v.device_mesh, v.placements)
+    local = v.to_local().detach()
+    if tuple(local.shape) != tuple(shape):
+        raise ValueError(f"{name!r}: DTensor local shape {tuple(local.shape)} differs from its layout {tuple(shape)}")
+    region = Region.box(offsets, shape)
+    return TensorLeaf(name, torch_dtype_name(local.dtype, name), tuple(v.shape), region, local, "torch", True, holder=v)
+
+
+def host_bytes(x: torch.Tensor | np.ndarray) -> np.ndarray:
+    """The bytes of ``x`` on the host, C-contiguous, as a flat uint8 array (a view when possible).
+
+    CUDA tensors are copied through pinned memory on a side stream so that the copy can overlap
+    compute; the caller owns the returned buffer.
+    """
+    if isinstance(x, np.ndarray):
+        return np.ascontiguousarray(x).reshape(-1).view(np.uint8)
+    if x.device.type == "cuda":  # pragma: no cover - exercised on GPU machines
+        pinned = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+        stream = torch.cuda.Stream(device=x.device)
+        stream.wait_stream(torch.cuda.current_stream(x.device))
+        with torch.cuda.stream(stream):
+            pinned.copy_(x, non_blocking=True)
+        stream.synchronize()
+        x = pinned
+    elif x.device.type != "cpu":
+        x = x.cpu()
+    x = x.contiguous()
+    return x.reshape(-1).view(torch.uint8).numpy()
+
+
+def dest_bytes(x: torch.Tensor | np.ndarray) -> np.ndarray | None:
+    """A writable flat uint8 view of ``x``'s storage, or None when a staging copy is needed."""
+    if isinstance(x, np.ndarray):
+        if x.flags.c_contiguous and x.flags.writeable:
+            return x.reshape(-1).view(np.uint8)
+        return None
+    if x.device.type != "cpu" or not x.is_contiguous():
+        return None
+    return x.detach().reshape(-1).view(torch.uint8).numpy()

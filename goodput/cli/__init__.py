@@ -1,0 +1,1 @@
+"""The ``goodput`` command line: a thin layer over the library."""

@@ -1,0 +1,136 @@
+"""``goodput ckpt ls | inspect | verify | import-dcp``."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.table import Table
+
+from goodput.ckpt.format import CheckpointError
+from goodput.ckpt.reader import Checkpoint, list_checkpoints
+
+app = typer.Typer(no_args_is_help=True)
+console = Console()
+err = Console(stderr=True)
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"
+
+
+def _fail(e: Exception) -> None:
+    err.print(f"[red]error:[/red] {e}")
+    raise typer.Exit(1)
+
+
+@app.command("ls")
+def ls(root: Path = typer.Argument(..., help="Directory holding checkpoints."), as_json: bool = typer.Option(False, "--json")) -> None:
+    """Committed checkpoints under ROOT: step, size, files, commit time."""
+    found = list_checkpoints(root)
+    rows = [
+        {
+            "path": str(p),
+            "step": m.step,
+            "bytes": m.data_bytes,
+            "tensors": m.num_tensors,
+            "files": m.num_files,
+            "world_size": m.world_size,
+            "created": m.created,
+        }
+        for p, m in found
+    ]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    t = Table(title=f"committed checkpoints in {root}")
+    for c in ("path", "step", "size", "tensors", "files", "ranks", "committed"):
+        t.add_column(c)
+    for r in rows:
+        t.add_row(
+            r["path"], str(r["step"]), human(r["bytes"]), str(r["tensors"]), str(r["files"]), str(r["world_size"]),
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created"])),
+        )  # fmt: skip
+    console.print(t)
+
+
+@app.command()
+def inspect(path: Path, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Tensors, global shapes, dtypes, layouts and bytes per rank of the checkpoint at PATH."""
+    try:
+        ck = Checkpoint(path)
+    except CheckpointError as e:
+        _fail(e)
+    tensors = []
+    for t in ck.tensors.values():
+        tensors.append(
+            {
+                "name": t.name,
+                "dtype": t.dtype,
+                "shape": list(t.shape),
+                "kind": t.kind,
+                "bytes": t.nbytes,
+                "chunks": [
+                    {"region": c.region.describe(), "rank": c.rank, "file": c.file, "offset": c.offset, "length": c.length, "crc32c": c.crc32c}
+                    for c in t.chunks
+                ],
+            }
+        )
+    out = {
+        "path": str(path),
+        "step": ck.step,
+        "save_id": ck.manifest.save_id,
+        "world_size": ck.manifest.world_size,
+        "data_bytes": ck.manifest.data_bytes,
+        "block_bytes": ck.metadata.block_bytes,
+        "bytes_per_rank": {str(k): v for k, v in sorted(ck.bytes_per_rank().items())},
+        "tensors": tensors,
+        "values": ck.values,
+    }
+    if as_json:
+        print(json.dumps(out, indent=2, default=str))
+        return
+    console.print(f"[bold]{path}[/bold]  step={ck.step}  save={ck.manifest.save_id}  ranks={ck.manifest.world_size}  data={human(ck.manifest.data_bytes)}")
+    t = Table()
+    for c in ("tensor", "dtype", "shape", "size", "chunks", "layout"):
+        t.add_column(c)
+    for x in tensors:
+        layout = ", ".join(f"r{c['rank']}{c['region']}" for c in x["chunks"][:4])
+        if len(x["chunks"]) > 4:
+            layout += f", … (+{len(x['chunks']) - 4})"
+        t.add_row(x["name"], x["dtype"], str(tuple(x["shape"])), human(x["bytes"]), str(len(x["chunks"])), layout)
+    console.print(t)
+    r = Table(title="bytes written per rank")
+    r.add_column("rank")
+    r.add_column("bytes")
+    for k, v in out["bytes_per_rank"].items():
+        r.add_row(k, human(v))
+    console.print(r)
+    if ck.values:
+        console.print("values: " + ", ".join(f"{k}={v!r}" for k, v in list(ck.values.items())[:20]))
+
+
+@app.command()
+def verify(path: Path) -> None:
+    """Check every chunk and block checksum, file sizes, and that chunks tile each tensor."""
+    try:
+        ck = Checkpoint(path)
+        total = int(ck.metadata.cols["length"].sum())
+        with Progress(
+            TextColumn("verify"), BarColumn(), DownloadColumn(binary_units=True), TransferSpeedColumn(), TimeRemainingColumn(),
+            console=err, transient=not sys.stderr.isatty(),
+        ) as prog:  # fmt: skip
+            task = prog.add_task("verify", total=total)
+            checked = ck.verify(progress=lambda n: prog.advance(task, n))
+    except CheckpointError as e:
+        _fail(e)
+    console.print(f"[green]ok[/green]: {path} ({human(checked)} in {ck.metadata.num_chunks} chunks, {len(ck.metadata.tensors)} tensors)")

@@ -1,0 +1,1 @@
+"""The end-to-end demo (placeholder until written below)."""

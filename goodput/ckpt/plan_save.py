@@ -35,7 +35,7 @@ class Assignment:
 
 def split_region(region: Region, k: int) -> list[Region]:
     """Cut a region into up to ``k`` pieces of nearly equal size, along one dimension."""
-    if k <= 1:
+    if k <= 1 or region.numel <= 1:
         return [region]
     if region.is_flat:
         n = region.flat_count

@@ -1,0 +1,231 @@
+"""Every layout change on real gloo process groups (2-4 processes), compared bitwise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import goodput.ckpt as gc
+from tests.distributed import run_ranks
+
+
+def full(name: str, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The same global tensor in every process (seeded by name)."""
+    g = torch.Generator().manual_seed(sum(map(ord, name)))
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    return torch.randint(-(2**40), 2**40, shape, generator=g, dtype=dtype)
+
+
+SPECS = {
+    # name: (shape, dtype)
+    "w_rows": ((10, 7), torch.float32),
+    "w_cols": ((9, 6), torch.bfloat16),
+    "w_rep": ((5, 3), torch.int64),
+    "w_2d": ((8, 6), torch.float32),
+    "w_2d_rep": ((6, 10), torch.bfloat16),
+}
+
+
+def _save_dtensors(rank: int, world: int, path: str) -> dict:
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world,))
+    mesh2 = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    place = {
+        "w_rows": (mesh, [Shard(0)]),
+        "w_cols": (mesh, [Shard(1)]),
+        "w_rep": (mesh, [Replicate()]),
+        "w_2d": (mesh2, [Shard(0), Shard(1)]),
+        "w_2d_rep": (mesh2, [Replicate(), Shard(1)]),  # TP-sharded, replicated over DP
+    }
+    state = {"model": {n: distribute_tensor(full(n, *SPECS[n]), m, p) for n, (m, p) in place.items()}, "step": 11}
+    r = gc.save(state, path, step=11)
+    return {"bytes": r.bytes_per_rank, "total": r.total_bytes}
+
+
+def _load_dtensors_3(rank: int, world: int, path: str) -> bool:
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world,))
+    place = {
+        "w_rows": [Shard(1)],
+        "w_cols": [Shard(0)],
+        "w_rep": [Shard(0)],
+        "w_2d": [Shard(1)],
+        "w_2d_rep": [Replicate()],
+    }
+    state = {
+        "model": {n: distribute_tensor(torch.zeros(SPECS[n][0], dtype=SPECS[n][1]), mesh, p) for n, p in place.items()},
+        "step": 0,
+    }
+    res = gc.load(state, path)
+    assert state["step"] == 11 and res.step == 11
+    for n, p in place.items():
+        want = distribute_tensor(full(n, *SPECS[n]), mesh, p).to_local()
+        got = state["model"][n].to_local()
+        assert torch.equal(got, want), f"{n} differs on rank {rank}"
+    return True
+
+
+def test_dtensor_4_ranks_to_3_ranks_and_to_one(tmp_path: Path) -> None:
+    path = str(tmp_path / "ck")
+    out = run_ranks(_save_dtensors, 4, path)
+    assert gc.latest(tmp_path) == Path(path)
+    # replicas written once: total bytes equal the tensors' bytes
+    assert out[0]["total"] == sum(full(n, *SPECS[n]).numel() * full(n, *SPECS[n]).element_size() for n in SPECS)
+    assert run_ranks(_load_dtensors_3, 3, path) == [True] * 3
+    # 4 ranks -> 1 process, no process group: whole tensors
+    state = {"model": {n: torch.zeros(s, dtype=d) for n, (s, d) in SPECS.items()}, "step": 0}
+    gc.load(state, path)
+    for n, (s, d) in SPECS.items():
+        assert torch.equal(state["model"][n], full(n, s, d)), n
+    gc.verify(path)
+    ck = gc.open(path)
+    assert ck.tensors["model.w_rows"].shape == (10, 7)
+    np.testing.assert_array_equal(ck.read("model.w_rows", np.s_[2:9, 1:5]), full("w_rows", (10, 7))[2:9, 1:5].numpy())
+
+
+def _save_uneven_3(rank: int, world: int, path: str) -> None:
+    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world,))
+    gc.save({"t": distribute_tensor(full("t", (7, 5)), mesh, [Shard(0)])}, path)
+
+
+def test_three_ranks_uneven_to_one_whole(tmp_path: Path) -> None:
+    run_ranks(_save_uneven_3, 3, str(tmp_path))
+    ck = gc.open(tmp_path)
+    sizes = sorted(c.region.sizes[0] for c in ck.tensors["t"].chunks)
+    assert sizes == [1, 3, 3]  # torch.chunk semantics: uneven
+    state = {"t": torch.zeros(7, 5)}
+    gc.load(state, tmp_path)
+    assert torch.equal(state["t"], full("t", (7, 5)))
+
+
+# ---------------------------------------------------------------- Megatron TP + ZeRO flat shards
+G = (8, 12)
+
+
+def _flat_ranges(n: int, parts: int) -> list[tuple[int, int]]:
+    edges = [0, 13, 40, 41, n] if parts == 4 else [round(n * i / parts) for i in range(parts + 1)]
+    return list(zip(edges, edges[1:]))
+
+
+def _save_megatron(rank: int, world: int, path: str) -> dict:
+    tp, dp = rank % 2, rank // 2  # 2-way TP x 2-way DP
+    w = full("w", G)
+    cols = G[1] // 2
+    a, b = _flat_ranges(G[0] * G[1], 4)[rank]
+    state = {
+        # TP shard: a column block, identical on both DP replicas -> written once
+        "w": gc.LocalShard(w[:, tp * cols : (tp + 1) * cols].clone(), G, (0, tp * cols)),
+        # ZeRO: each rank owns a flat range of the optimizer state (uneven on purpose)
+        "exp_avg": gc.FlatShard(full("m", G).reshape(-1)[a:b].clone(), G, a),
+        "dp": dp,
+    }
+    state.pop("dp")
+    r = gc.save(state, path)
+    return {"bytes": r.bytes_per_rank, "total": r.total_bytes}
+
+
+def test_local_and_flat_shards_reshard(tmp_path: Path) -> None:
+    out = run_ranks(_save_megatron, 4, str(tmp_path))
+    assert out[0]["total"] == 2 * G[0] * G[1] * 4  # w once + exp_avg once
+    w, m = full("w", G), full("m", G)
+    # ZeRO over 3 ranks instead of 4 (flat ranges), TP 3 over rows, and whole
+    for a, b in _flat_ranges(G[0] * G[1], 3):
+        st = {"exp_avg": gc.FlatShard(torch.zeros(b - a), G, a)}
+        gc.load(st, tmp_path)
+        assert torch.equal(st["exp_avg"].tensor, m.reshape(-1)[a:b])
+    for r0, r1 in [(0, 3), (3, 6), (6, 8)]:
+        st = {"w": gc.LocalShard(torch.zeros(r1 - r0, G[1]), G, (r0, 0)), "exp_avg": gc.LocalShard(torch.zeros(r1 - r0, 5), G, (r0, 7))}
+        gc.load(st, tmp_path)
+        assert torch.equal(st["w"].tensor, w[r0:r1])
+        assert torch.equal(st["exp_avg"].tensor, m[r0:r1, 7:])
+    whole = {"w": torch.zeros(G), "exp_avg": torch.zeros(G)}
+    gc.load(whole, tmp_path)
+    assert torch.equal(whole["w"], w) and torch.equal(whole["exp_avg"], m)
+
+
+# ---------------------------------------------------------------- replicas: written once, balanced
+DDP = {"emb": (4096, 512), "l0": (512, 512), "l1": (512, 512), "l2": (512, 512), "l3": (512, 512), "b": (512,), "s": ()}
+
+
+def _save_ddp(rank: int, world: int, path: str) -> list[int]:
+    state = {k: full(k, s) for k, s in DDP.items()}
+    return gc.save(state, path).bytes_per_rank
+
+
+def test_replicas_written_once_and_balanced(tmp_path: Path) -> None:
+    per_rank = run_ranks(_save_ddp, 4, str(tmp_path))[0]
+    total = sum(int(np.prod(s)) * 4 for s in DDP.values())
+    assert sum(per_rank) == total
+    assert max(per_rank) <= 1.1 * total / 4, per_rank
+    ck = gc.open(tmp_path)
+    assert sum(ck.bytes_per_rank().values()) == total
+    for k, s in DDP.items():
+        np.testing.assert_array_equal(ck.read(k), full(k, s).numpy())
+
+
+# ---------------------------------------------------------------- errors reach every rank
+def _save_mismatch(rank: int, world: int, path: str) -> str:
+    state = {"ok": torch.ones(3), "w": torch.full((4,), float(rank == 1))}
+    try:
+        gc.save(state, path)
+    except gc.SaveError as e:
+        return str(e)
+    return "no error"
+
+
+def _save_bad_type_on_one_rank(rank: int, world: int, path: str) -> str:
+    state = {"w": torch.ones(3), "x": object() if rank == 1 else 1}
+    try:
+        gc.save(state, path)
+    except gc.SaveError as e:
+        return str(e)
+    return "no error"
+
+
+def test_replicas_that_differ_fail_on_every_rank(tmp_path: Path) -> None:
+    msgs = run_ranks(_save_mismatch, 3, str(tmp_path))
+    for m in msgs:
+        assert "'w'" in m and "differ" in m and "ranks [0, 2] vs ranks [1]" in m
+    assert not (tmp_path / "MANIFEST.json").exists()
+    assert gc.latest(tmp_path) is None
+
+
+def test_an_error_on_one_rank_fails_all_without_hanging(tmp_path: Path) -> None:
+    msgs = run_ranks(_save_bad_type_on_one_rank, 2, str(tmp_path))
+    for m in msgs:
+        assert "rank 1" in m and "'x'" in m and "object" in m
+    assert gc.latest(tmp_path) is None
+
+
+# ---------------------------------------------------------------- read only the bytes needed
+def _save_rows(rank: int, world: int, path: str) -> None:
+    t = full("big", (256, 4096))
+    rows = 256 // world
+    gc.save({"big": gc.LocalShard(t[rank * rows : (rank + 1) * rows].clone(), (256, 4096), (rank * rows, 0))}, path)
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_resharded_load_reads_only_needed_bytes(tmp_path: Path, verify: bool) -> None:
+    run_ranks(_save_rows, 4, str(tmp_path))
+    t = full("big", (256, 4096))
+    edges = [0, 1365, 2730, 4096]  # 3 column shards: runs of ~5.4 KiB per row
+    for a, b in zip(edges, edges[1:]):
+        st = {"big": gc.LocalShard(torch.zeros(256, b - a), (256, 4096), (0, a))}
+        stats = gc.load(st, tmp_path, verify=verify).stats
+        assert torch.equal(st["big"].tensor, t[:, a:b])
+        assert stats.bytes_needed == 256 * (b - a) * 4
+        if not verify:
+            assert stats.bytes_read <= 1.1 * stats.bytes_needed
+        else:
+            # verification reads whole 4 KiB checksum blocks: at most one partial block each side of a run
+            runs = 256
+            assert stats.bytes_read <= stats.bytes_needed + runs * 2 * 4096
+            assert stats.verified_blocks > 0

@@ -258,7 +258,9 @@ def save(
     rec = {"rank": rank, "error": error, "file": None, "records": []}
     if result is not None:
         rec["file"] = [result.name, result.bytes, result.crc_offset, result.crc_count]
-        rec["records"] = [[c.name, _enc_region(c.region), c.offset, c.length, c.crc32c, c.block0] for c in result.records]
+        rec["records"] = [
+            [c.name, _enc_region(c.region), c.offset, c.length, c.crc32c, c.block0, c.blocks_crc32c] for c in result.records
+        ]
     timings["write_s"] = time.perf_counter() - t1
     t2 = time.perf_counter()
     written = collective.all_gather_obj(rec, group)
@@ -305,9 +307,9 @@ def _commit(
         fid = len(files)
         name, nbytes, crc_off, crc_count = m["file"]
         files.append(FileEntry(name, nbytes, crc_off, crc_count, m["rank"]))
-        for tname, reg, off, length, crc, block0 in m["records"]:
+        for tname, reg, off, length, crc, block0, table_crc in m["records"]:
             r = _dec_region(reg)
-            rows.append((tid[tname], r.flat_start, tuple(r.offsets), fid, off, length, crc, block0, r))
+            rows.append((tid[tname], r.flat_start, tuple(r.offsets), fid, off, length, crc, block0, r, table_crc))
     rows.sort(key=lambda x: (x[0], x[1], x[2]))
     ndim = max([len(t.shape) for t in tensors], default=0)
     n = len(rows)
@@ -318,6 +320,7 @@ def _commit(
         "length": np.array([x[5] for x in rows], np.int64),
         "crc32c": np.array([x[6] for x in rows], np.uint32),
         "block0": np.array([x[7] for x in rows], np.int64),
+        "blocks_crc32c": np.array([x[9] for x in rows], np.uint32),
         "flat_start": np.array([x[8].flat_start for x in rows], np.int64),
         "flat_count": np.array([x[8].flat_count for x in rows], np.int64),
         "offsets": np.zeros((n, ndim), np.int64),

@@ -97,6 +97,7 @@ COLUMNS: dict[str, tuple[str, bool]] = {
     "length": ("<i8", False),
     "crc32c": ("<u4", False),
     "block0": ("<i8", False),
+    "blocks_crc32c": ("<u4", False),  # crc32c of the chunk's slice of its file's block table
     "flat_start": ("<i8", False),
     "flat_count": ("<i8", False),
     "offsets": ("<i8", True),

@@ -191,6 +191,11 @@ def chunk_block_crcs(files: Files, md: Metadata, ch: int, stats: ReadStats) -> n
     buf = np.empty(nblocks, dtype="<u4")
     pread_into(files.fd(fid), memoryview(buf).cast("B"), f.crc_offset + 4 * int(md.cols["block0"][ch]), f.name)
     stats.add(checksum_bytes_read=4 * nblocks, reads=1)
+    if crc32c.crc32c(buf.tobytes()) != int(md.cols["blocks_crc32c"][ch]):
+        raise CheckpointError(
+            f"block checksum table of {md.describe_chunk(ch)} does not match the metadata "
+            f"(file {f.name!r} is corrupt or from another checkpoint)"
+        )
     return buf
 
 

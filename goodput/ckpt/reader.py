@@ -253,7 +253,8 @@ def list_checkpoints(root: str | os.PathLike) -> list[tuple[Path, Manifest]]:
     """Committed checkpoints directly under ``root`` (and ``root`` itself), oldest first."""
     root = Path(root)
     found: list[tuple[Path, Manifest]] = []
-    candidates = [root] + (sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else [])
+    subdirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()) if root.is_dir() else []
+    candidates = [root, *subdirs]
     for p in candidates:
         try:
             found.append((p, read_manifest(p)))

@@ -39,6 +39,7 @@ class ChunkRecord:
     length: int
     crc32c: int
     block0: int
+    blocks_crc32c: int  # binds the file's block table to the global metadata
 
 
 @dataclass
@@ -85,7 +86,8 @@ def write_data_file(path: str, pieces: list[Piece], block_bytes: int) -> FileRes
                     pending = pool.submit(write_all, fd, part)
                     crc = crc32c.crc32c(part, crc)
                     block_crcs(part, block_bytes, crcs)
-                records.append(ChunkRecord(p.name, p.region, pos, len(mv), crc, block0))
+                table_crc = crc32c.crc32c(np.asarray(crcs[block0:], dtype="<u4").tobytes())
+                records.append(ChunkRecord(p.name, p.region, pos, len(mv), crc, block0, table_crc))
                 pos += len(mv)
             if pending is not None:
                 pending.result()

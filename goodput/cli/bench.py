@@ -2,6 +2,88 @@
 
 from __future__ import annotations
 
+import json
+
 import typer
 
 app = typer.Typer(no_args_is_help=True)
+
+
+def _console():  # noqa: ANN202
+    from rich.console import Console
+
+    c = Console()
+    return c if c.is_terminal else Console(width=max(c.width, 130))
+
+
+def _fail(e: Exception) -> None:
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[red]error:[/red] {e}")
+    raise typer.Exit(1)
+
+
+@app.command("ckpt")
+def ckpt(
+    size: str = typer.Option("2GiB", "--size", help="Total state bytes (2GiB, 512MiB, 1GB, ...)."),
+    ranks: int = typer.Option(2, "--ranks", help="Rank processes (gloo)."),
+    directory: str = typer.Option("", "--dir", help="Where to write (a temporary directory under it; default /tmp)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object with every number."),
+    keep: bool = typer.Option(False, "--keep", help="Keep the files written."),
+    profile: str = typer.Option("", "--profile", help="Write cProfile stats of goodput's phases per rank here."),
+    strict: bool = typer.Option(False, "--strict", help="Exit 1 when a goal is missed."),
+) -> None:
+    """Durable save and load (same layout, resharded) vs raw I/O, torch.save and DCP."""
+    from rich.console import Console
+
+    from goodput.bench import parse_size
+    from goodput.bench.ckpt import render, run
+
+    try:
+        nbytes = parse_size(size)
+    except ValueError as e:
+        _fail(e)
+    status_console = Console(stderr=True)
+    with status_console.status("starting") as status:
+
+        def on_phase(i: int, n: int, label: str) -> None:
+            status.update(f"[{min(i + 1, n)}/{n}] {label} ({ranks} ranks)")
+
+        try:
+            res = run(nbytes, ranks, directory or None, keep=keep, profile_dir=profile or None, on_phase=on_phase)
+        except (RuntimeError, ValueError, OSError) as e:
+            _fail(e)
+    if as_json:
+        print(json.dumps(res))
+    else:
+        render(res, _console())
+    if strict and not (res["pass"] and res["all_verified"]):
+        raise typer.Exit(1)
+
+
+@app.command("ckpt-metadata")
+def ckpt_metadata(
+    ranks: int = typer.Option(16384, "--ranks", help="Ranks of the saving job (TP 8 x PP 16 x DP ranks/128)."),
+    tensors: int = typer.Option(1000, "--tensors", help="Parameter tensors of the model."),
+    dcp_ranks: int = typer.Option(1024, "--dcp-ranks", help="Scale at which DCP is compared (0: skip DCP)."),
+    target: str = typer.Option("", "--load-layout", help="Layout loaded into, e.g. tp8pp8 (default: PP halved)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object with every number."),
+    strict: bool = typer.Option(False, "--strict", help="Exit 1 when a goal is missed."),
+) -> None:
+    """Global metadata and one rank's resharded load plan at 16k ranks, vs DCP's."""
+    from rich.console import Console
+
+    from goodput.bench.metadata import render, run
+
+    status_console = Console(stderr=True)
+    with status_console.status("starting") as status:
+        try:
+            res = run(ranks, tensors, dcp_ranks=dcp_ranks, load_layout=target or None, on_step=status.update)
+        except ValueError as e:
+            _fail(e)
+    if as_json:
+        print(json.dumps(res))
+    else:
+        render(res, _console())
+    if strict and not res["pass"]:
+        raise typer.Exit(1)

@@ -134,3 +134,69 @@ def verify(path: Path) -> None:
     except CheckpointError as e:
         _fail(e)
     console.print(f"[green]ok[/green]: {path} ({human(checked)} in {ck.metadata.num_chunks} chunks, {len(ck.metadata.tensors)} tensors)")
+
+
+def _parse_bytes(text: str) -> int:
+    """``1073741824``, ``512MiB``, ``1G``, ``1.5GiB`` (binary units) -> bytes."""
+    s = text.strip().lower().removesuffix("ib").removesuffix("b")
+    mult = 1
+    if s and s[-1] in "kmgt":
+        mult = 1024 ** ("kmgt".index(s[-1]) + 1)
+        s = s[:-1]
+    try:
+        n = int(float(s) * mult)
+    except ValueError:
+        raise typer.BadParameter(f"not a size: {text!r} (try 1073741824, 512MiB or 2GiB)") from None
+    if n <= 0:
+        raise typer.BadParameter(f"must be positive: {text!r}")
+    return n
+
+
+@app.command("import-dcp")
+def import_dcp_cmd(
+    dcp_dir: Path = typer.Argument(..., help="Directory written by torch.distributed.checkpoint (holds .metadata)."),
+    dest: Path = typer.Argument(..., help="Directory for the goodput checkpoint (absent or empty)."),
+    max_batch_bytes: str = typer.Option("1GiB", "--max-batch-bytes", help="Tensor bytes read per DCP load; all of them stay in memory only if the whole checkpoint fits."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace whatever DEST holds."),
+) -> None:
+    """Convert a DCP checkpoint into a goodput checkpoint (same tensor names, dtypes and bytes).
+
+    DCP's metadata is a pickle: import only checkpoints you trust.
+    """
+    import warnings
+
+    budget = _parse_bytes(max_batch_bytes)
+    prog = Progress(
+        TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True), TransferSpeedColumn(), TimeRemainingColumn(),
+        console=err, transient=not sys.stderr.isatty(),
+    )  # fmt: skip
+    task = None
+
+    def progress(event: str, n: int) -> None:
+        nonlocal task
+        if event == "total":  # the source checked out: only now show a bar
+            prog.start()
+            task = prog.add_task("load", total=n)
+        elif task is not None and event == "load":
+            prog.advance(task, n)
+        elif task is not None and event == "write":
+            prog.update(task, description="write")
+
+    try:
+        from goodput.ckpt.dcp_import import DCPImportWarning, import_dcp
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DCPImportWarning)  # reported below, once
+            res = import_dcp(dcp_dir, dest, max_batch_bytes=budget, progress=progress, overwrite=overwrite)
+    except (CheckpointError, OSError) as e:
+        prog.stop()
+        _fail(e)
+    finally:
+        prog.stop()
+    for k, why in res.skipped.items():
+        err.print(f"[yellow]skipped[/yellow] {k}: {why}")
+    how = "through a scratch file" if res.spilled else "in memory"
+    console.print(
+        f"[green]ok[/green]: {dest} ({res.tensors} tensors, {human(res.bytes)}, {res.values} values, "
+        f"{len(res.skipped)} skipped; {res.batches} batches {how}; {res.seconds:.1f}s)"
+    )

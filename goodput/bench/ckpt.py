@@ -1,0 +1,665 @@
+"""``goodput bench ckpt``: durable save and load throughput against baselines on the same disk.
+
+One run, one directory, ``R`` real rank processes (spawn, gloo over a ``file://`` rendezvous).
+The state is a dict of 2-D fp32/bf16 tensors totalling ``--size`` bytes; rank ``r`` holds rows
+``[r*rows/R, (r+1)*rows/R)`` of each. Each phase runs in fresh rank processes (so a phase's peak
+memory is its own) and is timed from a barrier before to a barrier after, max over ranks:
+
+* raw: each rank writes its shard bytes sequentially to one file and fsyncs it; then reads them
+  back into preallocated buffers (the floor any checkpoint format pays);
+* ``torch.save`` of each rank's shards + fsync (and ``torch.load`` of them, for reference);
+* DCP (``torch.distributed.checkpoint``) save and load of DTensors, and a resharded load;
+* ours: ``goodput.ckpt.save`` / ``load`` with ``LocalShard`` row boxes, and a resharded load
+  into column boxes (``Shard(1)``).
+
+The page cache is dropped before every phase (``sync; echo 1 > /proc/sys/vm/drop_caches`` where
+allowed, else fsync + ``posix_fadvise(DONTNEED)`` of every file in the directory), so reads come
+from storage. Peak memory is the rank's peak RSS during the phase minus its RSS when the phase
+starts (state or destination already allocated and touched): Linux's ``VmHWM`` reset through
+``/proc/self/clear_refs``, or ``ru_maxrss`` where that reset is unavailable. Every load is checked
+element by element against the pattern that was saved (outside the timed region).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import resource
+import shutil
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from . import human_bytes
+
+GB = 1e9
+
+GOALS = (
+    # (key, description, ours phase, baseline phase, target ratio of throughputs)
+    ("save_vs_raw_write", "save ≥ 0.9 × raw durable write", "ours_save", "raw_write", 0.9),
+    ("save_vs_dcp_save", "save ≥ 1.3 × DCP save", "ours_save", "dcp_save", 1.3),
+    ("load_vs_raw_read", "load ≥ 0.9 × raw read", "ours_load", "raw_read", 0.9),
+)
+
+# (phase, label, reads?, ours phase -> its raw and DCP baselines)
+PHASES: list[tuple[str, str]] = [
+    ("raw_write", "raw write + fsync"),
+    ("raw_read", "raw read"),
+    ("torch_save", "torch.save + fsync"),
+    ("torch_load", "torch.load"),
+    ("dcp_save", "DCP save"),
+    ("dcp_load", "DCP load"),
+    ("dcp_reshard_load", "DCP load, resharded rows→cols"),
+    ("ours_save", "goodput save"),
+    ("ours_load", "goodput load"),
+    ("ours_reshard_load", "goodput load, resharded rows→cols"),
+]
+BASELINES = {
+    "ours_save": ("raw_write", "dcp_save"),
+    "ours_load": ("raw_read", "dcp_load"),
+    "ours_reshard_load": ("raw_read", "dcp_reshard_load"),
+}
+
+
+# --------------------------------------------------------------------------- rank processes
+# (our own copy of tests/distributed.py: tests/ is not part of the package)
+
+
+def _entry(rank: int, world: int, init_file: str, fn: Callable, args: tuple, out: Any) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    warnings.filterwarnings("ignore")
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+        out.put((rank, "ok", fn(rank, world, *args)))
+    except BaseException:
+        out.put((rank, "error", traceback.format_exc()))
+    finally:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 3600) -> list[Any]:
+    """Run ``fn(rank, world, *args)`` on ``world`` spawned processes; results in rank order.
+
+    An exception on any rank raises ``RuntimeError`` with that rank's traceback; the other ranks
+    (stuck in a collective) are killed after a short grace period instead of hanging.
+    """
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    fd, init_file = tempfile.mkstemp(prefix="goodput-pg-")
+    os.close(fd)
+    os.unlink(init_file)
+    procs = [ctx.Process(target=_entry, args=(r, world, init_file, fn, args, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    errors: list[str] = []
+    deadline = time.monotonic() + timeout
+    grace: float | None = None
+    try:
+        while len(results) + len(errors) < world:
+            now = time.monotonic()
+            if now > deadline:
+                errors.append(f"timed out after {timeout:.0f} s")
+                break
+            if grace is not None and now > grace:
+                break
+            try:
+                rank, status, value = out.get(timeout=0.5)
+            except queue.Empty:
+                for r, p in enumerate(procs):
+                    if p.exitcode not in (None, 0) and r not in results:
+                        errors.append(f"--- rank {r} ---\nprocess died with exit code {p.exitcode}")
+                        grace = grace or time.monotonic() + 10
+                continue
+            if status == "ok":
+                results[rank] = value
+            else:
+                errors.append(f"--- rank {rank} ---\n{value}")
+                grace = grace or time.monotonic() + 10
+    finally:
+        for p in procs:
+            p.join(timeout=0 if errors else 30)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=10)
+        if os.path.exists(init_file):
+            os.unlink(init_file)
+    if errors:
+        raise RuntimeError("\n".join(dict.fromkeys(errors)))
+    return [results[r] for r in range(world)]
+
+
+# --------------------------------------------------------------------------- the state
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # "float32" | "bfloat16"
+    rows: int
+    cols: int
+    k: int  # pattern seed
+
+    @property
+    def itemsize(self) -> int:
+        return 4 if self.dtype == "float32" else 2
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.cols * self.itemsize
+
+
+def make_layout(total: int, ranks: int, ntensors: int = 8) -> list[TensorSpec]:
+    """``ntensors`` 2-D tensors, fp32 and bf16 alternating, of about ``total`` bytes in all;
+    rows and columns divisible by ``ranks`` so row and column shards are even."""
+    cols = max(ranks, 4096 // ranks * ranks)
+    per = total // ntensors
+    specs = []
+    for k in range(ntensors):
+        dt = "float32" if k % 2 == 0 else "bfloat16"
+        item = 4 if dt == "float32" else 2
+        rows = max(ranks, per // (item * cols) // ranks * ranks)
+        specs.append(TensorSpec(f"model.layers.{k}.weight", dt, rows, cols, k))
+    return specs
+
+
+def _box(spec: TensorSpec, rank: int, world: int, layout: str) -> tuple[int, int, int, int]:
+    """(row0, col0, rows, cols) of this rank's shard: ``rows`` = Shard(0), ``cols`` = Shard(1)."""
+    if layout == "rows":
+        n = spec.rows // world
+        return rank * n, 0, n, spec.cols
+    n = spec.cols // world
+    return 0, rank * n, spec.rows, n
+
+
+def _pattern(spec: TensorSpec, r0: int, c0: int, rows: int, cols: int) -> Any:
+    """Values of the box: ``(131 i + 7 j + 13 k) mod 251``, exact in fp32 and bf16."""
+    import torch
+
+    ri = (torch.arange(r0, r0 + rows, dtype=torch.int32) * 131 + spec.k * 13) % 251
+    cj = (torch.arange(c0, c0 + cols, dtype=torch.int32) * 7) % 251
+    return ((ri[:, None] + cj[None, :]) % 251).to(getattr(torch, spec.dtype))
+
+
+def _row_blocks(rows: int, cols: int) -> list[tuple[int, int]]:
+    step = max(1, (4 << 20) // max(cols, 1))
+    return [(a, min(rows, a + step)) for a in range(0, rows, step)]
+
+
+def _local(spec: TensorSpec, rank: int, world: int, layout: str, fill: bool) -> tuple[Any, int, int]:
+    """This rank's shard, its pages touched: the pattern when ``fill``, else zeros."""
+    import torch
+
+    r0, c0, n, m = _box(spec, rank, world, layout)
+    t = torch.empty((n, m), dtype=getattr(torch, spec.dtype))
+    if fill:
+        for a, b in _row_blocks(n, m):
+            t[a:b] = _pattern(spec, r0 + a, c0, b - a, m)
+    else:
+        t.zero_()
+    return t, r0, c0
+
+
+def _check(spec: TensorSpec, t: Any, r0: int, c0: int) -> bool:
+    import torch
+
+    n, m = t.shape
+    return all(torch.equal(t[a:b], _pattern(spec, r0 + a, c0, b - a, m)) for a, b in _row_blocks(n, m))
+
+
+def _bytes_of(t: Any) -> memoryview:
+    import torch
+
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+
+
+# --------------------------------------------------------------------------- measurement
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def current_rss() -> int:
+    rss = _status_kib("VmRSS")
+    if rss is None:
+        import psutil
+
+        rss = psutil.Process().memory_info().rss
+    return rss
+
+
+class PeakMemory:
+    """Peak RSS of this process over a span, minus its RSS when the span began."""
+
+    def start(self) -> None:
+        self.base = current_rss()
+        self.method = "ru_maxrss"
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # reset the RSS high-water mark (Linux >= 4.0)
+            if _status_kib("VmHWM") is not None:
+                self.method = "VmHWM"
+        except OSError:
+            pass
+
+    def delta(self) -> int:
+        if self.method == "VmHWM":
+            peak = _status_kib("VmHWM") or 0
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return max(0, peak - self.base)
+
+
+def drop_caches(directory: Path) -> str:
+    """Evict cached file pages so that the next read comes from storage; says how."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+        return "drop_caches"
+    except OSError:
+        pass
+    if not hasattr(os, "posix_fadvise"):
+        return "none"
+    for p in sorted(Path(directory).rglob("*")):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+    return "fadvise"
+
+
+def _timed(rank: int, root: Path, body: Callable[[], dict], profile: str | None) -> dict:
+    import torch.distributed as dist
+
+    dist.barrier()
+    drop = drop_caches(root) if rank == 0 else None
+    dist.barrier()
+    mem = PeakMemory()
+    mem.start()
+    prof = None
+    if profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+    t0 = time.perf_counter()
+    extra = body() or {}
+    if prof is not None:
+        prof.disable()
+    dist.barrier()
+    seconds = time.perf_counter() - t0
+    peak = mem.delta()
+    if prof is not None:
+        prof.dump_stats(profile.format(rank=rank))
+    return {"seconds": seconds, "peak_delta": peak, "base_rss": mem.base, "drop": drop, "mem_method": mem.method, **extra}
+
+
+# --------------------------------------------------------------------------- phases (in ranks)
+
+
+def _write_all(fd: int, mv: memoryview) -> None:
+    while len(mv):
+        mv = mv[os.write(fd, mv) :]
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _raw_write(rank, world, specs, root, profile):
+    state = [_local(s, rank, world, "rows", True)[0] for s in specs]
+    d = root / "raw"
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"raw-r{rank:05d}.bin"
+
+    def body():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            for t in state:
+                _write_all(fd, _bytes_of(t))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _fsync_dir(d)
+        return {}
+
+    return _timed(rank, root, body, None)
+
+
+def _raw_read(rank, world, specs, root, profile):
+    dests = [_local(s, rank, world, "rows", False) for s in specs]
+    path = root / "raw" / f"raw-r{rank:05d}.bin"
+
+    def body():
+        fd = os.open(path, os.O_RDONLY)
+        off = 0
+        try:
+            for t, _, _ in dests:
+                mv = _bytes_of(t)
+                while len(mv):
+                    n = os.preadv(fd, [mv], off)
+                    if n <= 0:
+                        raise OSError(f"{path} ends early at byte {off}")
+                    mv, off = mv[n:], off + n
+        finally:
+            os.close(fd)
+        return {}
+
+    res = _timed(rank, root, body, None)
+    res["verified"] = all(_check(s, t, r0, c0) for s, (t, r0, c0) in zip(specs, dests))
+    return res
+
+
+def _torch_save(rank, world, specs, root, profile):
+    import torch
+
+    state = {s.name: _local(s, rank, world, "rows", True)[0] for s in specs}
+    d = root / "torch"
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"shard-r{rank:05d}.pt"
+
+    def body():
+        with open(path, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(d)
+        return {}
+
+    return _timed(rank, root, body, None)
+
+
+def _torch_load(rank, world, specs, root, profile):
+    import torch
+
+    path = root / "torch" / f"shard-r{rank:05d}.pt"
+    got: dict = {}
+
+    def body():
+        got.update(torch.load(path, weights_only=True))
+        return {}
+
+    res = _timed(rank, root, body, None)
+    res["verified"] = all(_check(s, got[s.name], *_box(s, rank, world, "rows")[:2]) for s in specs)
+    return res
+
+
+def _dtensors(specs, rank, world, layout, fill):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    placement = [Shard(0 if layout == "rows" else 1)]
+    locs = {s.name: _local(s, rank, world, layout, fill) for s in specs}
+    sd = {n: DTensor.from_local(t, mesh, placement, run_check=False) for n, (t, _, _) in locs.items()}
+    return sd, locs
+
+
+def _dcp_save(rank, world, specs, root, profile):
+    import torch.distributed.checkpoint as dcp
+
+    sd, _ = _dtensors(specs, rank, world, "rows", True)
+    path = root / "dcp"
+
+    def body():
+        dcp.save(sd, storage_writer=dcp.FileSystemWriter(str(path), sync_files=True))
+        return {}
+
+    return _timed(rank, root, body, None)
+
+
+def _dcp_load_any(rank, world, specs, root, layout):
+    import torch.distributed.checkpoint as dcp
+
+    sd, locs = _dtensors(specs, rank, world, layout, False)
+    path = root / "dcp"
+
+    def body():
+        dcp.load(sd, storage_reader=dcp.FileSystemReader(str(path)))
+        return {}
+
+    res = _timed(rank, root, body, None)
+    res["verified"] = all(_check(s, sd[s.name].to_local(), locs[s.name][1], locs[s.name][2]) for s in specs)
+    return res
+
+
+def _dcp_load(rank, world, specs, root, profile):
+    return _dcp_load_any(rank, world, specs, root, "rows")
+
+
+def _dcp_reshard_load(rank, world, specs, root, profile):
+    return _dcp_load_any(rank, world, specs, root, "cols")
+
+
+def _ours_state(specs, rank, world, layout, fill):
+    from goodput.ckpt import LocalShard
+
+    locs = {s.name: _local(s, rank, world, layout, fill) for s in specs}
+    sd = {s.name: LocalShard(locs[s.name][0], (s.rows, s.cols), locs[s.name][1:]) for s in specs}
+    return sd, locs
+
+
+def _ours_save(rank, world, specs, root, profile):
+    import goodput.ckpt as gc
+
+    sd, _ = _ours_state(specs, rank, world, "rows", True)
+    out: dict = {}
+
+    def body():
+        r = gc.save(sd, root / "ours", step=1)
+        out.update(r.timings)
+        return {}
+
+    res = _timed(rank, root, body, profile)
+    res["timings"] = out
+    return res
+
+
+def _ours_load_any(rank, world, specs, root, layout, profile):
+    import goodput.ckpt as gc
+
+    sd, locs = _ours_state(specs, rank, world, layout, False)
+    out: dict = {}
+
+    def body():
+        r = gc.load(sd, root / "ours")
+        out.update(r.timings)
+        out.update({k: v for k, v in r.stats.as_dict().items()})
+        return {}
+
+    res = _timed(rank, root, body, profile)
+    res["timings"] = out
+    res["verified"] = all(_check(s, locs[s.name][0], locs[s.name][1], locs[s.name][2]) for s in specs)
+    return res
+
+
+def _ours_load(rank, world, specs, root, profile):
+    return _ours_load_any(rank, world, specs, root, "rows", profile)
+
+
+def _ours_reshard_load(rank, world, specs, root, profile):
+    return _ours_load_any(rank, world, specs, root, "cols", profile)
+
+
+_RANK_FN = {
+    "raw_write": _raw_write,
+    "raw_read": _raw_read,
+    "torch_save": _torch_save,
+    "torch_load": _torch_load,
+    "dcp_save": _dcp_save,
+    "dcp_load": _dcp_load,
+    "dcp_reshard_load": _dcp_reshard_load,
+    "ours_save": _ours_save,
+    "ours_load": _ours_load,
+    "ours_reshard_load": _ours_reshard_load,
+}
+
+
+def _phase(rank: int, world: int, phase: str, specs: list[dict], root: str, profile: str | None) -> dict:
+    prof = profile if phase.startswith("ours") else None
+    return _RANK_FN[phase](rank, world, [TensorSpec(**s) for s in specs], Path(root), prof)
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def run(
+    size: int,
+    ranks: int,
+    directory: str | None = None,
+    *,
+    ntensors: int = 8,
+    keep: bool = False,
+    profile_dir: str | None = None,
+    on_phase: Callable[[int, int, str], None] | None = None,
+) -> dict:
+    """Run every phase; returns all the numbers (what ``--json`` prints)."""
+    if ranks < 1:
+        raise ValueError("--ranks must be at least 1")
+    specs = make_layout(size, ranks, ntensors)
+    total = sum(s.nbytes for s in specs)
+    base = Path(directory) if directory else Path(tempfile.gettempdir())
+    base.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="goodput-bench-ckpt-", dir=base))
+    profile = None
+    if profile_dir:
+        Path(profile_dir).mkdir(parents=True, exist_ok=True)
+        profile = str(Path(profile_dir).resolve()) + "/{phase}-r{{rank}}.pstats"
+    phases: dict[str, dict] = {}
+    try:
+        for i, (name, label) in enumerate(PHASES):
+            if on_phase:
+                on_phase(i, len(PHASES), label)
+            prof = profile.format(phase=name) if profile else None
+            per_rank = run_ranks(_phase, ranks, name, [asdict(s) for s in specs], str(root), prof)
+            secs = max(r["seconds"] for r in per_rank)
+            ph = {
+                "label": label,
+                "seconds": secs,
+                "gbps": total / secs / GB,
+                "peak_rss_delta_bytes": max(r["peak_delta"] for r in per_rank),
+                "peak_rss_delta_per_rank": [r["peak_delta"] for r in per_rank],
+                "rss_at_start_per_rank": [r["base_rss"] for r in per_rank],
+                "seconds_per_rank": [r["seconds"] for r in per_rank],
+                "cache_drop": per_rank[0]["drop"],
+                "memory_method": per_rank[0]["mem_method"],
+            }
+            if "verified" in per_rank[0]:
+                ph["verified"] = all(r["verified"] for r in per_rank)
+            if "timings" in per_rank[0]:
+                ph["timings_per_rank"] = [r["timings"] for r in per_rank]
+            phases[name] = ph
+        if on_phase:
+            on_phase(len(PHASES), len(PHASES), "done")
+        disk = shutil.disk_usage(root)
+        fs_bytes = {sub: sum(p.stat().st_size for p in (root / sub).rglob("*") if p.is_file()) for sub in ("raw", "torch", "dcp", "ours")}
+    finally:
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+    def ratio(a: str, b: str) -> float:
+        return phases[a]["gbps"] / phases[b]["gbps"]
+
+    ratios = {}
+    for ours, (raw, dcp) in BASELINES.items():
+        ratios[f"{ours}_vs_{raw}"] = ratio(ours, raw)
+        ratios[f"{ours}_vs_{dcp}"] = ratio(ours, dcp)
+    goals = []
+    for key, desc, ours, other, target in GOALS:
+        r = ratio(ours, other)
+        goals.append({"key": key, "goal": desc, "ratio": r, "target": target, "pass": r >= target})
+    return {
+        "config": {
+            "size_bytes": total,
+            "size_requested": size,
+            "ranks": ranks,
+            "tensors": [asdict(s) for s in specs],
+            "directory": str(root),
+            "kept": keep,
+            "disk_free_bytes": disk.free,
+            "cache_drop": phases["raw_read"]["cache_drop"],
+            "memory_method": phases["raw_read"]["memory_method"],
+            "files_bytes": fs_bytes,
+        },
+        "phases": phases,
+        "ratios": ratios,
+        "goals": goals,
+        "all_verified": all(p.get("verified", True) for p in phases.values()),
+        "pass": all(g["pass"] for g in goals),
+    }
+
+
+def render(res: dict, console: Any) -> None:
+    from rich.table import Table
+
+    cfg = res["config"]
+    ph = res["phases"]
+    console.print(
+        f"[bold]goodput bench ckpt[/bold]: {human_bytes(cfg['size_bytes'])} ({cfg['size_bytes'] / GB:.3f} GB) "
+        f"in {len(cfg['tensors'])} fp32/bf16 tensors, {cfg['ranks']} ranks (gloo), "
+        f"dir {cfg['directory']}{' (kept)' if cfg['kept'] else ''}"
+    )
+    console.print(
+        f"page cache dropped before each phase with [bold]{cfg['cache_drop']}[/bold]; "
+        f"peak memory = peak RSS − RSS at phase start, per rank via {cfg['memory_method']}; "
+        "time = barrier to barrier, max over ranks; GB = 1e9 B"
+    )
+    t = Table(title="checkpoint throughput")
+    t.add_column("phase")
+    t.add_column("seconds", justify="right")
+    t.add_column("GB/s", justify="right")
+    t.add_column("peak mem Δ (max rank)", justify="right")
+    t.add_column("ours/raw", justify="right")
+    t.add_column("ours/DCP", justify="right")
+    t.add_column("data ok", justify="center")
+    for name, _ in PHASES:
+        p = ph[name]
+        vs_raw = vs_dcp = ""
+        if name in BASELINES:
+            raw, dcp = BASELINES[name]
+            vs_raw = f"{res['ratios'][f'{name}_vs_{raw}']:.2f}×"
+            vs_dcp = f"{res['ratios'][f'{name}_vs_{dcp}']:.2f}×"
+        ok = {True: "[green]yes[/green]", False: "[red]NO[/red]"}.get(p.get("verified"), "")
+        style = "bold" if name.startswith("ours") else None
+        t.add_row(p["label"], f"{p['seconds']:.3f}", f"{p['gbps']:.3f}", human_bytes(p["peak_rss_delta_bytes"]), vs_raw, vs_dcp, ok, style=style)
+    console.print(t)
+    g = Table(title="goals (ratios of throughput, same run, same directory)")
+    g.add_column("goal")
+    g.add_column("measured", justify="right")
+    g.add_column("target", justify="right")
+    g.add_column("result", justify="center")
+    for x in res["goals"]:
+        verdict = "[green]PASS[/green]" if x["pass"] else "[red]MISS[/red]"
+        g.add_row(x["goal"], f"{x['ratio']:.2f}×", f"≥ {x['target']}×", verdict)
+    console.print(g)
+    if not res["all_verified"]:
+        console.print("[red]some loaded data differs from what was saved[/red]")

@@ -1,0 +1,154 @@
+"""Corruption and hostile metadata: an error naming the file and tensor, never a wrong tensor."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import crc32c
+import msgspec
+import numpy as np
+import pytest
+import torch
+
+import goodput.ckpt as gc
+from goodput.ckpt.format import MANIFEST, CheckpointError, Manifest, decode_metadata, encode_metadata
+
+
+def make(path: Path, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    state = {"a": torch.randn(64, 256, generator=g), "b": torch.randn(1000, generator=g).to(torch.bfloat16)}
+    gc.save(state, path, step=seed)
+    return state
+
+
+def data_file(path: Path) -> Path:
+    (f,) = [p for p in path.iterdir() if p.name.startswith("data-")]
+    return f
+
+
+def targets() -> dict[str, torch.Tensor]:
+    return {"a": torch.zeros(64, 256), "b": torch.zeros(1000, dtype=torch.bfloat16)}
+
+
+@pytest.mark.parametrize("where", [0, 4096 * 3 + 17, "b"])
+def test_flipped_byte_is_caught_on_load_read_and_verify(tmp_path: Path, where) -> None:
+    make(tmp_path)
+    f = data_file(tmp_path)
+    ck = gc.open(tmp_path)
+    if where == "b":
+        where = ck.tensors["b"].chunks[0].offset + 100
+        tensor = "b"
+    else:
+        tensor = "a"
+    raw = bytearray(f.read_bytes())
+    raw[where] ^= 0x40
+    f.write_bytes(raw)
+    with pytest.raises(CheckpointError, match=rf"checksum mismatch in '{f.name}'.*tensor '{tensor}'"):
+        gc.load(targets(), tmp_path)
+    with pytest.raises(CheckpointError, match=rf"tensor '{tensor}'"):
+        gc.open(tmp_path).read(tensor)
+    with pytest.raises(CheckpointError, match=rf"checksum mismatch.*'{tensor}'"):
+        gc.verify(tmp_path)
+    # a sub-box that does not touch the flipped block still reads (partial reads verify blocks)
+    if tensor == "a" and where == 0:
+        np.testing.assert_array_equal(gc.open(tmp_path).read("a", np.s_[32:, :]).shape, (32, 256))
+
+
+def test_truncated_and_missing_files(tmp_path: Path) -> None:
+    make(tmp_path)
+    f = data_file(tmp_path)
+    raw = f.read_bytes()
+    f.write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(CheckpointError, match=rf"data file .*{f.name}.* is {len(raw) // 2} bytes.*truncated.*'a'"):
+        gc.load(targets(), tmp_path)
+    f.unlink()
+    with pytest.raises(CheckpointError, match=rf"data file .*{f.name}.* is missing.*'a'"):
+        gc.load(targets(), tmp_path)
+    with pytest.raises(CheckpointError, match="missing"):
+        gc.verify(tmp_path)
+
+
+def test_manifest_and_metadata_from_another_checkpoint(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    make(a, 1)
+    make(b, 2)
+    # a's metadata replaced by b's (same name, other content)
+    ma = msgspec.json.decode((a / MANIFEST).read_bytes(), type=Manifest)
+    mb = msgspec.json.decode((b / MANIFEST).read_bytes(), type=Manifest)
+    saved = (a / ma.metadata.name).read_bytes()
+    (a / ma.metadata.name).write_bytes((b / mb.metadata.name).read_bytes())
+    with pytest.raises(CheckpointError, match=r"metadata.*(from another checkpoint|does not match)"):
+        gc.open(a)
+    (a / ma.metadata.name).write_bytes(saved)
+    gc.open(a)
+    # b's manifest dropped into a
+    shutil.copy(b / MANIFEST, a / MANIFEST)
+    with pytest.raises(CheckpointError, match=r"metadata file .* is missing"):
+        gc.load(targets(), a)
+    # b's data file renamed into a (same size, internally consistent): bound to a's metadata, so caught
+    shutil.copy(b / MANIFEST, a / MANIFEST)
+    (a / MANIFEST).write_bytes(msgspec.json.encode(ma))
+    shutil.copy(data_file(b), data_file(a))
+    with pytest.raises(CheckpointError, match=r"(another checkpoint|checksum mismatch)"):
+        gc.load(targets(), a)
+
+
+def test_no_manifest_means_no_checkpoint(tmp_path: Path) -> None:
+    make(tmp_path)
+    (tmp_path / MANIFEST).unlink()
+    with pytest.raises(CheckpointError, match="not a committed checkpoint"):
+        gc.open(tmp_path)
+    assert gc.latest(tmp_path) is None
+
+
+# ------------------------------------------------------------------------------ hostile metadata
+def tamper(path: Path, mutate) -> None:
+    """Rewrite the metadata through ``mutate`` and re-sign the manifest, as an attacker could."""
+    m = msgspec.json.decode((path / MANIFEST).read_bytes(), type=Manifest)
+    md = decode_metadata((path / m.metadata.name).read_bytes(), "x", m)
+    md.cols = {k: v.copy() for k, v in md.cols.items()}
+    mutate(md)
+    raw = encode_metadata(md)
+    (path / m.metadata.name).write_bytes(raw)
+    m.metadata.bytes = len(raw)
+    m.metadata.crc32c = crc32c.crc32c(raw)
+    (path / MANIFEST).write_bytes(msgspec.json.encode(m))
+
+
+def _file_name(md, name):
+    md.files[0].name = name
+
+
+CASES = {
+    "escaping file name": (lambda md: _file_name(md, "../../etc/passwd"), r"refusing file name '\.\./\.\./etc/passwd'"),
+    "absolute file name": (lambda md: _file_name(md, "/etc/passwd"), r"refusing file name '/etc/passwd'"),
+    "negative offset": (lambda md: md.cols["offset"].__setitem__(0, -4096), r"tensor 'a'.*negative offset"),
+    "overflowing offset": (lambda md: md.cols["offset"].__setitem__(0, 2**63 - 10), r"tensor 'a'.*past the end"),
+    "length vs dtype x box": (lambda md: md.cols["length"].__setitem__(0, 4096), r"tensor 'a'.*length disagrees"),
+    "box outside tensor": (lambda md: md.cols["offsets"].__setitem__((0, 0), 10), r"tensor 'a'.*outside the tensor"),
+    "huge box": (lambda md: md.cols["sizes"].__setitem__((0, 1), 2**62), r"tensor 'a'.*(implausibly large|outside)"),
+    "unknown tensor id": (lambda md: md.cols["tensor"].__setitem__(1, 7), r"names tensor #7"),
+    "checksum table outside file": (lambda md: md.cols["block0"].__setitem__(0, 10**9), r"tensor 'a'.*block checksums"),
+    "unknown dtype": (lambda md: setattr(md.tensors[0], "dtype", "pickle"), r"tensor 'a' has unknown dtype"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_hostile_metadata_is_rejected_before_any_read(tmp_path: Path, case: str) -> None:
+    make(tmp_path)
+    mutate, msg = CASES[case]
+    tamper(tmp_path, mutate)
+    data_file(tmp_path).unlink()  # a check that came after a read would complain about this instead
+    with pytest.raises(CheckpointError, match=msg):
+        gc.open(tmp_path)
+
+
+def test_garbage_manifest_and_metadata(tmp_path: Path) -> None:
+    make(tmp_path)
+    (tmp_path / MANIFEST).write_bytes(b'{"format": "goodput.ckpt", "version": 99}')
+    with pytest.raises(CheckpointError, match="not a valid manifest|version"):
+        gc.open(tmp_path)
+    (tmp_path / MANIFEST).write_bytes(b"\x80\x04pickle")
+    with pytest.raises(CheckpointError, match="not a valid manifest"):
+        gc.open(tmp_path)

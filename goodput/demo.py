@@ -89,7 +89,12 @@ def _load(rank: int, world: int, path: str) -> dict:
             mismatches.append("optim.exp_avg." + name)
     if state["step"] != 100:
         mismatches.append("step")
-    return {"mismatches": mismatches, "read": res.stats.bytes_read, "needed": res.stats.bytes_needed, "seconds": res.stats.seconds}
+    return {
+        "mismatches": mismatches,
+        "read": res.stats.bytes_read,
+        "needed": res.stats.bytes_needed,
+        "seconds": res.stats.seconds,
+    }
 
 
 def build_state_expected(rank: int, world: int) -> dict:
@@ -134,7 +139,13 @@ def run_demo(workdir: str | None = None) -> int:
             tab.add_column(c)
         for info in list(ck.tensors.values())[:8]:
             lay = ", ".join(f"r{c.rank}{c.region.describe()}" for c in info.chunks[:2])
-            tab.add_row(info.name, info.dtype, str(info.shape), str(len(info.chunks)), lay + (" …" if len(info.chunks) > 2 else ""))
+            tab.add_row(
+                info.name,
+                info.dtype,
+                str(info.shape),
+                str(len(info.chunks)),
+                lay + (" …" if len(info.chunks) > 2 else ""),
+            )
         console.print(tab)
 
         with console.status("3 ranks load it as column shards (Shard(1)) and 3 flat ranges…"):
@@ -151,13 +162,17 @@ def run_demo(workdir: str | None = None) -> int:
         gc.load(state, path, strict=False)
         whole = all(torch.equal(state["model"][n], tensor("model." + n, s)) for n, s in shapes().items())
         ok &= whole
-        console.print(f"1 process loads whole tensors: {'[green]bitwise equal[/green]' if whole else '[red]MISMATCH[/red]'}")
+        console.print(
+            f"1 process loads whole tensors: {'[green]bitwise equal[/green]' if whole else '[red]MISMATCH[/red]'}"
+        )
 
         box = ck.read("model.layers.0.mlp.up", np.s_[100:104, 8:12])
         want = tensor("model.layers.0.mlp.up", shapes()["layers.0.mlp.up"])[100:104, 8:12].float().numpy()
         sub = bool(np.array_equal(box, want))
         ok &= sub
-        console.print(f"numpy-only reader, sub-box [100:104, 8:12] of model.layers.0.mlp.up: {'[green]equal[/green]' if sub else '[red]MISMATCH[/red]'}")
+        console.print(
+            f"numpy-only reader, sub-box [100:104, 8:12] of model.layers.0.mlp.up: {'[green]equal[/green]' if sub else '[red]MISMATCH[/red]'}"
+        )
 
         checked = gc.verify(path)
         console.print(f"verify: every chunk and 4 KiB block checksum good ({checked:,} bytes)")

@@ -7,6 +7,7 @@ traceback. Loopback only, nothing mocked.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import tempfile
@@ -27,10 +28,8 @@ def _entry(rank: int, world: int, init_file: str, fn: Callable, args: tuple, out
     except BaseException:
         out.put((rank, "error", traceback.format_exc()))
     finally:
-        try:
+        with contextlib.suppress(Exception):
             dist.destroy_process_group()
-        except Exception:
-            pass
 
 
 class RankFailure(RuntimeError):
@@ -57,7 +56,9 @@ def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 600) -> lis
                 rank, status, value = out.get(timeout=timeout)
             except queue.Empty:
                 dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
-                raise RankFailure(f"no answer from all ranks within {timeout:.0f} s (ranks that died: {dead})") from None
+                raise RankFailure(
+                    f"no answer from all ranks within {timeout:.0f} s (ranks that died: {dead})"
+                ) from None
             if status == "ok":
                 results[rank] = value
             else:

@@ -141,11 +141,15 @@ def save(
     step: int | None = None,
     block_bytes: int = DEFAULT_BLOCK,
     user: dict[str, Any] | None = None,
+    no_dist: bool = False,
 ) -> SaveResult:
-    """Save ``state_dict`` to ``path`` from every rank of ``process_group``; atomic on success."""
+    """Save ``state_dict`` to ``path`` from every rank of ``process_group``; atomic on success.
+
+    ``no_dist=True`` saves from this process alone even inside a process group (as DCP's flag).
+    """
     t0 = time.perf_counter()
     path = _resolve(path, checkpoint_id)
-    group = process_group
+    group = collective.LOCAL if no_dist else process_group
     rank, world = collective.world(group)
     timings: dict[str, float] = {}
 
@@ -165,7 +169,13 @@ def save(
             decls.append([lf.name, lf.dtype, list(lf.global_shape), lf.kind, _enc_region(lf.region), nbytes])
     except Exception as e:  # carried to every rank, raised there
         error = _err(e)
-    msg = {"rank": rank, "error": error, "save_id": uuid.uuid4().hex[:16] if rank == 0 else "", "decls": decls, "values": vals}
+    msg = {
+        "rank": rank,
+        "error": error,
+        "save_id": uuid.uuid4().hex[:16] if rank == 0 else "",
+        "decls": decls,
+        "values": vals,
+    }
     gathered = collective.all_gather_obj(msg, group)
     _raise_errors(gathered, f"save to {str(path)!r} failed")
     save_id = gathered[0]["save_id"]
@@ -189,7 +199,9 @@ def save(
             if k in meta:
                 raise SaveError(f"{k!r} is a tensor on one rank and a value on rank {m['rank']}")
             if k in values and values[k] != v:
-                raise SaveError(f"value {k!r} differs across ranks (rank {value_src[k]}: {values[k]!r}, rank {m['rank']}: {v!r})")
+                raise SaveError(
+                    f"value {k!r} differs across ranks (rank {value_src[k]}: {values[k]!r}, rank {m['rank']}: {v!r})"
+                )
             values.setdefault(k, v)
             value_src.setdefault(k, m["rank"])
     regions_of: dict[str, set[Region]] = {}
@@ -246,9 +258,7 @@ def save(
     result = None
     try:
         pieces = [
-            Piece(a.name, a.piece, host_bytes(_slice_local(by_name[a.name], a.piece)))
-            for a in plan
-            if a.rank == rank
+            Piece(a.name, a.piece, host_bytes(_slice_local(by_name[a.name], a.piece))) for a in plan if a.rank == rank
         ]
         if pieces:
             result = write_data_file(str(fpath), pieces, block_bytes)
@@ -259,7 +269,8 @@ def save(
     if result is not None:
         rec["file"] = [result.name, result.bytes, result.crc_offset, result.crc_count]
         rec["records"] = [
-            [c.name, _enc_region(c.region), c.offset, c.length, c.crc32c, c.block0, c.blocks_crc32c] for c in result.records
+            [c.name, _enc_region(c.region), c.offset, c.length, c.crc32c, c.block0, c.blocks_crc32c]
+            for c in result.records
         ]
     timings["write_s"] = time.perf_counter() - t1
     t2 = time.perf_counter()
@@ -367,12 +378,14 @@ def load(
     read_buffer: int = DEFAULT_READ_BUFFER,
     threads: int = 4,
     strict: bool = True,
+    no_dist: bool = False,
 ) -> LoadResult:
     """Fill ``state_dict`` in place from the checkpoint at ``path``.
 
     What each rank reads is decided by the layout of the tensors it passes (DTensor placements,
     LocalShard/FlatShard declarations, or whole tensors), whatever layout the checkpoint was
-    saved with. ``process_group`` is accepted for DCP compatibility: a load needs no collective.
+    saved with. ``process_group`` and ``no_dist`` are accepted for DCP compatibility: a load needs
+    no collective.
     """
     t0 = time.perf_counter()
     path = _resolve(path, checkpoint_id)
@@ -385,12 +398,18 @@ def load(
         t = saved.get(lf.name)
         if t is None:
             if lf.name in ck.metadata.values:
-                raise CheckpointError(f"{lf.name!r} was saved as a value ({ck.metadata.values[lf.name]!r}), not a tensor")
+                raise CheckpointError(
+                    f"{lf.name!r} was saved as a value ({ck.metadata.values[lf.name]!r}), not a tensor"
+                )
             if strict:
-                raise CheckpointError(f"tensor {lf.name!r} is not in the checkpoint at {str(path)!r} ({_near(lf.name, saved)})")
+                raise CheckpointError(
+                    f"tensor {lf.name!r} is not in the checkpoint at {str(path)!r} ({_near(lf.name, saved)})"
+                )
             continue
         if tuple(t.shape) != tuple(lf.global_shape):
-            raise CheckpointError(f"tensor {lf.name!r}: saved with global shape {tuple(t.shape)}, loading into {tuple(lf.global_shape)}")
+            raise CheckpointError(
+                f"tensor {lf.name!r}: saved with global shape {tuple(t.shape)}, loading into {tuple(lf.global_shape)}"
+            )
         if t.dtype != lf.dtype:
             raise CheckpointError(f"tensor {lf.name!r}: saved as {t.dtype}, loading into {lf.dtype}")
         if lf.region.numel == 0:
@@ -404,7 +423,9 @@ def load(
     for v in value_leaves:
         if v.name not in ck.metadata.values:
             if v.name in saved:
-                raise CheckpointError(f"{v.name!r} was saved as a tensor, the state dict holds a {type(v.value).__name__}")
+                raise CheckpointError(
+                    f"{v.name!r} was saved as a tensor, the state dict holds a {type(v.value).__name__}"
+                )
             if strict:
                 raise CheckpointError(f"value {v.name!r} is not in the checkpoint at {str(path)!r}")
             continue

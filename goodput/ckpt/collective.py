@@ -12,9 +12,11 @@ import msgspec
 import torch
 import torch.distributed as dist
 
+LOCAL = object()  # a "group" of this process alone: DCP's no_dist=True
+
 
 def world(group: Any = None) -> tuple[int, int]:
-    if not (dist.is_available() and dist.is_initialized()):
+    if group is LOCAL or not (dist.is_available() and dist.is_initialized()):
         return 0, 1
     return dist.get_rank(group), dist.get_world_size(group)
 

@@ -121,9 +121,7 @@ def read_dcp_metadata(dcp_dir: str | os.PathLike) -> Any:
             f"{str(d / DCP_METADATA)!r} could not be read as DCP metadata: {type(e).__name__}: {e}"
         ) from e
     if not hasattr(md, "state_dict_metadata"):
-        raise DCPImportError(
-            f"{str(d / DCP_METADATA)!r} is not DCP metadata (unpickled a {type(md).__name__})"
-        )
+        raise DCPImportError(f"{str(d / DCP_METADATA)!r} is not DCP metadata (unpickled a {type(md).__name__})")
     return md
 
 
@@ -143,21 +141,27 @@ def _safe_planner(values: dict[str, Any], failed: dict[str, str]) -> Any:
     return _SafeLoadPlanner()
 
 
+def _describe(e: BaseException) -> str:
+    """One line per cause; DCP's CheckpointException otherwise prints whole tracebacks."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        causes = []
+        for exc, _trace in failures.values():
+            causes.append(f"{type(exc).__name__}: {exc}")
+        return "; ".join(dict.fromkeys(causes))
+    return f"{type(e).__name__}: {e}"
+
+
 def _dcp_load(state: dict[str, Any], dcp_dir: Path, planner: Any) -> None:
     from torch.distributed.checkpoint import FileSystemReader, load
+    from torch.distributed.checkpoint.api import CheckpointException
 
     with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", message=r".*assuming the intent is to load in a single process"
-        )
+        warnings.filterwarnings("ignore", message=r".*assuming the intent is to load in a single process")
         try:
-            load(
-                state, storage_reader=FileSystemReader(str(dcp_dir)), planner=planner, no_dist=True
-            )
-        except Exception as e:
-            raise DCPImportError(
-                f"reading {str(dcp_dir)!r} with DCP failed: {type(e).__name__}: {e}"
-            ) from e
+            load(state, storage_reader=FileSystemReader(str(dcp_dir)), planner=planner, no_dist=True)
+        except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
+            raise DCPImportError(f"reading {str(dcp_dir)!r} with DCP failed: {_describe(e)}") from e
 
 
 def _batches(specs: list[_TensorSpec], budget: int) -> list[list[_TensorSpec]]:
@@ -237,8 +241,9 @@ def import_dcp(
     Every tensor entry becomes a goodput tensor of the same name (DCP's fqn), dtype, shape and
     bytes; non-tensor entries become goodput values when they are JSON-able (see the module
     docstring for what is skipped and why, and for the memory behaviour). ``dest`` must be
-    empty or absent unless ``overwrite``; the goodput save is atomic, so a failed import commits
-    nothing. The manifest's ``user`` field records ``{"imported_from": "dcp", "source": ...}``.
+    empty or absent unless ``overwrite`` (then a goodput checkpoint already there is replaced
+    atomically and other files are left alone); the goodput save is atomic, so a failed import
+    commits nothing. The manifest's ``user`` field records ``{"imported_from": "dcp", "source": ...}``.
     """
     from .api import save
 
@@ -250,9 +255,7 @@ def import_dcp(
     md = read_dcp_metadata(src)
     _check_not_distributed()
     if dst.resolve() == src.resolve():
-        raise DCPImportError(
-            f"the destination {str(dst)!r} is the DCP checkpoint itself; choose another directory"
-        )
+        raise DCPImportError(f"the destination {str(dst)!r} is the DCP checkpoint itself; choose another directory")
     if dst.exists() and not dst.is_dir():
         raise DCPImportError(f"the destination {str(dst)!r} exists and is not a directory")
     if dst.is_dir() and any(dst.iterdir()) and not overwrite:
@@ -306,9 +309,7 @@ def import_dcp(
                 skipped[k] = f"a {type(v).__name__}, not a JSON-able value"
                 continue
             if isinstance(v, dict) and not v:
-                skipped[k] = (
-                    "an empty dict (goodput stores a dict as its leaves, so it would vanish)"
-                )
+                skipped[k] = "an empty dict (goodput stores a dict as its leaves, so it would vanish)"
                 continue
             values[k] = v
     if skipped:

@@ -168,7 +168,7 @@ def decode_value(v: Any) -> Any:
         return [decode_value(x) for x in v]
     if isinstance(v, dict):
         if len(v) == 1:
-            (k, x), = v.items()
+            ((k, x),) = v.items()
             if k == "__tuple__":
                 return tuple(decode_value(y) for y in x)
             if k == "__float__":
@@ -251,7 +251,9 @@ def decode_metadata(raw: bytes, where: str, manifest: Manifest | None = None) ->
                 "(truncated, or from another checkpoint)"
             )
         if crc32c.crc32c(raw) != manifest.metadata.crc32c:
-            raise CheckpointError(f"{where}: metadata checksum does not match the manifest (corrupt or from another checkpoint)")
+            raise CheckpointError(
+                f"{where}: metadata checksum does not match the manifest (corrupt or from another checkpoint)"
+            )
     if len(raw) < 16 or raw[:8] != META_MAGIC:
         raise CheckpointError(f"{where}: not goodput metadata (bad magic)")
     (hlen,) = struct.unpack("<Q", raw[8:16])

@@ -75,9 +75,7 @@ class Region:
         return "[" + ", ".join(f"{o}:{o + s}" for o, s in zip(self.offsets, self.sizes)) + "]"
 
 
-def flat_to_boxes(
-    start: int, count: int, shape: tuple[int, ...]
-) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+def flat_to_boxes(start: int, count: int, shape: tuple[int, ...]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     """Cut the row-major range ``[start, start+count)`` of ``shape`` into at most 2d-1 boxes."""
     shape = tuple(int(s) for s in shape)
     if count <= 0:

@@ -15,8 +15,10 @@ import os
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import crc32c
@@ -28,6 +30,7 @@ from .geometry import BoxIndex, Region, box_index_from_arrays, runs
 from .storage import pread_into
 
 DEFAULT_READ_BUFFER = 256 << 20
+PIECE = 16 << 20  # unit of work handed to one I/O thread
 
 
 @dataclass
@@ -108,7 +111,9 @@ class Planner:
             shape = tuple(t.shape)
             item = dtype(t.dtype).itemsize
             if len(r.dest) != r.region.numel * item:
-                raise ValueError(f"{r.name!r}: destination holds {len(r.dest)} bytes, region needs {r.region.numel * item}")
+                raise ValueError(
+                    f"{r.name!r}: destination holds {len(r.dest)} bytes, region needs {r.region.numel * item}"
+                )
             dst_aff = r.region.affine(shape)
             covered = 0
             idx = self.index(tid)
@@ -237,19 +242,22 @@ class Executor:
     def run(self, ops: list[ChunkOps], dests: list[np.ndarray]) -> ReadStats:
         t0 = time.perf_counter()
         try:
-            if self.threads == 1 or len(ops) <= 1:
-                for o in ops:
-                    self.one_chunk(o, dests)
+            tasks = [t for o in ops for t in self.chunk_tasks(o, dests)]
+            if self.threads == 1 or len(tasks) <= 1:
+                for task in tasks:
+                    task()
             else:
                 with ThreadPoolExecutor(self.threads, thread_name_prefix="goodput-read") as pool:
-                    for fut in [pool.submit(self.one_chunk, o, dests) for o in ops]:
+                    for fut in [pool.submit(task) for task in tasks]:
                         fut.result()
         finally:
             self.files.close()
         self.stats.seconds += time.perf_counter() - t0
         return self.stats
 
-    def one_chunk(self, o: ChunkOps, dests: list[np.ndarray]) -> None:
+    def chunk_tasks(self, o: ChunkOps, dests: list[np.ndarray]) -> list[Callable[[], None]]:
+        """Independent pieces of work (each at most one scratch buffer) for the thread pool, so
+        that one large chunk is still read and verified by all threads at once."""
         md = self.md
         ch = o.chunk
         fd = self.files.fd(int(md.cols["file"][ch]))
@@ -257,23 +265,37 @@ class Executor:
         base = int(md.cols["offset"][ch])
         length = int(md.cols["length"][ch])
         self.stats.add(chunks=1, bytes_needed=int(o.nbytes.sum()))
+        piece = min(self.scratch_bytes, PIECE)
         if not self.verify:
-            for s, d, n, r in zip(o.src.tolist(), o.dst.tolist(), o.nbytes.tolist(), o.req.tolist()):
-                pread_into(fd, memoryview(dests[r])[d : d + n], base + s, fname)
-            self.stats.add(bytes_read=int(o.nbytes.sum()), reads=len(o.src))
-            return
+            groups: list[list[tuple[int, int, int, int]]] = [[]]
+            size = 0
+            for run in zip(o.src.tolist(), o.dst.tolist(), o.nbytes.tolist(), o.req.tolist()):
+                if size >= piece:
+                    groups.append([])
+                    size = 0
+                groups[-1].append(run)
+                size += run[2]
+
+            def plain(group: list[tuple[int, int, int, int]]) -> None:
+                for s, d, n, r in group:
+                    pread_into(fd, memoryview(dests[r])[d : d + n], base + s, fname)
+                self.stats.add(bytes_read=sum(g[2] for g in group), reads=len(group))
+
+            return [partial(plain, g) for g in groups if g]
         expect = chunk_block_crcs(self.files, md, ch, self.stats)
         B = md.block_bytes
         if len(o.src) == 1 and o.src[0] == 0 and o.nbytes[0] == length:
             # whole chunk into one contiguous destination: read in place, verify there
-            d, r = int(o.dst[0]), int(o.req[0])
-            view = memoryview(dests[r])[d : d + length]
-            step = self.scratch_bytes
-            for a in range(0, length, step):
-                part = view[a : a + step]
+            view = memoryview(dests[int(o.req[0])])[int(o.dst[0]) : int(o.dst[0]) + length]
+
+            def direct(a: int) -> None:
+                part = view[a : a + piece]
                 pread_into(fd, part, base + a, fname)
-                self.stats.add(verified_blocks=check_blocks(md, ch, part, a // B, expect), reads=1, bytes_read=len(part))
-            return
+                self.stats.add(
+                    verified_blocks=check_blocks(md, ch, part, a // B, expect), reads=1, bytes_read=len(part)
+                )
+
+            return [partial(direct, a) for a in range(0, length, piece)]
         # mark the blocks the runs touch, then read maximal spans of them, bounded by the scratch
         nblocks = len(expect)
         marks = np.zeros(nblocks + 1, np.int64)
@@ -284,22 +306,27 @@ class Executor:
         spans = edges.reshape(-1, 2)  # [first_block, end_block)
         ends = o.src + o.nbytes
         longest = int(o.nbytes.max())
-        per_piece = self.scratch_bytes // B
-        for b0, b1 in spans.tolist():
-            for p0 in range(b0, b1, per_piece):
-                p1 = min(b1, p0 + per_piece)
-                lo, hi = p0 * B, min(p1 * B, length)
-                buf = self.scratch(hi - lo)
-                pread_into(fd, buf, base + lo, fname)
-                nv = check_blocks(md, ch, buf, p0, expect)
-                self.stats.add(verified_blocks=nv, reads=1, bytes_read=hi - lo)
-                # runs overlapping [lo, hi): copy their overlapping parts
-                i0 = int(np.searchsorted(o.src, lo - longest, side="left"))
-                i1 = int(np.searchsorted(o.src, hi, side="left"))
-                for s, e, d, r in zip(o.src[i0:i1].tolist(), ends[i0:i1].tolist(), o.dst[i0:i1].tolist(), o.req[i0:i1].tolist()):
-                    a, b = max(s, lo), min(e, hi)
-                    if a < b:
-                        dests[r][d + (a - s) : d + (b - s)] = np.frombuffer(buf[a - lo : b - lo], np.uint8)
+        per_piece = piece // B
+
+        def span(p0: int, p1: int) -> None:
+            lo, hi = p0 * B, min(p1 * B, length)
+            buf = self.scratch(hi - lo)
+            pread_into(fd, buf, base + lo, fname)
+            nv = check_blocks(md, ch, buf, p0, expect)
+            self.stats.add(verified_blocks=nv, reads=1, bytes_read=hi - lo)
+            # runs overlapping [lo, hi): copy their overlapping parts
+            i0 = int(np.searchsorted(o.src, lo - longest, side="left"))
+            i1 = int(np.searchsorted(o.src, hi, side="left"))
+            for s, e, d, r in zip(
+                o.src[i0:i1].tolist(), ends[i0:i1].tolist(), o.dst[i0:i1].tolist(), o.req[i0:i1].tolist()
+            ):
+                a, b = max(s, lo), min(e, hi)
+                if a < b:
+                    dests[r][d + (a - s) : d + (b - s)] = np.frombuffer(buf[a - lo : b - lo], np.uint8)
+
+        return [
+            partial(span, p0, min(b1, p0 + per_piece)) for b0, b1 in spans.tolist() for p0 in range(b0, b1, per_piece)
+        ]
 
 
 def read_requests(

@@ -268,5 +268,3 @@ def latest(root: str | os.PathLike) -> Path | None:
     """The newest committed checkpoint under ``root`` (by step, then commit time), or None."""
     found = list_checkpoints(root)
     return found[-1][0] if found else None
-
-

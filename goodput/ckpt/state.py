@@ -32,10 +32,14 @@ class LocalShard:
         self.offsets = tuple(int(o) for o in self.offsets)
         shape = tuple(self.tensor.shape)
         if len(shape) != len(self.global_shape) or len(self.offsets) != len(shape):
-            raise ValueError(f"LocalShard: shard {shape}, global {self.global_shape}, offsets {self.offsets} differ in rank")
+            raise ValueError(
+                f"LocalShard: shard {shape}, global {self.global_shape}, offsets {self.offsets} differ in rank"
+            )
         for o, s, g in zip(self.offsets, shape, self.global_shape):
             if o < 0 or o + s > g:
-                raise ValueError(f"LocalShard: box offsets {self.offsets} size {shape} leaves global shape {self.global_shape}")
+                raise ValueError(
+                    f"LocalShard: box offsets {self.offsets} size {shape} leaves global shape {self.global_shape}"
+                )
 
 
 @dataclass
@@ -52,7 +56,9 @@ class FlatShard:
         if self.tensor.dim() != 1:
             raise ValueError(f"FlatShard: tensor must be 1-D, got shape {tuple(self.tensor.shape)}")
         if self.start < 0 or self.start + self.tensor.numel() > n:
-            raise ValueError(f"FlatShard: range [{self.start}, {self.start + self.tensor.numel()}) leaves a tensor of {n} elements")
+            raise ValueError(
+                f"FlatShard: range [{self.start}, {self.start + self.tensor.numel()}) leaves a tensor of {n} elements"
+            )
 
 
 @dataclass
@@ -151,7 +157,9 @@ def tensor_leaf(name: str, v: Any) -> TensorLeaf | None:
         if v.device.type == "meta":
             raise TypeError(f"{name!r}: a meta tensor has no data to checkpoint")
         t = v.detach()
-        return TensorLeaf(name, torch_dtype_name(t.dtype, name), tuple(t.shape), Region.whole(t.shape), t, "torch", False)
+        return TensorLeaf(
+            name, torch_dtype_name(t.dtype, name), tuple(t.shape), Region.whole(t.shape), t, "torch", False
+        )
     return None
 
 
@@ -171,7 +179,9 @@ def _dtensor_leaf(name: str, v: Any) -> TensorLeaf:
         if type(p).__name__ == "_StridedShard":
             raise TypeError(f"{name!r}: strided-shard DTensor placements (FSDP2 x TP) are not supported yet")
         if not isinstance(p, (Shard, Replicate)):
-            raise TypeError(f"{name!r}: DTensor placement {p} is not supported (reduce Partial placements before saving)")
+            raise TypeError(
+                f"{name!r}: DTensor placement {p} is not supported (reduce Partial placements before saving)"
+            )
     shape, offsets = compute_local_shape_and_global_offset(v.shape, v.device_mesh, v.placements)
     local = v.to_local().detach()
     if tuple(local.shape) != tuple(shape):

@@ -34,7 +34,10 @@ def _fail(e: Exception) -> None:
 
 
 @app.command("ls")
-def ls(root: Path = typer.Argument(..., help="Directory holding checkpoints."), as_json: bool = typer.Option(False, "--json")) -> None:
+def ls(
+    root: Path = typer.Argument(..., help="Directory holding checkpoints."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
     """Committed checkpoints under ROOT: step, size, files, commit time."""
     found = list_checkpoints(root)
     rows = [
@@ -53,11 +56,12 @@ def ls(root: Path = typer.Argument(..., help="Directory holding checkpoints."), 
         print(json.dumps(rows, indent=2))
         return
     t = Table(title=f"committed checkpoints in {root}")
-    for c in ("path", "step", "size", "tensors", "files", "ranks", "committed"):
+    t.add_column("checkpoint", overflow="fold")
+    for c in ("step", "size", "tensors", "files", "ranks", "committed"):
         t.add_column(c)
     for r in rows:
         t.add_row(
-            r["path"], str(r["step"]), human(r["bytes"]), str(r["tensors"]), str(r["files"]), str(r["world_size"]),
+            str(Path(r["path"]).relative_to(root)) if Path(r["path"]) != root else ".", str(r["step"]), human(r["bytes"]), str(r["tensors"]), str(r["files"]), str(r["world_size"]),
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created"])),
         )  # fmt: skip
     console.print(t)
@@ -80,7 +84,14 @@ def inspect(path: Path, as_json: bool = typer.Option(False, "--json")) -> None:
                 "kind": t.kind,
                 "bytes": t.nbytes,
                 "chunks": [
-                    {"region": c.region.describe(), "rank": c.rank, "file": c.file, "offset": c.offset, "length": c.length, "crc32c": c.crc32c}
+                    {
+                        "region": c.region.describe(),
+                        "rank": c.rank,
+                        "file": c.file,
+                        "offset": c.offset,
+                        "length": c.length,
+                        "crc32c": c.crc32c,
+                    }
                     for c in t.chunks
                 ],
             }
@@ -99,7 +110,9 @@ def inspect(path: Path, as_json: bool = typer.Option(False, "--json")) -> None:
     if as_json:
         print(json.dumps(out, indent=2, default=str))
         return
-    console.print(f"[bold]{path}[/bold]  step={ck.step}  save={ck.manifest.save_id}  ranks={ck.manifest.world_size}  data={human(ck.manifest.data_bytes)}")
+    console.print(
+        f"[bold]{path}[/bold]  step={ck.step}  save={ck.manifest.save_id}  ranks={ck.manifest.world_size}  data={human(ck.manifest.data_bytes)}"
+    )
     t = Table()
     for c in ("tensor", "dtype", "shape", "size", "chunks", "layout"):
         t.add_column(c)
@@ -133,7 +146,9 @@ def verify(path: Path) -> None:
             checked = ck.verify(progress=lambda n: prog.advance(task, n))
     except CheckpointError as e:
         _fail(e)
-    console.print(f"[green]ok[/green]: {path} ({human(checked)} in {ck.metadata.num_chunks} chunks, {len(ck.metadata.tensors)} tensors)")
+    console.print(
+        f"[green]ok[/green]: {path} ({human(checked)} in {ck.metadata.num_chunks} chunks, {len(ck.metadata.tensors)} tensors)"
+    )
 
 
 def _parse_bytes(text: str) -> int:
@@ -156,8 +171,16 @@ def _parse_bytes(text: str) -> int:
 def import_dcp_cmd(
     dcp_dir: Path = typer.Argument(..., help="Directory written by torch.distributed.checkpoint (holds .metadata)."),
     dest: Path = typer.Argument(..., help="Directory for the goodput checkpoint (absent or empty)."),
-    max_batch_bytes: str = typer.Option("1GiB", "--max-batch-bytes", help="Tensor bytes read per DCP load; all of them stay in memory only if the whole checkpoint fits."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace whatever DEST holds."),
+    max_batch_bytes: str = typer.Option(
+        "1GiB",
+        "--max-batch-bytes",
+        help="Tensor bytes read per DCP load; all of them stay in memory only if the whole checkpoint fits.",
+    ),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="Allow a non-empty DEST: a goodput checkpoint there is replaced atomically; other files are left alone.",
+    ),
 ) -> None:
     """Convert a DCP checkpoint into a goodput checkpoint (same tensor names, dtypes and bytes).
 

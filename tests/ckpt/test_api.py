@@ -59,7 +59,10 @@ def test_every_dtype_round_trips_bitwise(tmp_path: Path, dt: torch.dtype) -> Non
 def test_nested_names_values_and_numpy(tmp_path: Path) -> None:
     state = {
         "model": {"layers": [{"weight": torch.ones(2, 2)}, {"weight": torch.zeros(3)}]},
-        "optim": {"state": {0: {"step": torch.tensor(4.0)}}, "param_groups": [{"lr": 0.1, "betas": (0.9, 0.95), "params": [0]}]},
+        "optim": {
+            "state": {0: {"step": torch.tensor(4.0)}},
+            "param_groups": [{"lr": 0.1, "betas": (0.9, 0.95), "params": [0]}],
+        },
         "rng": np.arange(5, dtype=np.uint32),
         "misc": {"nan": math.nan, "none": None, "name": "run-7", "flag": True, "ints": {1: "a"}},
     }
@@ -69,7 +72,10 @@ def test_nested_names_values_and_numpy(tmp_path: Path) -> None:
     assert ck.tensors["rng"].kind == "numpy"
     target = {
         "model": {"layers": [{"weight": torch.empty(2, 2)}, {"weight": torch.empty(3)}]},
-        "optim": {"state": {0: {"step": torch.tensor(0.0)}}, "param_groups": [{"lr": 0.0, "betas": (0.0, 0.0), "params": [0]}]},
+        "optim": {
+            "state": {0: {"step": torch.tensor(0.0)}},
+            "param_groups": [{"lr": 0.0, "betas": (0.0, 0.0), "params": [0]}],
+        },
         "rng": np.zeros(5, np.uint32),
         "misc": {"nan": 0.0, "none": 1, "name": "", "flag": False, "ints": {1: ""}},
     }
@@ -154,7 +160,9 @@ def test_load_errors_name_the_key(tmp_path: Path) -> None:
     gc.save({"model": {"weight": torch.zeros(2, 3)}, "lr": 0.1}, tmp_path)
     with pytest.raises(CheckpointError, match=r"'model\.wieght' is not in the checkpoint.*'model\.weight'"):
         gc.load({"model": {"wieght": torch.zeros(2, 3)}}, tmp_path)
-    with pytest.raises(CheckpointError, match=r"'model\.weight': saved with global shape \(2, 3\), loading into \(3, 2\)"):
+    with pytest.raises(
+        CheckpointError, match=r"'model\.weight': saved with global shape \(2, 3\), loading into \(3, 2\)"
+    ):
         gc.load({"model": {"weight": torch.zeros(3, 2)}}, tmp_path)
     with pytest.raises(CheckpointError, match=r"'model\.weight': saved as float32, loading into float64"):
         gc.load({"model": {"weight": torch.zeros(2, 3, dtype=torch.float64)}}, tmp_path)

@@ -105,9 +105,7 @@ def test_import_single_process(dcp_dir: Path, tmp_path: Path, budget: int) -> No
     expected = _tensors()
     events: list[tuple[str, int]] = []
     dest = tmp_path / "gp"
-    res = import_dcp(
-        dcp_dir, dest, max_batch_bytes=budget, progress=lambda e, n: events.append((e, n))
-    )
+    res = import_dcp(dcp_dir, dest, max_batch_bytes=budget, progress=lambda e, n: events.append((e, n)))
     total = sum(t.numel() * t.element_size() for t in expected.values())
     assert isinstance(res, ImportResult)
     assert (res.path, res.tensors, res.bytes, res.values, res.skipped) == (
@@ -133,9 +131,7 @@ def test_import_single_process(dcp_dir: Path, tmp_path: Path, budget: int) -> No
 
 
 def _specs(t: dict[str, torch.Tensor]) -> list[_TensorSpec]:
-    return [
-        _TensorSpec(k, tuple(v.shape), v.dtype, v.numel() * v.element_size()) for k, v in t.items()
-    ]
+    return [_TensorSpec(k, tuple(v.shape), v.dtype, v.numel() * v.element_size()) for k, v in t.items()]
 
 
 def test_batches_respect_budget() -> None:
@@ -176,28 +172,31 @@ def _full(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor
 SHARDED = {"model.rows": ((5, 3), torch.float32), "model.cols": ((4, 6), torch.bfloat16)}
 
 
-def _save_dtensor_dcp(rank: int, world: int, path: str) -> None:
+def _save_dtensor_dcp(rank: int, world: int, path: str) -> str:
     from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
 
     mesh = init_device_mesh("cpu", (world,))
     state = {
         "model": {
-            "rows": distribute_tensor(
-                _full("model.rows", *SHARDED["model.rows"]), mesh, [Shard(0)]
-            ),
-            "cols": distribute_tensor(
-                _full("model.cols", *SHARDED["model.cols"]), mesh, [Shard(1)]
-            ),
+            "rows": distribute_tensor(_full("model.rows", *SHARDED["model.rows"]), mesh, [Shard(0)]),
+            "cols": distribute_tensor(_full("model.cols", *SHARDED["model.cols"]), mesh, [Shard(1)]),
         },
         "rep": torch.arange(5, dtype=torch.int64),  # a plain tensor: a replica on every rank
         "step": 3,
     }
     dcp.save(state, checkpoint_id=path)
+    try:  # inside a process group of 2, goodput's save would wait for the other rank: refused
+        import_dcp(path, f"{path}-r{rank}")
+    except DCPImportError as e:
+        return str(e)
+    return "imported"
 
 
 def test_import_two_rank_dtensor(tmp_path: Path) -> None:
     src = tmp_path / "dcp"
-    run_ranks(_save_dtensor_dcp, 2, str(src))
+    refusals = run_ranks(_save_dtensor_dcp, 2, str(src))
+    assert all("process group of 2 ranks" in m for m in refusals), refusals
+    assert not list(tmp_path.glob("dcp-r*"))
     md = dcp.FileSystemReader(str(src)).read_metadata()
     chunks = md.state_dict_metadata["model.rows"].chunks
     assert sorted((tuple(c.offsets), tuple(c.sizes)) for c in chunks) == [
@@ -216,9 +215,7 @@ def test_import_two_rank_dtensor(tmp_path: Path) -> None:
             assert ck.read(name, raw=True).tobytes() == _bits(t), name
             assert ck.tensors[name].shape == tuple(t.shape)
         gc.verify(dest)
-        zeros = {
-            "model": {"rows": torch.zeros(5, 3), "cols": torch.zeros(4, 6, dtype=torch.bfloat16)}
-        }
+        zeros = {"model": {"rows": torch.zeros(5, 3), "cols": torch.zeros(4, 6, dtype=torch.bfloat16)}}
         gc.load(zeros, dest, strict=False)
         assert _bits(zeros["model"]["rows"]) == _bits(expected["model.rows"])
         assert _bits(zeros["model"]["cols"]) == _bits(expected["model.cols"])
@@ -242,9 +239,7 @@ def test_cli_import_dcp(dcp_dir: Path, tmp_path: Path) -> None:
     r = runner.invoke(app, ["ckpt", "verify", str(dest)])
     assert r.exit_code == 0, r.output
     # a small budget spills; an occupied destination needs --overwrite
-    r = runner.invoke(
-        app, ["ckpt", "import-dcp", str(dcp_dir), str(dest), "--max-batch-bytes", "64B"]
-    )
+    r = runner.invoke(app, ["ckpt", "import-dcp", str(dcp_dir), str(dest), "--max-batch-bytes", "64B"])
     assert r.exit_code == 1 and "not empty" in _flat(r.output)
     r = runner.invoke(
         app,
@@ -261,9 +256,7 @@ def test_cli_import_dcp(dcp_dir: Path, tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     assert "scratch file" in _flat(r.output)
     _check(dest, _tensors())
-    r = runner.invoke(
-        app, ["ckpt", "import-dcp", str(dcp_dir), str(tmp_path / "x"), "--max-batch-bytes", "lots"]
-    )
+    r = runner.invoke(app, ["ckpt", "import-dcp", str(dcp_dir), str(tmp_path / "x"), "--max-batch-bytes", "lots"])
     assert r.exit_code != 0 and "not a size" in _flat(r.output)
 
 

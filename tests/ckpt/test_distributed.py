@@ -142,7 +142,10 @@ def test_local_and_flat_shards_reshard(tmp_path: Path) -> None:
         gc.load(st, tmp_path)
         assert torch.equal(st["exp_avg"].tensor, m.reshape(-1)[a:b])
     for r0, r1 in [(0, 3), (3, 6), (6, 8)]:
-        st = {"w": gc.LocalShard(torch.zeros(r1 - r0, G[1]), G, (r0, 0)), "exp_avg": gc.LocalShard(torch.zeros(r1 - r0, 5), G, (r0, 7))}
+        st = {
+            "w": gc.LocalShard(torch.zeros(r1 - r0, G[1]), G, (r0, 0)),
+            "exp_avg": gc.LocalShard(torch.zeros(r1 - r0, 5), G, (r0, 7)),
+        }
         gc.load(st, tmp_path)
         assert torch.equal(st["w"].tensor, w[r0:r1])
         assert torch.equal(st["exp_avg"].tensor, m[r0:r1, 7:])
@@ -229,3 +232,16 @@ def test_resharded_load_reads_only_needed_bytes(tmp_path: Path, verify: bool) ->
             runs = 256
             assert stats.bytes_read <= stats.bytes_needed + runs * 2 * 4096
             assert stats.verified_blocks > 0
+
+
+def _rank0_saves_alone(rank: int, world: int, path: str) -> bool:
+    if rank == 0:  # the other rank never joins: no_dist must not wait for it
+        gc.save({"w": torch.ones(4)}, path, no_dist=True)
+        t = {"w": torch.zeros(4)}
+        gc.load(t, path, no_dist=True)
+        return bool(torch.equal(t["w"], torch.ones(4)))
+    return True
+
+
+def test_no_dist_saves_from_one_rank_inside_a_group(tmp_path: Path) -> None:
+    assert run_ranks(_rank0_saves_alone, 2, str(tmp_path)) == [True, True]

@@ -86,8 +86,8 @@ def test_resharding_copies_exactly_the_oracle(shape, data):
         for k, ch in enumerate(owners.tolist()):
             s, d, n = runs(ilo[k], ihi[k], saved[ch].affine(shape), query.affine(shape))
             for s0, d0 in zip(s.tolist(), d.tolist()):
-                assert 0 <= s0 and s0 + n <= len(storage[ch]), "run leaves its source chunk"
-                assert 0 <= d0 and d0 + n <= len(dest), "run leaves its destination"
+                assert s0 >= 0 and s0 + n <= len(storage[ch]), "run leaves its source chunk"
+                assert d0 >= 0 and d0 + n <= len(dest), "run leaves its destination"
                 assert not dest[d0 : d0 + n].any(), "an element is written twice"
                 dest[d0 : d0 + n] = storage[ch][s0 : s0 + n]
                 covered += n

@@ -1,0 +1,52 @@
+"""The command line over real checkpoints (typer's runner, same process)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from typer.testing import CliRunner
+
+import goodput.ckpt as gc
+from goodput.cli.main import app
+
+runner = CliRunner()
+
+
+def test_ls_inspect_verify(tmp_path: Path) -> None:
+    for step in (1, 2):
+        gc.save(
+            {"w": torch.randn(8, 4), "b": torch.zeros(4, dtype=torch.bfloat16), "lr": 0.1},
+            tmp_path / f"s{step}",
+            step=step,
+        )
+    r = runner.invoke(app, ["ckpt", "ls", str(tmp_path), "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output)
+    assert [x["step"] for x in rows] == [1, 2] and rows[0]["tensors"] == 2
+    r = runner.invoke(app, ["ckpt", "ls", str(tmp_path)])
+    assert r.exit_code == 0 and "s2" in r.output
+    r = runner.invoke(app, ["ckpt", "inspect", str(tmp_path / "s2"), "--json"])
+    assert r.exit_code == 0, r.output
+    info = json.loads(r.output)
+    w = [t for t in info["tensors"] if t["name"] == "w"][0]
+    assert w["shape"] == [8, 4] and w["dtype"] == "float32" and w["chunks"][0]["region"] == "[0:8, 0:4]"
+    assert info["values"] == {"lr": 0.1} and sum(info["bytes_per_rank"].values()) == 8 * 4 * 4 + 8
+    r = runner.invoke(app, ["ckpt", "inspect", str(tmp_path / "s2")])
+    assert r.exit_code == 0 and "bfloat16" in r.output
+    r = runner.invoke(app, ["ckpt", "verify", str(tmp_path / "s2")])
+    assert r.exit_code == 0 and "ok" in r.output
+
+
+def test_verify_reports_corruption_with_exit_1(tmp_path: Path) -> None:
+    gc.save({"w": torch.randn(64, 64)}, tmp_path)
+    (f,) = [p for p in tmp_path.iterdir() if p.name.startswith("data-")]
+    raw = bytearray(f.read_bytes())
+    raw[10] ^= 1
+    f.write_bytes(raw)
+    r = runner.invoke(app, ["ckpt", "verify", str(tmp_path)])
+    assert r.exit_code == 1
+    assert "checksum mismatch" in r.output and "'w'" in r.output
+    r = runner.invoke(app, ["ckpt", "inspect", str(tmp_path / "nope")])
+    assert r.exit_code == 1 and "not a committed checkpoint" in r.output

@@ -52,7 +52,7 @@ from .readengine import DEFAULT_READ_BUFFER, ReadStats, Request
 from .reader import Checkpoint
 from .state import TensorLeaf, dest_bytes, flatten, host_bytes
 from .storage import fsync_dir, publish_atomic, remove_quietly, write_durable
-from .writer import Piece, write_data_file
+from .writer import FileResult, Piece, write_rank_files
 
 
 class SaveError(CheckpointError):
@@ -142,10 +142,12 @@ def save(
     block_bytes: int = DEFAULT_BLOCK,
     user: dict[str, Any] | None = None,
     no_dist: bool = False,
+    files_per_rank: int = 1,
 ) -> SaveResult:
     """Save ``state_dict`` to ``path`` from every rank of ``process_group``; atomic on success.
 
     ``no_dist=True`` saves from this process alone even inside a process group (as DCP's flag).
+    ``files_per_rank > 1`` writes each rank's bytes as that many files in parallel streams.
     """
     t0 = time.perf_counter()
     path = _resolve(path, checkpoint_id)
@@ -252,33 +254,40 @@ def save(
     bytes_per_rank = [0] * world
     for a in plan:
         bytes_per_rank[a.rank] += a.piece.numel * dtype_info(meta[a.name][0]).itemsize
-    fname = f"data-{save_id}-r{rank:05d}.bin"
-    fpath = path / fname
     error = None
-    result = None
+    results: list[FileResult] = []
     try:
         pieces = [
             Piece(a.name, a.piece, host_bytes(_slice_local(by_name[a.name], a.piece))) for a in plan if a.rank == rank
         ]
-        if pieces:
-            result = write_data_file(str(fpath), pieces, block_bytes)
+        results = write_rank_files(str(path), save_id, rank, pieces, block_bytes, files_per_rank)
     except Exception as e:
         error = _err(e)
-        remove_quietly(fpath)
-    rec = {"rank": rank, "error": error, "file": None, "records": []}
-    if result is not None:
-        rec["file"] = [result.name, result.bytes, result.crc_offset, result.crc_count]
-        rec["records"] = [
-            [c.name, _enc_region(c.region), c.offset, c.length, c.crc32c, c.block0, c.blocks_crc32c]
-            for c in result.records
-        ]
+    rec = {
+        "rank": rank,
+        "error": error,
+        "files": [
+            [
+                [r.name, r.bytes, r.crc_offset, r.crc_count],
+                [
+                    [c.name, _enc_region(c.region), c.offset, c.length, c.crc32c, c.block0, c.blocks_crc32c]
+                    for c in r.records
+                ],
+            ]
+            for r in results
+        ],
+    }
     timings["write_s"] = time.perf_counter() - t1
     t2 = time.perf_counter()
     written = collective.all_gather_obj(rec, group)
+
+    def discard() -> None:
+        for r in results:
+            remove_quietly(path / r.name)
+
     outcome = {"ok": True, "error": None}
     if any(m["error"] for m in written):
-        if result is not None:
-            remove_quietly(fpath)
+        discard()
         errs = "; ".join(f"rank {m['rank']}: {m['error']}" for m in written if m["error"])
         raise SaveError(f"save to {str(path)!r} failed while writing; nothing was committed. {errs}")
     if rank == 0:
@@ -288,12 +297,12 @@ def save(
             outcome = {"ok": False, "error": _err(e)}
     outcome = collective.broadcast_obj(outcome, 0, group)
     if not outcome["ok"]:
-        if result is not None:
-            remove_quietly(fpath)
+        discard()
         raise SaveError(f"save to {str(path)!r} failed at commit on rank 0: {outcome['error']}")
     timings["commit_s"] = time.perf_counter() - t2
     timings["total_s"] = time.perf_counter() - t0
-    return SaveResult(path, save_id, step, result.bytes if result else 0, sum(bytes_per_rank), bytes_per_rank, timings)
+    mine = sum(r.bytes for r in results)
+    return SaveResult(path, save_id, step, mine, sum(bytes_per_rank), bytes_per_rank, timings)
 
 
 def _commit(
@@ -312,13 +321,11 @@ def _commit(
     tensors = [TensorEntry(n, meta[n][0], list(meta[n][1]), meta[n][2]) for n in names]
     files: list[FileEntry] = []
     rows: list[tuple] = []
-    for m in written:
-        if m["file"] is None:
-            continue
+    for rank, (fentry, records) in ((m["rank"], f) for m in written for f in m["files"]):
         fid = len(files)
-        name, nbytes, crc_off, crc_count = m["file"]
-        files.append(FileEntry(name, nbytes, crc_off, crc_count, m["rank"]))
-        for tname, reg, off, length, crc, block0, table_crc in m["records"]:
+        name, nbytes, crc_off, crc_count = fentry
+        files.append(FileEntry(name, nbytes, crc_off, crc_count, rank))
+        for tname, reg, off, length, crc, block0, table_crc in records:
             r = _dec_region(reg)
             rows.append((tid[tname], r.flat_start, tuple(r.offsets), fid, off, length, crc, block0, r, table_crc))
     rows.sort(key=lambda x: (x[0], x[1], x[2]))

@@ -181,3 +181,17 @@ def test_shard_declarations_are_checked() -> None:
         gc.LocalShard(torch.zeros(3, 3), (4, 4), (2, 0))
     with pytest.raises(ValueError, match="leaves a tensor"):
         gc.FlatShard(torch.zeros(5), (2, 2), 1)
+
+
+def test_files_per_rank_splits_large_chunks_into_parallel_files(tmp_path: Path) -> None:
+    w = torch.randn(1024, 1024)  # 4 MiB: cut into pieces along rows, spread over 3 files
+    b = torch.randn(7)
+    gc.save({"w": w, "b": b}, tmp_path, files_per_rank=3)
+    data = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("data-"))
+    assert len(data) == 3 and all(n.endswith(("-0.bin", "-1.bin", "-2.bin")) for n in data)
+    ck = gc.open(tmp_path)
+    assert len(ck.tensors["w"].chunks) > 1
+    t = {"w": torch.zeros(1024, 1024), "b": torch.zeros(7)}
+    gc.load(t, tmp_path)
+    assert torch.equal(t["w"], w) and torch.equal(t["b"], b)
+    gc.verify(tmp_path)

@@ -1,0 +1,420 @@
+"""``goodput plan ...``: the arithmetic of failures, cadence, storage, memory and spot.
+
+Every command prints a table whose figures carry their units (GB = 1e9 B, GiB = 2^30 B), or with
+``--json`` one object. Bad input (negative, zero, unknown unit) is a clear error with exit status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from goodput.plan import units as U
+
+app = typer.Typer(no_args_is_help=True)
+console = Console()
+T = TypeVar("T")
+
+
+def parse(fn: Callable[..., T], value: Any, option: str, *args: Any) -> T:
+    try:
+        return fn(value, *args)
+    except (U.UnitError, ValueError) as e:
+        raise typer.BadParameter(str(e), param_hint=option) from None
+
+
+def check(cond: bool, msg: str, option: str) -> None:
+    if not cond:
+        raise typer.BadParameter(msg, param_hint=option)
+
+
+def jsonable(x: Any) -> Any:
+    if is_dataclass(x) and not isinstance(x, type):
+        x = asdict(x)
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def emit(obj: Any) -> None:
+    print(json.dumps(jsonable(obj), indent=2))
+
+
+def table(title: str, rows: list[tuple[str, str]], note: str | None = None) -> None:
+    t = Table(title=title, show_header=False, title_justify="left")
+    t.add_column("quantity", style="bold")
+    t.add_column("value")
+    for k, v in rows:
+        t.add_row(k, v)
+    console.print(t)
+    if note:
+        console.print(note)
+
+
+def wrap(fn: Callable[[], T], option: str = "input") -> T:
+    try:
+        return fn()
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint=option) from None
+
+
+# ---------------------------------------------------------------------------------------- failures
+@app.command()
+def failures(
+    gpus: int = typer.Option(None, help="Scale the job MTBI to this many GPUs."),
+    gpu_mtbf: str = typer.Option(None, "--gpu-mtbf", help="Per-GPU MTBF (default: implied by Llama 3, ~50,677 h)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """The Llama 3 interruption table, job MTBI, per-GPU MTBF, and MTBI at N GPUs."""
+    from goodput.plan.failures import LLAMA3_DAYS, LLAMA3_GPUS
+    from goodput.plan.failures import failures as run
+
+    check(gpus is None or gpus > 0, "must be positive", "--gpus")
+    m = parse(U.parse_duration, gpu_mtbf, "--gpu-mtbf") if gpu_mtbf is not None else None
+    r = run(gpus, m)
+    if as_json:
+        emit(
+            {
+                **asdict(r),
+                "mtbi_h": r.mtbi_s / 3600,
+                "gpu_mtbf_h": r.gpu_mtbf_s / 3600,
+                "job_mtbi_h": r.job_mtbi_s / 3600,
+            }
+        )
+        return
+    t = Table(title=f"Llama 3 405B: unexpected interruptions in {LLAMA3_DAYS} days on {LLAMA3_GPUS:,} GPUs (Table 5)")
+    for c in ("cause", "component", "count", "printed %", "recomputed %"):
+        t.add_column(c)
+    for c, pct in zip(r.causes, r.recomputed_pct):
+        t.add_row(c.name, c.component, str(c.count), f"{c.printed_pct:.1f}", f"{pct:.1f}")
+    t.add_row("total", "", str(r.total), f"{r.printed_pct_sum:.1f}", "100.0")
+    console.print(t)
+    console.print(
+        f"[yellow]note[/yellow]: the printed percentages sum to {r.printed_pct_sum:.1f} %, not 100 %: e.g. "
+        f"148/{r.total} is {100 * 148 / r.total:.1f} %, printed 30.1 %. Both columns are shown."
+    )
+    table(
+        "failure rates",
+        [
+            ("job MTBI (Llama 3: 54 d × 24 h ÷ 419)", f"{U.fmt_duration(r.job_mtbi_s)} ({r.job_mtbi_s / 3600:.2f} h)"),
+            ("per-GPU MTBF" + (" (given)" if m else " (implied: 16,384 × job MTBI)"), f"{r.gpu_mtbf_s / 3600:,.0f} h ({r.gpu_mtbf_s / 3600 / 24 / 365.25:.1f} years)"),
+            (f"job MTBI at {r.gpus:,} GPUs (MTBF ÷ N)", f"{U.fmt_duration(r.mtbi_s)} ({r.mtbi_s / 3600:.3g} h)"),
+        ],
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------- interval
+def _mtbi(mtbf: str | None, gpus: int | None, gpu_mtbf: str | None) -> float:
+    if mtbf is not None:
+        check(gpus is None, "give --mtbf, or --gpus with --gpu-mtbf, not both", "--mtbf")
+        return parse(U.parse_duration, mtbf, "--mtbf")
+    check(gpus is not None and gpu_mtbf is not None, "give --mtbf, or --gpus and --gpu-mtbf", "--mtbf")
+    check(gpus > 0, "must be positive", "--gpus")
+    return parse(U.parse_duration, gpu_mtbf, "--gpu-mtbf") / gpus
+
+
+@app.command()
+def interval(
+    mtbf: str = typer.Option(None, help="Job mean time between interruptions, e.g. 3.09h."),
+    gpus: int = typer.Option(None, help="GPUs (with --gpu-mtbf instead of --mtbf)."),
+    gpu_mtbf: str = typer.Option(None, "--gpu-mtbf", help="Per-GPU MTBF, e.g. 50677h."),
+    stall: str = typer.Option(..., help="Time a checkpoint blocks training (δ), e.g. 60s."),
+    restart: str = typer.Option("0s", help="Restart time R."),
+    write: str = typer.Option("0s", help="Background write time of an async checkpoint (adds to the loss)."),
+    at: str = typer.Option(None, "--interval", help="Also evaluate this interval."),
+    plot: Path = typer.Option(None, help="Write a PNG of waste against the interval."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Young, Daly and the exact optimum; waste (first order) and useful fraction (exact)."""
+    from goodput.plan.interval import interval as run
+
+    m = _mtbi(mtbf, gpus, gpu_mtbf)
+    d = parse(U.parse_duration, stall, "--stall")
+    r_ = parse(lambda v: U.parse_duration(v, allow_zero=True), restart, "--restart")
+    w = parse(lambda v: U.parse_duration(v, allow_zero=True), write, "--write")
+    given = parse(U.parse_duration, at, "--interval") if at is not None else None
+    rep = wrap(lambda: run(d, m, r_, w, given))
+    if plot is not None:
+        from goodput.cli.plots import interval_plot
+
+        interval_plot(plot, d, m, r_, w, given)
+    if as_json:
+        emit(rep)
+        return
+    rows = [
+        ("stall δ / MTBI M / restart R / write W", f"{U.fmt_duration(d)} / {U.fmt_duration(m)} / {U.fmt_duration(r_)} / {U.fmt_duration(w)}"),
+        ("Young √(2δM)", f"{U.fmt_duration(rep.young_s)}  waste {U.fmt_pct(rep.waste_first_order_at_young)} (first order), useful {U.fmt_pct(rep.useful_fraction_at_young, 2)} (exact)"),
+        ("Daly (higher order)", f"{U.fmt_duration(rep.daly_s)}  waste {U.fmt_pct(rep.waste_first_order_at_daly)} (first order), useful {U.fmt_pct(rep.useful_fraction_at_daly, 2)} (exact)"),
+        ("exact optimum M[1+W₀(−e^{−(1+δ/M)})]", f"{U.fmt_duration(rep.optimal_s)}  waste {U.fmt_pct(rep.waste_first_order_at_optimal)} (first order), useful {U.fmt_pct(rep.useful_fraction_at_optimal, 2)} (exact)"),
+    ]  # fmt: skip
+    if given is not None:
+        rows.append(
+            (
+                f"given τ = {U.fmt_duration(given)}",
+                f"waste {U.fmt_pct(rep.waste_first_order_at_interval)} (first order), useful {U.fmt_pct(rep.useful_fraction_at_interval, 2)} (exact)",
+            )
+        )
+    if w:
+        rows.append(("floor", f"τ ≥ write time {U.fmt_duration(w)}; the write adds to the loss per failure"))
+    table("checkpoint interval", rows, f"plot written to {plot}" if plot else None)
+
+
+# ---------------------------------------------------------------------------------------- size
+@app.command()
+def size(
+    params: str = typer.Option(..., help="Parameters, e.g. 405e9."),
+    bytes_per_param: float = typer.Option(16, help="16 (in memory, ZeRO §3.1), 14 (checkpoint), 12 (no bf16 copy)."),
+    gpus: int = typer.Option(16_384),
+    tp: int = typer.Option(8),
+    pp: int = typer.Option(16),
+    bandwidth: str = typer.Option("100GB/s", help="Storage write bandwidth."),
+    at: str = typer.Option("30min", "--interval", help="Checkpoint cadence."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Checkpoint bytes, bytes per GPU and per model-parallel replica, write time, share of the cadence."""
+    from goodput.plan.size import size as run
+
+    p = parse(U.parse_count, params, "--params", "a parameter count")
+    check(bytes_per_param > 0, "must be positive", "--bytes-per-param")
+    for v, o in ((gpus, "--gpus"), (tp, "--tp"), (pp, "--pp")):
+        check(v > 0, "must be positive", o)
+    bw = parse(U.parse_bandwidth, bandwidth, "--bandwidth")
+    tau = parse(U.parse_duration, at, "--interval")
+    r = wrap(lambda: run(p, bytes_per_param, gpus, tp, pp, bw, tau), "--gpus")
+    if as_json:
+        emit(r)
+        return
+    table(
+        f"checkpoint of {p:.4g} parameters at {bytes_per_param:g} B/param",
+        [
+            ("total", U.fmt_bytes(r.total_bytes)),
+            (f"per GPU (÷ {gpus:,}, replicas written once, spread)", U.fmt_bytes(r.bytes_per_gpu)),
+            (f"per model-parallel replica (÷ DP {r.dp})", U.fmt_bytes(r.bytes_per_replica)),
+            (f"per GPU if every replica wrote its TP×PP shard (÷ {tp * pp})", U.fmt_bytes(r.bytes_per_gpu_naive)),
+            (f"write time at {U.fmt_bandwidth(bw)}", U.fmt_duration(r.write_s)),
+            (f"share of a {U.fmt_duration(tau)} cadence (blocking write)", U.fmt_pct(r.overhead_fraction)),
+        ],
+        "An asynchronous write hides this time behind training; the stall is then the staging copy (goodput plan pcie).",
+    )
+
+
+# ---------------------------------------------------------------------------------------- tokens
+@app.command()
+def tokens(
+    gpus: int = typer.Option(16_384),
+    tflops: str = typer.Option("400", help="Achieved TFLOP/s per GPU (or a unit: 400T, 0.4P)."),
+    params: str = typer.Option("405e9"),
+    bytes_per_token: float = typer.Option(4, help="Bytes per token id (int32: 4)."),
+    checkpoint_bytes: str = typer.Option(None, help="Checkpoint size (default 16 B/param)."),
+    write_time: str = typer.Option("60s", help="Target time to write the checkpoint burst."),
+    tier_bandwidth: str = typer.Option("2TB/s", help="Aggregate read bandwidth of the restore tier."),
+    dp: int = typer.Option(128, help="Data-parallel replicas (for the read-everything restore)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Tokens/s, token-stream bytes/s, checkpoint burst bytes/s, restore time with and without read-once."""
+    from goodput.plan.tokens import tokens as run
+
+    check(gpus > 0 and dp > 0 and bytes_per_token > 0, "must be positive", "--gpus/--dp/--bytes-per-token")
+    f = parse(U.parse_flops, tflops if any(c.isalpha() for c in tflops) else f"{tflops}T", "--tflops")
+    p = parse(U.parse_count, params, "--params", "a parameter count")
+    ck = parse(U.parse_bytes, checkpoint_bytes, "--checkpoint-bytes") if checkpoint_bytes else None
+    wt = parse(U.parse_duration, write_time, "--write-time")
+    bw = parse(U.parse_bandwidth, tier_bandwidth, "--tier-bandwidth")
+    r = wrap(lambda: run(gpus, f, p, bytes_per_token, ck, wt, bw, dp=dp))
+    if as_json:
+        emit(r)
+        return
+    table(
+        "token stream vs checkpoint burst vs restore",
+        [
+            ("tokens/s (GPUs × FLOP/s ÷ 6N)", f"{r.tokens_per_s / 1e6:.2f} M tokens/s"),
+            (f"token stream ({bytes_per_token:g} B/token)", U.fmt_bandwidth(r.token_stream_Bps)),
+            (
+                f"checkpoint burst ({U.fmt_bytes(r.checkpoint_bytes)} in {U.fmt_duration(wt)})",
+                U.fmt_bandwidth(r.burst_Bps),
+            ),
+            ("burst ÷ stream", f"{r.ratio_burst_to_stream:,.0f} ×"),
+            (
+                f"restore, read once ({U.fmt_bytes(r.restore_bytes)} at {U.fmt_bandwidth(bw)})",
+                U.fmt_duration(r.restore_s),
+            ),
+            (
+                f"restore, every replica reads its bf16 shard ({U.fmt_bytes(r.restore_bytes_naive)})",
+                U.fmt_duration(r.restore_naive_s),
+            ),
+        ],
+        "The two workloads differ by orders of magnitude and want different storage tiers; read-once-and-broadcast sets the restore spec.",
+    )
+
+
+# ---------------------------------------------------------------------------------------- activations
+@app.command()
+def activations(
+    seq: int = typer.Option(..., help="Sequence length s."),
+    hidden: int = typer.Option(..., help="Hidden size h."),
+    heads: int = typer.Option(..., help="Attention heads a."),
+    layers: int = typer.Option(..., help="Transformer layers."),
+    micro_batch: int = typer.Option(1, help="Micro-batch b."),
+    tp: int = typer.Option(1, help="Tensor-parallel degree t."),
+    sp: bool = typer.Option(False, "--sp", help="Sequence parallelism."),
+    recompute: str = typer.Option("none", help="none | selective | full"),
+    flash: bool = typer.Option(False, "--flash", help="FlashAttention (no s×s scores kept)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Korthikanti et al.'s activation bytes per layer and in total, and what each option saves."""
+    from goodput.plan.activations import RECOMPUTE
+    from goodput.plan.activations import activations as run
+
+    for v, o in (
+        (seq, "--seq"),
+        (hidden, "--hidden"),
+        (heads, "--heads"),
+        (layers, "--layers"),
+        (micro_batch, "--micro-batch"),
+        (tp, "--tp"),
+    ):
+        check(v > 0, "must be positive", o)
+    check(recompute in RECOMPUTE, f"must be one of {', '.join(RECOMPUTE)}", "--recompute")
+    r = run(seq, hidden, heads, layers, micro_batch, tp, sp, recompute, flash)
+    if as_json:
+        emit(r)
+        return
+    rows = [
+        ("per layer", U.fmt_bytes(r.bytes_per_layer)),
+        (f"total ({layers} layers, one micro-batch)", U.fmt_bytes(r.bytes_total)),
+        ("attention-score term 5·a·s/h (per layer)", U.fmt_bytes(r.score_term_bytes_per_layer)),
+        ("saving against no recompute", U.fmt_pct(r.saving_fraction)),
+    ]
+    for k, v in r.options.items():
+        rows.append(
+            (f"  option: {k}", f"{U.fmt_bytes(v)} per layer ({U.fmt_pct(1 - v / r.baseline_bytes_per_layer)} saved)")
+        )
+    table(
+        f"activations: s={seq}, h={hidden}, a={heads}, b={micro_batch}, t={tp}{', SP' if sp else ''}, recompute={recompute}{', flash' if flash else ''}",
+        rows,
+    )
+
+
+# ---------------------------------------------------------------------------------------- spot
+@app.command()
+def spot(
+    discount: str = typer.Option(..., help="Spot discount, e.g. 0.6 or 60%."),
+    node_rate: str = typer.Option(..., help="Preemptions per node, e.g. 0.02/h."),
+    nodes: int = typer.Option(..., help="Gang size in nodes."),
+    at: str = typer.Option("30min", "--interval", help="Checkpoint interval τ."),
+    restart: str = typer.Option("10min", help="Restart time R."),
+    stall: str = typer.Option("0s", help="Checkpoint stall δ."),
+    trace: Path = typer.Option(None, help="SkyPilot spot trace (JSON) to measure the rates from."),
+    plot: Path = typer.Option(None, help="PNG: cost ratio against gang size."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Spot interruption rate, waste, useful fraction, cost, break-even, and the largest safe gang."""
+    from goodput.plan.spot import spot as run
+    from goodput.plan.spot import trace_rates
+
+    d = parse(U.parse_fraction, discount, "--discount", "a discount")
+    check(d < 1, "must be below 1", "--discount")
+    lam = parse(U.parse_rate, node_rate, "--node-rate")
+    check(nodes > 0, "must be positive", "--nodes")
+    tau = parse(U.parse_duration, at, "--interval")
+    r_ = parse(lambda v: U.parse_duration(v, allow_zero=True), restart, "--restart")
+    s = parse(lambda v: U.parse_duration(v, allow_zero=True), stall, "--stall")
+    measured = None
+    if trace is not None:
+        try:
+            raw = json.loads(trace.read_text())
+            measured = trace_rates([int(x) for x in raw["data"]], float(raw["metadata"]["gap_seconds"]))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise typer.BadParameter(f"cannot read SkyPilot trace {trace}: {e}", param_hint="--trace") from None
+    rep = run(d, lam, nodes, tau, r_, s)
+    if plot is not None:
+        from goodput.cli.plots import spot_plot
+
+        spot_plot(plot, d, lam, tau, r_, s)
+    if as_json:
+        out = jsonable(rep)
+        out["job_rate_per_h"] = rep.job_rate_per_s * 3600
+        if measured is not None:
+            out["trace"] = {
+                **jsonable(measured),
+                "node_rate_per_h": measured.node_rate_per_s * 3600,
+                "gang_rate_per_h": measured.gang_rate_per_s * 3600,
+            }
+        emit(out)
+        return
+    rows = [
+        (f"job interruption rate Λ = N·λ ({nodes} nodes)", f"{rep.job_rate_per_s * 3600:.4g} per hour (MTBI {U.fmt_duration(rep.job_mtbi_s)})"),
+        ("waste per preemption τ/2 + R", U.fmt_duration(rep.waste_per_preemption_s)),
+        ("time lost, first order Λ·(τ/2+R)", U.fmt_pct(rep.loss_first_order)),
+        ("useful fraction (exact), spot / on-demand", f"{U.fmt_pct(rep.useful_fraction, 2)} / {U.fmt_pct(rep.useful_fraction_on_demand, 2)}"),
+        ("cost per useful GPU-hour ÷ on-demand", f"{rep.cost_ratio:.3f}" + ("  [green]spot wins[/green]" if rep.cost_ratio < 1 else "  [red]on-demand wins[/red]")),
+        ("break-even discount 1 − u_spot/u_od", U.fmt_pct(rep.break_even_discount)),
+        ("largest gang keeping ≥ half the discount", f"{rep.max_gang_nodes} nodes (exact), {rep.max_gang_nodes_first_order} (first order)"),
+        ("optimal interval on spot (exact)", U.fmt_duration(rep.optimal_interval_s)),
+    ]  # fmt: skip
+    for c in rep.cadences:
+        rows.append(
+            (
+                f"  at τ = {U.fmt_duration(c.interval_s)}",
+                f"useful {U.fmt_pct(c.useful_fraction_spot, 2)}, break-even discount {U.fmt_pct(c.break_even_discount)}, cost ratio {c.cost_ratio:.3f}",
+            )
+        )
+    if measured is not None:
+        rows += [
+            (f"trace {trace.name}: per-node rate", f"{measured.node_rate_per_s * 3600:.4g} per node-hour ({measured.nodes_lost} lost in {measured.node_hours:,.0f} node-h)"),
+            (f"trace: gang of {measured.gang_size} rate", f"{measured.gang_rate_per_s * 3600:.4g} per hour ({measured.gang_interruptions} in {measured.full_gang_s / 3600:,.0f} h at full size)"),
+            ("trace: gang rate ÷ node rate", f"{measured.gang_vs_node:.2f} × (N·λ would say {measured.gang_size}; ratio to it {measured.gang_vs_independent:.2f})"),
+        ]  # fmt: skip
+    table(f"spot at {U.fmt_pct(d, 0)} off", rows, f"plot written to {plot}" if plot else None)
+
+
+# ---------------------------------------------------------------------------------------- pcie
+@app.command()
+def pcie(
+    gen: int = typer.Option(5, help="PCIe generation 1-6."),
+    lanes: int = typer.Option(16),
+    nic: str = typer.Option("400Gbps", help="NIC line rate."),
+    nics: int = typer.Option(8),
+    dram_channels: int = typer.Option(8),
+    sockets: int = typer.Option(2),
+    mts: float = typer.Option(4800, help="DRAM transfer rate (MT/s)."),
+    ckpt_bytes_per_gpu: str = typer.Option("346MB", help="Checkpoint bytes per GPU for the staging stall."),
+    d2h: str = typer.Option("50GB/s", help="Device-to-host copy bandwidth."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """PCIe link bandwidth, whether a NIC can be fed, DRAM traffic with and without GPUDirect RDMA."""
+    from goodput.plan.pcie import pcie as run
+
+    n = parse(U.parse_bandwidth, nic, "--nic") * 8
+    cb = parse(U.parse_bytes, ckpt_bytes_per_gpu, "--ckpt-bytes-per-gpu")
+    bw = parse(U.parse_bandwidth, d2h, "--d2h")
+    r = wrap(lambda: run(gen, lanes, n, nics, dram_channels, sockets, mts, cb, bw), "--gen/--lanes")
+    if as_json:
+        emit(r)
+        return
+    table(
+        f"PCIe Gen{gen} x{lanes} and {nics} × {n / 1e9:g} Gb/s NICs",
+        [
+            ("PCIe per direction (raw, after encoding)", U.fmt_bandwidth(r.pcie_Bps_per_direction)),
+            ("after 5-15 % packet overhead", f"{U.fmt_bandwidth(r.pcie_Bps_after_overhead[0])} - {U.fmt_bandwidth(r.pcie_Bps_after_overhead[1])}"),
+            (f"NVMe x4 at Gen{gen}", U.fmt_bandwidth(r.nvme_x4_Bps)),
+            ("NIC per direction", U.fmt_bandwidth(r.nic_Bps)),
+            ("can the link feed the NIC?", ("yes" if r.nic_fits else "[red]no[/red]") + ("" if r.nic_fits_after_overhead else " (not after 15 % overhead)")),
+            (f"host DRAM peak (DDR {mts:g} MT/s × 8 B × {dram_channels} ch × {sockets} sockets)", U.fmt_bandwidth(r.dram_peak_Bps)),
+            ("DRAM traffic, all NICs full duplex, without GDR", f"{U.fmt_bandwidth(r.dram_traffic_without_gdr_Bps)} = {r.dram_ratio_without_gdr:.2f} × peak"),
+            ("DRAM traffic with GPUDirect RDMA", "0 (the NIC reads and writes GPU memory)"),
+            (f"checkpoint staging stall ({U.fmt_bytes(cb)} ÷ {U.fmt_bandwidth(bw)})", U.fmt_duration(r.ckpt_stall_s)),
+        ],
+    )  # fmt: skip

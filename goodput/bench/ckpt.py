@@ -47,7 +47,7 @@ GOALS = (
     ("load_vs_raw_read", "load ≥ 0.9 × raw read", "ours_load", "raw_read", 0.9),
 )
 
-# (phase, label, reads?, ours phase -> its raw and DCP baselines)
+# (phase, label) in the order they run; BASELINES: each of our phases -> its raw and DCP baselines
 PHASES: list[tuple[str, str]] = [
     ("raw_write", "raw write + fsync"),
     ("raw_read", "raw read"),
@@ -316,7 +316,14 @@ def _timed(rank: int, root: Path, body: Callable[[], dict], profile: str | None)
     peak = mem.delta()
     if prof is not None:
         prof.dump_stats(profile.format(rank=rank))
-    return {"seconds": seconds, "peak_delta": peak, "base_rss": mem.base, "drop": drop, "mem_method": mem.method, **extra}
+    return {
+        "seconds": seconds,
+        "peak_delta": peak,
+        "base_rss": mem.base,
+        "drop": drop,
+        "mem_method": mem.method,
+        **extra,
+    }
 
 
 # --------------------------------------------------------------------------- phases (in ranks)
@@ -335,7 +342,12 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _raw_write(rank, world, specs, root, profile):
+# Each phase's setup runs untimed in the rank and returns (body, reset, check): ``body`` is the
+# timed part (it may return extra numbers), ``reset`` runs untimed between repeats (zeroing the
+# destinations, so each load must really fill them), ``check`` verifies what was loaded.
+
+
+def _raw_write(rank, world, specs, root):
     state = [_local(s, rank, world, "rows", True)[0] for s in specs]
     d = root / "raw"
     d.mkdir(parents=True, exist_ok=True)
@@ -350,12 +362,11 @@ def _raw_write(rank, world, specs, root, profile):
         finally:
             os.close(fd)
         _fsync_dir(d)
-        return {}
 
-    return _timed(rank, root, body, None)
+    return body, None, None
 
 
-def _raw_read(rank, world, specs, root, profile):
+def _raw_read(rank, world, specs, root):
     dests = [_local(s, rank, world, "rows", False) for s in specs]
     path = root / "raw" / f"raw-r{rank:05d}.bin"
 
@@ -372,14 +383,18 @@ def _raw_read(rank, world, specs, root, profile):
                     mv, off = mv[n:], off + n
         finally:
             os.close(fd)
-        return {}
 
-    res = _timed(rank, root, body, None)
-    res["verified"] = all(_check(s, t, r0, c0) for s, (t, r0, c0) in zip(specs, dests))
-    return res
+    def reset():
+        for t, _, _ in dests:
+            t.zero_()
+
+    def check():
+        return all(_check(s, t, r0, c0) for s, (t, r0, c0) in zip(specs, dests))
+
+    return body, reset, check
 
 
-def _torch_save(rank, world, specs, root, profile):
+def _torch_save(rank, world, specs, root):
     import torch
 
     state = {s.name: _local(s, rank, world, "rows", True)[0] for s in specs}
@@ -393,12 +408,11 @@ def _torch_save(rank, world, specs, root, profile):
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(d)
-        return {}
 
-    return _timed(rank, root, body, None)
+    return body, None, None
 
 
-def _torch_load(rank, world, specs, root, profile):
+def _torch_load(rank, world, specs, root):
     import torch
 
     path = root / "torch" / f"shard-r{rank:05d}.pt"
@@ -406,11 +420,11 @@ def _torch_load(rank, world, specs, root, profile):
 
     def body():
         got.update(torch.load(path, weights_only=True))
-        return {}
 
-    res = _timed(rank, root, body, None)
-    res["verified"] = all(_check(s, got[s.name], *_box(s, rank, world, "rows")[:2]) for s in specs)
-    return res
+    def check():
+        return all(_check(s, got[s.name], *_box(s, rank, world, "rows")[:2]) for s in specs)
+
+    return body, got.clear, check
 
 
 def _dtensors(specs, rank, world, layout, fill):
@@ -424,39 +438,50 @@ def _dtensors(specs, rank, world, layout, fill):
     return sd, locs
 
 
-def _dcp_save(rank, world, specs, root, profile):
+def _zero(locs):
+    def reset():
+        for t, _, _ in locs.values():
+            t.zero_()
+
+    return reset
+
+
+def _checker(specs, locs):
+    def check():
+        return all(_check(s, *locs[s.name]) for s in specs)
+
+    return check
+
+
+def _dcp_save(rank, world, specs, root):
     import torch.distributed.checkpoint as dcp
 
     sd, _ = _dtensors(specs, rank, world, "rows", True)
-    path = root / "dcp"
+    path = str(root / "dcp")
 
     def body():
-        dcp.save(sd, storage_writer=dcp.FileSystemWriter(str(path), sync_files=True))
-        return {}
+        dcp.save(sd, storage_writer=dcp.FileSystemWriter(path, sync_files=True))
 
-    return _timed(rank, root, body, None)
+    return body, None, None
 
 
 def _dcp_load_any(rank, world, specs, root, layout):
     import torch.distributed.checkpoint as dcp
 
     sd, locs = _dtensors(specs, rank, world, layout, False)
-    path = root / "dcp"
+    path = str(root / "dcp")
 
     def body():
-        dcp.load(sd, storage_reader=dcp.FileSystemReader(str(path)))
-        return {}
+        dcp.load(sd, storage_reader=dcp.FileSystemReader(path))
 
-    res = _timed(rank, root, body, None)
-    res["verified"] = all(_check(s, sd[s.name].to_local(), locs[s.name][1], locs[s.name][2]) for s in specs)
-    return res
+    return body, _zero(locs), _checker(specs, locs)
 
 
-def _dcp_load(rank, world, specs, root, profile):
+def _dcp_load(rank, world, specs, root):
     return _dcp_load_any(rank, world, specs, root, "rows")
 
 
-def _dcp_reshard_load(rank, world, specs, root, profile):
+def _dcp_reshard_load(rank, world, specs, root):
     return _dcp_load_any(rank, world, specs, root, "cols")
 
 
@@ -468,49 +493,38 @@ def _ours_state(specs, rank, world, layout, fill):
     return sd, locs
 
 
-def _ours_save(rank, world, specs, root, profile):
-    import goodput.ckpt as gc
+def _ours_save(rank, world, specs, root):
+    from goodput.ckpt.api import save  # imported before the clock starts
 
     sd, _ = _ours_state(specs, rank, world, "rows", True)
-    out: dict = {}
 
     def body():
-        r = gc.save(sd, root / "ours", step=1)
-        out.update(r.timings)
-        return {}
+        return {"timings": save(sd, root / "ours", step=1).timings}
 
-    res = _timed(rank, root, body, profile)
-    res["timings"] = out
-    return res
+    return body, None, None
 
 
-def _ours_load_any(rank, world, specs, root, layout, profile):
-    import goodput.ckpt as gc
+def _ours_load_any(rank, world, specs, root, layout):
+    from goodput.ckpt.api import load
 
     sd, locs = _ours_state(specs, rank, world, layout, False)
-    out: dict = {}
 
     def body():
-        r = gc.load(sd, root / "ours")
-        out.update(r.timings)
-        out.update({k: v for k, v in r.stats.as_dict().items()})
-        return {}
+        r = load(sd, root / "ours")
+        return {"timings": {**r.timings, **r.stats.as_dict()}}
 
-    res = _timed(rank, root, body, profile)
-    res["timings"] = out
-    res["verified"] = all(_check(s, locs[s.name][0], locs[s.name][1], locs[s.name][2]) for s in specs)
-    return res
+    return body, _zero(locs), _checker(specs, locs)
 
 
-def _ours_load(rank, world, specs, root, profile):
-    return _ours_load_any(rank, world, specs, root, "rows", profile)
+def _ours_load(rank, world, specs, root):
+    return _ours_load_any(rank, world, specs, root, "rows")
 
 
-def _ours_reshard_load(rank, world, specs, root, profile):
-    return _ours_load_any(rank, world, specs, root, "cols", profile)
+def _ours_reshard_load(rank, world, specs, root):
+    return _ours_load_any(rank, world, specs, root, "cols")
 
 
-_RANK_FN = {
+_SETUP = {
     "raw_write": _raw_write,
     "raw_read": _raw_read,
     "torch_save": _torch_save,
@@ -524,12 +538,48 @@ _RANK_FN = {
 }
 
 
-def _phase(rank: int, world: int, phase: str, specs: list[dict], root: str, profile: str | None) -> dict:
-    prof = profile if phase.startswith("ours") else None
-    return _RANK_FN[phase](rank, world, [TensorSpec(**s) for s in specs], Path(root), prof)
+def _phase(rank: int, world: int, phase: str, specs: list[dict], root: str, repeat: int, profile: str | None) -> dict:
+    body, reset, check = _SETUP[phase](rank, world, [TensorSpec(**s) for s in specs], Path(root))
+    runs = []
+    for i in range(repeat):
+        if i and reset is not None:
+            reset()
+        last = i == repeat - 1
+        runs.append(_timed(rank, Path(root), body, profile if last and phase.startswith("ours") else None))
+    out: dict[str, Any] = {"runs": runs}
+    if check is not None:
+        out["verified"] = bool(check())
+    return out
 
 
 # --------------------------------------------------------------------------- driver
+
+
+def _summarize(label: str, total: int, per_rank: list[dict]) -> dict:
+    """A phase's time is the median over repeats of (max over ranks of barrier-to-barrier)."""
+    import statistics
+
+    reps = len(per_rank[0]["runs"])
+    rep_secs = [max(r["runs"][i]["seconds"] for r in per_rank) for i in range(reps)]
+    secs = statistics.median(rep_secs)
+    peaks = [max(run["peak_delta"] for run in r["runs"]) for r in per_rank]
+    ph: dict[str, Any] = {
+        "label": label,
+        "seconds": secs,
+        "gbps": total / secs / GB,
+        "seconds_per_repeat": rep_secs,
+        "gbps_best": total / min(rep_secs) / GB,
+        "peak_rss_delta_bytes": max(peaks),
+        "peak_rss_delta_per_rank": peaks,
+        "rss_at_start_per_rank": [r["runs"][0]["base_rss"] for r in per_rank],
+        "cache_drop": per_rank[0]["runs"][0]["drop"],
+        "memory_method": per_rank[0]["runs"][0]["mem_method"],
+    }
+    if "verified" in per_rank[0]:
+        ph["verified"] = all(r["verified"] for r in per_rank)
+    if "timings" in per_rank[0]["runs"][-1]:
+        ph["timings_last_repeat_per_rank"] = [r["runs"][-1]["timings"] for r in per_rank]
+    return ph
 
 
 def run(
@@ -538,6 +588,7 @@ def run(
     directory: str | None = None,
     *,
     ntensors: int = 8,
+    repeat: int = 3,
     keep: bool = False,
     profile_dir: str | None = None,
     on_phase: Callable[[int, int, str], None] | None = None,
@@ -545,6 +596,8 @@ def run(
     """Run every phase; returns all the numbers (what ``--json`` prints)."""
     if ranks < 1:
         raise ValueError("--ranks must be at least 1")
+    if repeat < 1:
+        raise ValueError("--repeat must be at least 1")
     specs = make_layout(size, ranks, ntensors)
     total = sum(s.nbytes for s in specs)
     base = Path(directory) if directory else Path(tempfile.gettempdir())
@@ -560,28 +613,16 @@ def run(
             if on_phase:
                 on_phase(i, len(PHASES), label)
             prof = profile.format(phase=name) if profile else None
-            per_rank = run_ranks(_phase, ranks, name, [asdict(s) for s in specs], str(root), prof)
-            secs = max(r["seconds"] for r in per_rank)
-            ph = {
-                "label": label,
-                "seconds": secs,
-                "gbps": total / secs / GB,
-                "peak_rss_delta_bytes": max(r["peak_delta"] for r in per_rank),
-                "peak_rss_delta_per_rank": [r["peak_delta"] for r in per_rank],
-                "rss_at_start_per_rank": [r["base_rss"] for r in per_rank],
-                "seconds_per_rank": [r["seconds"] for r in per_rank],
-                "cache_drop": per_rank[0]["drop"],
-                "memory_method": per_rank[0]["mem_method"],
-            }
-            if "verified" in per_rank[0]:
-                ph["verified"] = all(r["verified"] for r in per_rank)
-            if "timings" in per_rank[0]:
-                ph["timings_per_rank"] = [r["timings"] for r in per_rank]
-            phases[name] = ph
+            args = (name, [asdict(s) for s in specs], str(root), repeat, prof)
+            per_rank = run_ranks(_phase, ranks, *args)
+            phases[name] = _summarize(label, total, per_rank)
         if on_phase:
             on_phase(len(PHASES), len(PHASES), "done")
         disk = shutil.disk_usage(root)
-        fs_bytes = {sub: sum(p.stat().st_size for p in (root / sub).rglob("*") if p.is_file()) for sub in ("raw", "torch", "dcp", "ours")}
+        fs_bytes = {
+            sub: sum(p.stat().st_size for p in (root / sub).rglob("*") if p.is_file())
+            for sub in ("raw", "torch", "dcp", "ours")
+        }
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -602,6 +643,7 @@ def run(
             "size_bytes": total,
             "size_requested": size,
             "ranks": ranks,
+            "repeat": repeat,
             "tensors": [asdict(s) for s in specs],
             "directory": str(root),
             "kept": keep,
@@ -631,12 +673,13 @@ def render(res: dict, console: Any) -> None:
     console.print(
         f"page cache dropped before each phase with [bold]{cfg['cache_drop']}[/bold]; "
         f"peak memory = peak RSS − RSS at phase start, per rank via {cfg['memory_method']}; "
-        "time = barrier to barrier, max over ranks; GB = 1e9 B"
+        f"time = barrier to barrier, max over ranks, median of {cfg['repeat']} repeats; GB = 1e9 B"
     )
     t = Table(title="checkpoint throughput")
     t.add_column("phase")
     t.add_column("seconds", justify="right")
     t.add_column("GB/s", justify="right")
+    t.add_column("best GB/s", justify="right")
     t.add_column("peak mem Δ (max rank)", justify="right")
     t.add_column("ours/raw", justify="right")
     t.add_column("ours/DCP", justify="right")
@@ -650,7 +693,17 @@ def render(res: dict, console: Any) -> None:
             vs_dcp = f"{res['ratios'][f'{name}_vs_{dcp}']:.2f}×"
         ok = {True: "[green]yes[/green]", False: "[red]NO[/red]"}.get(p.get("verified"), "")
         style = "bold" if name.startswith("ours") else None
-        t.add_row(p["label"], f"{p['seconds']:.3f}", f"{p['gbps']:.3f}", human_bytes(p["peak_rss_delta_bytes"]), vs_raw, vs_dcp, ok, style=style)
+        t.add_row(
+            p["label"],
+            f"{p['seconds']:.3f}",
+            f"{p['gbps']:.3f}",
+            f"{p['gbps_best']:.3f}",
+            human_bytes(p["peak_rss_delta_bytes"]),
+            vs_raw,
+            vs_dcp,
+            ok,
+            style=style,
+        )
     console.print(t)
     g = Table(title="goals (ratios of throughput, same run, same directory)")
     g.add_column("goal")

@@ -28,6 +28,8 @@ def ckpt(
     size: str = typer.Option("2GiB", "--size", help="Total state bytes (2GiB, 512MiB, 1GB, ...)."),
     ranks: int = typer.Option(2, "--ranks", help="Rank processes (gloo)."),
     directory: str = typer.Option("", "--dir", help="Where to write (a temporary directory under it; default /tmp)."),
+    repeat: int = typer.Option(3, "--repeat", help="Timed repeats of each phase (the median counts)."),
+    ntensors: int = typer.Option(8, "--tensors", help="Tensors in the state (fp32 and bf16 alternating)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with every number."),
     keep: bool = typer.Option(False, "--keep", help="Keep the files written."),
     profile: str = typer.Option("", "--profile", help="Write cProfile stats of goodput's phases per rank here."),
@@ -50,7 +52,16 @@ def ckpt(
             status.update(f"[{min(i + 1, n)}/{n}] {label} ({ranks} ranks)")
 
         try:
-            res = run(nbytes, ranks, directory or None, keep=keep, profile_dir=profile or None, on_phase=on_phase)
+            res = run(
+                nbytes,
+                ranks,
+                directory or None,
+                ntensors=ntensors,
+                repeat=repeat,
+                keep=keep,
+                profile_dir=profile or None,
+                on_phase=on_phase,
+            )
         except (RuntimeError, ValueError, OSError) as e:
             _fail(e)
     if as_json:
@@ -65,8 +76,10 @@ def ckpt(
 def ckpt_metadata(
     ranks: int = typer.Option(16384, "--ranks", help="Ranks of the saving job (TP 8 x PP 16 x DP ranks/128)."),
     tensors: int = typer.Option(1000, "--tensors", help="Parameter tensors of the model."),
-    dcp_ranks: int = typer.Option(1024, "--dcp-ranks", help="Scale at which DCP is compared (0: skip DCP)."),
+    dcp_ranks: int = typer.Option(0, "--dcp-ranks", help="Also compare with DCP at this scale (0: at --ranks)."),
+    no_dcp: bool = typer.Option(False, "--no-dcp", help="Skip DCP."),
     target: str = typer.Option("", "--load-layout", help="Layout loaded into, e.g. tp8pp8 (default: PP halved)."),
+    repeat: int = typer.Option(3, "--repeat", help="Timed repeats of each step (the median counts)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with every number."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when a goal is missed."),
 ) -> None:
@@ -78,7 +91,14 @@ def ckpt_metadata(
     status_console = Console(stderr=True)
     with status_console.status("starting") as status:
         try:
-            res = run(ranks, tensors, dcp_ranks=dcp_ranks, load_layout=target or None, on_step=status.update)
+            res = run(
+                ranks,
+                tensors,
+                dcp_ranks=0 if no_dcp else (dcp_ranks or ranks),
+                load_layout=target or None,
+                repeat=repeat,
+                on_step=status.update,
+            )
         except ValueError as e:
             _fail(e)
     if as_json:

@@ -418,3 +418,86 @@ def pcie(
             (f"checkpoint staging stall ({U.fmt_bytes(cb)} ÷ {U.fmt_bandwidth(bw)})", U.fmt_duration(r.ckpt_stall_s)),
         ],
     )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------- run
+@app.command("run")
+def run_cmd(
+    config: Path = typer.Argument(..., help="YAML: model, cluster, storage, checkpoint, spot (see examples/)."),
+    out: Path = typer.Option(None, help="Directory for report.md and its plots (default: next to the config)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """One Markdown report (with PNG plots) for a planned training run."""
+    import yaml
+
+    from goodput.cli.plots import interval_plot, spot_plot
+    from goodput.plan.run import ConfigError, plan_run, render_markdown
+
+    try:
+        cfg = yaml.safe_load(config.read_text())
+        p = plan_run(cfg)
+    except (OSError, yaml.YAMLError, ConfigError) as e:
+        raise typer.BadParameter(str(e), param_hint="CONFIG") from None
+    out = out or config.with_suffix("")
+    out.mkdir(parents=True, exist_ok=True)
+    plots = {"interval": "interval.png"}
+    interval_plot(out / "interval.png", p.stall_s, p.mtbi_s, p.restart_s, p.write_s, p.interval_s)
+    if p.spot is not None:
+        plots["spot"] = "spot.png"
+        spot_plot(
+            out / "spot.png",
+            p.spot.discount,
+            p.spot.node_rate_per_s,
+            p.interval_s,
+            p.restart_s + p.write_s,
+            p.stall_s,
+            max(256, 4 * p.spot.nodes),
+        )
+    md = render_markdown(p, plots)
+    (out / "report.md").write_text(md)
+    if as_json:
+        emit({**jsonable(p), "report": str(out / "report.md")})
+        return
+    console.print(md, markup=False, highlight=False)
+    console.print(f"report written to {out / 'report.md'}")
+
+
+# ---------------------------------------------------------------------------------------- nccl
+@app.command()
+def nccl(
+    logfile: Path = typer.Argument(..., help="An NCCL_DEBUG=INFO log (any NCCL version)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Each connection's transport and whether it uses GPUDirect RDMA, and a verdict."""
+    from goodput.plan.nccl import parse_nccl_log
+
+    try:
+        text = logfile.read_text(errors="replace")
+    except OSError as e:
+        raise typer.BadParameter(f"cannot read {logfile}: {e}", param_hint="LOGFILE") from None
+    r = parse_nccl_log(text)
+    if as_json:
+        emit(r.to_dict())
+        return
+    t = Table(title=f"NCCL connections in {logfile.name}" + (f" (NCCL {r.nccl_version})" if r.nccl_version else ""))
+    for c in ("line", "host", "channel", "from → to", "dir", "transport", "detail", "inter-node", "GPUDirect RDMA"):
+        t.add_column(c)
+    for c in r.connections[:200]:
+        t.add_row(
+            str(c.line_no), c.host or "", "" if c.channel is None else str(c.channel),
+            f"{c.src_rank} → {'' if c.dst_rank is None else c.dst_rank}", c.direction, c.transport, c.detail,
+            "yes" if c.inter_node else "", ("[green]yes[/green]" if c.gdr else "[red]no[/red]") if c.inter_node else "",
+        )  # fmt: skip
+    console.print(t)
+    if len(r.connections) > 200:
+        console.print(f"… {len(r.connections) - 200} more connections (use --json)")
+    for h in r.hca:
+        console.print(
+            f"HCA {h.hca_index} {h.name!r}{' on ' + h.host if h.host else ''}: GPU Direct RDMA {'enabled' if h.enabled else '[red]disabled[/red]'}"
+        )
+    good = r.inter_node == r.inter_node_gdr and r.inter_node > 0
+    console.print(
+        f"[bold]verdict[/bold]: {'[green]' if good else '[yellow]'}{r.verdict}{'[/green]' if good else '[/yellow]'}"
+    )
+    for a in r.advice:
+        console.print(f"  - {a}")

@@ -168,3 +168,20 @@ def test_spot_trace_when_present():
     assert tr["gang_size"] == 4 and tr["nodes_lost"] > 0 and tr["gang_interruptions"] > 0
     # correlated reclaims: the 4-node gang is interrupted far less often than 4 x the per-node rate
     assert 1.0 <= tr["gang_vs_node"] <= 4.0 and tr["gang_vs_independent"] < 1.0
+
+
+def test_nccl_command(tmp_path: Path):
+    log = tmp_path / "nccl.log"
+    log.write_text(
+        "node1:123:456 [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/IB/0/GDRDMA\n"
+        "node1:123:456 [0] NCCL INFO Channel 01/0 : 0[0] -> 8[0] [send] via NET/IB/0\n"
+        "node1:123:456 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read\n"
+    )
+    out = run_json("nccl", str(log))
+    assert out["inter_node"] == 2 and out["inter_node_gdr"] == 1
+    assert [c["gdr"] for c in out["connections"]] == [True, False, False]
+    assert [c["transport"] for c in out["connections"]] == ["NET", "NET", "P2P"]
+    r = runner.invoke(app, ["plan", "nccl", str(log)])
+    assert r.exit_code == 0 and "1 of 2 inter-node connections" in r.output
+    r = runner.invoke(app, ["plan", "nccl", str(tmp_path / "missing.log")])
+    assert r.exit_code == 2

@@ -286,19 +286,22 @@ def save(
             remove_quietly(path / r.name)
 
     outcome = {"ok": True, "error": None}
+    stale: list[Path] = []
     if any(m["error"] for m in written):
         discard()
         errs = "; ".join(f"rank {m['rank']}: {m['error']}" for m in written if m["error"])
         raise SaveError(f"save to {str(path)!r} failed while writing; nothing was committed. {errs}")
     if rank == 0:
         try:
-            _commit(path, save_id, step, world, meta, values, written, block_bytes, user or {})
+            stale = _commit(path, save_id, step, world, meta, values, written, block_bytes, user or {})
         except Exception as e:
             outcome = {"ok": False, "error": _err(e)}
     outcome = collective.broadcast_obj(outcome, 0, group)
     if not outcome["ok"]:
         discard()
         raise SaveError(f"save to {str(path)!r} failed at commit on rank 0: {outcome['error']}")
+    for p in stale:  # after the other ranks were released: not on their critical path
+        remove_quietly(p)
     timings["commit_s"] = time.perf_counter() - t2
     timings["total_s"] = time.perf_counter() - t0
     mine = sum(r.bytes for r in results)
@@ -315,7 +318,8 @@ def _commit(
     written: list[dict],
     block_bytes: int,
     user: dict[str, Any],
-) -> None:
+) -> list[Path]:
+    """Write the metadata and the manifest (the commit point); return files of older saves."""
     names = sorted(meta)
     tid = {n: i for i, n in enumerate(names)}
     tensors = [TensorEntry(n, meta[n][0], list(meta[n][1]), meta[n][2]) for n in names]
@@ -370,9 +374,11 @@ def _commit(
     publish_atomic(path, MANIFEST, msgspec.json.encode(manifest))
     # only now may the files of earlier saves into this directory go
     keep = {mname} | {f.name for f in files} | {MANIFEST}
-    for p in path.iterdir():
-        if p.name not in keep and (p.name.startswith(("data-", "metadata-", f".{MANIFEST}.tmp"))):
-            remove_quietly(p)
+    return [
+        p
+        for p in path.iterdir()
+        if p.name not in keep and p.name.startswith(("data-", "metadata-", f".{MANIFEST}.tmp"))
+    ]
 
 
 def load(
@@ -386,13 +392,15 @@ def load(
     threads: int = 4,
     strict: bool = True,
     no_dist: bool = False,
+    max_amplification: float = 1.1,
 ) -> LoadResult:
     """Fill ``state_dict`` in place from the checkpoint at ``path``.
 
     What each rank reads is decided by the layout of the tensors it passes (DTensor placements,
     LocalShard/FlatShard declarations, or whole tensors), whatever layout the checkpoint was
     saved with. ``process_group`` and ``no_dist`` are accepted for DCP compatibility: a load needs
-    no collective.
+    no collective. Reads are coalesced across gaps while the bytes read stay within
+    ``max_amplification`` × the bytes needed (raise it for fewer, larger reads).
     """
     t0 = time.perf_counter()
     path = _resolve(path, checkpoint_id)
@@ -442,7 +450,9 @@ def load(
                 raise CheckpointError(f"{v.name!r} lives in a tuple and cannot be replaced in place")
             continue
         v.parent[v.key] = new
-    stats = ck.read_into(requests, verify=verify, read_buffer=read_buffer, threads=threads)
+    stats = ck.read_into(
+        requests, verify=verify, read_buffer=read_buffer, threads=threads, max_amplification=max_amplification
+    )
     for target, staging in finish:
         if isinstance(target, np.ndarray):
             np.copyto(target, staging)

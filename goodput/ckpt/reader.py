@@ -201,7 +201,7 @@ class Checkpoint:
                     part = memoryview(buf)[: min(len(buf), length - a)]
                     pread_into(fd, part, base + a, fname)
                     check_blocks(md, ch, part, a // md.block_bytes, expect)
-                    crc = crc32c.crc32c(part, crc)
+                    crc = crc32c.crc32c(part, crc, 1)
                     checked += len(part)
                     if progress:
                         progress(len(part))

@@ -330,22 +330,34 @@ class Executor:
                 groups[-1].append((p0, p1))
                 size += p1 - p0
 
-        def run_group(group: list[tuple[int, int]]) -> None:
+        # per piece: its byte range and the runs that meet it, found for all pieces at once
+        flat = [pc for g in groups for pc in g]
+        p_lo = np.array([p0 for p0, _ in flat], np.int64) * B
+        p_hi = np.minimum(np.array([p1 for _, p1 in flat], np.int64) * B, length)
+        i0s = np.searchsorted(o.src, p_lo - longest, side="left").tolist()
+        i1s = np.searchsorted(o.src, p_hi, side="left").tolist()
+        bounds = iter(zip(p_lo.tolist(), p_hi.tolist(), i0s, i1s))
+        work = [[next(bounds) for _ in g] for g in groups if g]
+
+        def run_group(pieces: list[tuple[int, int, int, int]]) -> None:
             nv = nread = 0
-            for p0, p1 in group:
-                lo, hi = p0 * B, min(p1 * B, length)
+            for lo, hi, i0, i1 in pieces:
                 buf = self.scratch(hi - lo)
                 pread_into(fd, buf, base + lo, fname)
-                nv += check_blocks(md, ch, buf, p0, expect)
+                nv += check_blocks(md, ch, buf, lo // B, expect)
                 nread += hi - lo
-                i0 = int(np.searchsorted(o.src, lo - longest, side="left"))
-                i1 = int(np.searchsorted(o.src, hi, side="left"))
-                copy_runs(
-                    np.frombuffer(buf, np.uint8), lo, hi, o.src[i0:i1], ends[i0:i1], o.dst[i0:i1], o.req[i0:i1], dests
-                )
-            self.stats.add(verified_blocks=nv, reads=len(group), bytes_read=nread)
+                arr = np.frombuffer(buf, np.uint8)
+                if i1 - i0 == 1:  # one run: plain slice copy
+                    s0, e0 = int(o.src[i0]), int(ends[i0])
+                    a, b = max(s0, lo), min(e0, hi)
+                    if a < b:
+                        d0 = int(o.dst[i0]) + a - s0
+                        dests[int(o.req[i0])][d0 : d0 + b - a] = arr[a - lo : b - lo]
+                else:
+                    copy_runs(arr, lo, hi, o.src[i0:i1], ends[i0:i1], o.dst[i0:i1], o.req[i0:i1], dests)
+            self.stats.add(verified_blocks=nv, reads=len(pieces), bytes_read=nread)
 
-        return [partial(run_group, g) for g in groups if g]
+        return [partial(run_group, w) for w in work]
 
 
 def coalesce(spans: np.ndarray, block: int, budget: float) -> np.ndarray:

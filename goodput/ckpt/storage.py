@@ -32,9 +32,14 @@ def write_all(fd: int, data: memoryview | bytes) -> None:
 
 def pread_into(fd: int, buf: memoryview, offset: int, what: str) -> None:
     """Fill ``buf`` from ``offset``; a short file is an error that names ``what``."""
+    mv = memoryview(buf).cast("B")
+    n = os.preadv(fd, [mv], offset)
+    if n == len(mv):
+        return
     from .format import CheckpointError
 
-    mv = memoryview(buf).cast("B")
+    mv = mv[max(n, 0) :]
+    offset += max(n, 0)
     while len(mv):
         n = os.preadv(fd, [mv], offset)
         if n <= 0:

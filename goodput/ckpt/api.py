@@ -47,7 +47,7 @@ from .format import (
     encode_value,
 )
 from .geometry import Region, build_index
-from .plan_save import Decl, plan_writes
+from .plan_save import Assignment, Decl, plan_writes
 from .readengine import DEFAULT_READ_BUFFER, ReadStats, Request
 from .reader import Checkpoint
 from .state import TensorLeaf, dest_bytes, flatten, host_bytes
@@ -132,30 +132,38 @@ def _check_tiling(name: str, shape: tuple[int, ...], regions: list[Region]) -> N
         raise ValueError(f"{name!r}: the ranks' shards hold {total} of the tensor's {numel} elements (shape {shape})")
 
 
-def save(
-    state_dict: dict[str, Any],
-    path: str | os.PathLike | None = None,
-    *,
-    checkpoint_id: str | os.PathLike | None = None,
-    process_group: Any = None,
-    step: int | None = None,
-    block_bytes: int = DEFAULT_BLOCK,
-    user: dict[str, Any] | None = None,
-    no_dist: bool = False,
-    files_per_rank: int = 1,
-) -> SaveResult:
-    """Save ``state_dict`` to ``path`` from every rank of ``process_group``; atomic on success.
+@dataclass
+class Prepared:
+    """What every rank agreed on before any byte is written (the output of collective 1)."""
 
-    ``no_dist=True`` saves from this process alone even inside a process group (as DCP's flag).
-    ``files_per_rank > 1`` writes each rank's bytes as that many files in parallel streams.
-    """
-    t0 = time.perf_counter()
-    path = _resolve(path, checkpoint_id)
-    group = collective.LOCAL if no_dist else process_group
+    path: Path
+    group: Any
+    rank: int
+    world: int
+    save_id: str
+    leaves: list[TensorLeaf]
+    by_name: dict[str, TensorLeaf]
+    meta: dict[str, tuple[str, list[int], str]]
+    values: dict[str, Any]
+    replica_keys: list[tuple[str, Region]]
+    plan: list[Assignment]
+    bytes_per_rank: list[int]
+
+    def my_replica_keys(self) -> list[int]:
+        """Indices of the replica groups this rank holds (it reports their checksums)."""
+        return [
+            i
+            for i, (name, region) in enumerate(self.replica_keys)
+            if name in self.by_name and self.by_name[name].region == region
+        ]
+
+    def my_pieces(self) -> list[Assignment]:
+        return [a for a in self.plan if a.rank == self.rank]
+
+
+def prepare(state_dict: dict[str, Any], path: Path, group: Any, block_bytes: int) -> Prepared:
+    """Collective 1: declarations and rank 0's save id; then every rank plans the same writes."""
     rank, world = collective.world(group)
-    timings: dict[str, float] = {}
-
-    # ---- 1. declarations --------------------------------------------------------------------
     error = None
     leaves: list[TensorLeaf] = []
     vals: dict[str, Any] = {}
@@ -217,66 +225,97 @@ def save(
             _check_tiling(name, tuple(meta[name][1]), sorted(regs, key=lambda r: (r.flat_start, r.offsets)))
         except ValueError as e:
             raise SaveError(f"save to {str(path)!r} failed: {e}") from None
-
-    # ---- 2. replicas must agree -------------------------------------------------------------
     replica_keys = sorted((k for k, hs in holders.items() if len(hs) > 1), key=lambda k: (k[0], _enc_region(k[1])))
-    by_name = {lf.name: lf for lf in leaves}
-    if replica_keys:
-        mine = {}
-        error = None
-        try:
-            for i, (name, region) in enumerate(replica_keys):
-                lf = by_name.get(name)
-                if lf is not None and lf.region == region:
-                    mine[str(i)] = crc32c.crc32c(host_bytes(lf.local))
-        except Exception as e:
-            error = _err(e)
-        crcs = collective.all_gather_obj({"rank": rank, "error": error, "crcs": mine}, group)
-        _raise_errors(crcs, f"save to {str(path)!r} failed")
-        for i, (name, region) in enumerate(replica_keys):
-            seen = {m["rank"]: m["crcs"][str(i)] for m in crcs if str(i) in m["crcs"]}
-            if len(set(seen.values())) > 1:
-                ranks = sorted(seen)
-                groups: dict[int, list[int]] = {}
-                for r in ranks:
-                    groups.setdefault(seen[r], []).append(r)
-                desc = " vs ".join(f"ranks {g}" for g in groups.values())
-                raise SaveError(
-                    f"save to {str(path)!r} failed: replicas of {name!r} {region.describe()} differ across ranks ({desc}); "
-                    "a tensor without a declared layout must be identical on every rank (declare shards with "
-                    "DTensor, LocalShard or FlatShard)"
-                )
-    timings["plan_s"] = time.perf_counter() - t0
-
-    # ---- 3. write, then commit --------------------------------------------------------------
-    t1 = time.perf_counter()
     plan = plan_writes(per_rank)
     bytes_per_rank = [0] * world
     for a in plan:
         bytes_per_rank[a.rank] += a.piece.numel * dtype_info(meta[a.name][0]).itemsize
+    by_name = {lf.name: lf for lf in leaves}
+    return Prepared(path, group, rank, world, save_id, leaves, by_name, meta, values, replica_keys, plan, bytes_per_rank)
+
+
+def replica_mismatch(path: Path, replica_keys: list[tuple[str, Region]], reports: list[dict]) -> str | None:
+    """The first replica group whose holders reported different checksums, as an error message.
+
+    ``reports``: one per rank, ``{"rank": r, "crcs": {str(index): crc}}``."""
+    for i, (name, region) in enumerate(replica_keys):
+        seen = {m["rank"]: m["crcs"][str(i)] for m in reports if str(i) in m["crcs"]}
+        if len(set(seen.values())) > 1:
+            groups: dict[int, list[int]] = {}
+            for r in sorted(seen):
+                groups.setdefault(seen[r], []).append(r)
+            desc = " vs ".join(f"ranks {g}" for g in groups.values())
+            return (
+                f"save to {str(path)!r} failed: replicas of {name!r} {region.describe()} differ across ranks ({desc}); "
+                "a tensor without a declared layout must be identical on every rank (declare shards with "
+                "DTensor, LocalShard or FlatShard)"
+            )
+    return None
+
+
+def file_records(results: list[FileResult]) -> list[list]:
+    """This rank's files and chunk records, as sent to the committing rank."""
+    return [
+        [
+            [r.name, r.bytes, r.crc_offset, r.crc_count],
+            [[c.name, _enc_region(c.region), c.offset, c.length, c.crc32c, c.block0, c.blocks_crc32c] for c in r.records],
+        ]
+        for r in results
+    ]
+
+
+def save(
+    state_dict: dict[str, Any],
+    path: str | os.PathLike | None = None,
+    *,
+    checkpoint_id: str | os.PathLike | None = None,
+    process_group: Any = None,
+    step: int | None = None,
+    block_bytes: int = DEFAULT_BLOCK,
+    user: dict[str, Any] | None = None,
+    no_dist: bool = False,
+    files_per_rank: int = 1,
+) -> SaveResult:
+    """Save ``state_dict`` to ``path`` from every rank of ``process_group``; atomic on success.
+
+    ``no_dist=True`` saves from this process alone even inside a process group (as DCP's flag).
+    ``files_per_rank > 1`` writes each rank's bytes as that many files in parallel streams.
+    """
+    t0 = time.perf_counter()
+    path = _resolve(path, checkpoint_id)
+    group = collective.LOCAL if no_dist else process_group
+    timings: dict[str, float] = {}
+    prep = prepare(state_dict, path, group, block_bytes)
+    rank = prep.rank
+
+    # ---- 2. replicas must agree -------------------------------------------------------------
+    if prep.replica_keys:
+        mine = {}
+        error = None
+        try:
+            for i in prep.my_replica_keys():
+                mine[str(i)] = crc32c.crc32c(host_bytes(prep.by_name[prep.replica_keys[i][0]].local))
+        except Exception as e:
+            error = _err(e)
+        crcs = collective.all_gather_obj({"rank": rank, "error": error, "crcs": mine}, group)
+        _raise_errors(crcs, f"save to {str(path)!r} failed")
+        bad = replica_mismatch(path, prep.replica_keys, crcs)
+        if bad:
+            raise SaveError(bad)
+    timings["plan_s"] = time.perf_counter() - t0
+
+    # ---- 3. write, then commit --------------------------------------------------------------
+    t1 = time.perf_counter()
     error = None
     results: list[FileResult] = []
     try:
         pieces = [
-            Piece(a.name, a.piece, host_bytes(_slice_local(by_name[a.name], a.piece))) for a in plan if a.rank == rank
+            Piece(a.name, a.piece, host_bytes(_slice_local(prep.by_name[a.name], a.piece))) for a in prep.my_pieces()
         ]
-        results = write_rank_files(str(path), save_id, rank, pieces, block_bytes, files_per_rank)
+        results = write_rank_files(str(path), prep.save_id, rank, pieces, block_bytes, files_per_rank)
     except Exception as e:
         error = _err(e)
-    rec = {
-        "rank": rank,
-        "error": error,
-        "files": [
-            [
-                [r.name, r.bytes, r.crc_offset, r.crc_count],
-                [
-                    [c.name, _enc_region(c.region), c.offset, c.length, c.crc32c, c.block0, c.blocks_crc32c]
-                    for c in r.records
-                ],
-            ]
-            for r in results
-        ],
-    }
+    rec = {"rank": rank, "error": error, "files": file_records(results)}
     timings["write_s"] = time.perf_counter() - t1
     t2 = time.perf_counter()
     written = collective.all_gather_obj(rec, group)
@@ -293,7 +332,7 @@ def save(
         raise SaveError(f"save to {str(path)!r} failed while writing; nothing was committed. {errs}")
     if rank == 0:
         try:
-            stale = _commit(path, save_id, step, world, meta, values, written, block_bytes, user or {})
+            stale = commit(path, prep.save_id, step, prep.world, prep.meta, prep.values, written, block_bytes, user or {})
         except Exception as e:
             outcome = {"ok": False, "error": _err(e)}
     outcome = collective.broadcast_obj(outcome, 0, group)
@@ -304,11 +343,11 @@ def save(
         remove_quietly(p)
     timings["commit_s"] = time.perf_counter() - t2
     timings["total_s"] = time.perf_counter() - t0
-    mine = sum(r.bytes for r in results)
-    return SaveResult(path, save_id, step, mine, sum(bytes_per_rank), bytes_per_rank, timings)
+    mine_bytes = sum(r.bytes for r in results)
+    return SaveResult(path, prep.save_id, step, mine_bytes, sum(prep.bytes_per_rank), prep.bytes_per_rank, timings)
 
 
-def _commit(
+def commit(
     path: Path,
     save_id: str,
     step: int | None,

@@ -24,6 +24,9 @@ _LAZY = {
     "SaveError": ".api",
     "SaveResult": ".api",
     "LoadResult": ".api",
+    "async_save": ".async_save",
+    "AsyncSaver": ".async_save",
+    "AsyncSave": ".async_save",
     "LocalShard": ".state",
     "FlatShard": ".state",
 }

@@ -25,25 +25,16 @@ from pathlib import Path
 from typing import Any
 
 import crc32c
-import msgspec
 import numpy as np
 import torch
 
 from . import collective
+from .commit import _dec_region, _enc_region, commit, file_records, replica_mismatch
 from .dtypes import dtype as dtype_info
 from .format import (
     DEFAULT_BLOCK,
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    MANIFEST,
     CheckpointError,
-    FileEntry,
-    Manifest,
-    Metadata,
-    MetadataRef,
-    TensorEntry,
     decode_value,
-    encode_metadata,
     encode_value,
 )
 from .geometry import Region, build_index
@@ -51,7 +42,7 @@ from .plan_save import Assignment, Decl, plan_writes
 from .readengine import DEFAULT_READ_BUFFER, ReadStats, Request
 from .reader import Checkpoint
 from .state import TensorLeaf, dest_bytes, flatten, host_bytes
-from .storage import fsync_dir, publish_atomic, remove_quietly, write_durable
+from .storage import remove_quietly
 from .writer import FileResult, Piece, write_rank_files
 
 
@@ -84,14 +75,6 @@ def _resolve(path: Any, checkpoint_id: Any) -> Path:
     if path is not None and checkpoint_id is not None and Path(path) != Path(checkpoint_id):
         raise TypeError("give either path or checkpoint_id, not two different ones")
     return Path(path if path is not None else checkpoint_id)
-
-
-def _enc_region(r: Region) -> list:
-    return [list(r.offsets), list(r.sizes), r.flat_start, r.flat_count]
-
-
-def _dec_region(x: list) -> Region:
-    return Region(tuple(x[0]), tuple(x[1]), int(x[2]), int(x[3]))
 
 
 def _err(e: BaseException) -> str:
@@ -234,36 +217,6 @@ def prepare(state_dict: dict[str, Any], path: Path, group: Any, block_bytes: int
     return Prepared(path, group, rank, world, save_id, leaves, by_name, meta, values, replica_keys, plan, bytes_per_rank)
 
 
-def replica_mismatch(path: Path, replica_keys: list[tuple[str, Region]], reports: list[dict]) -> str | None:
-    """The first replica group whose holders reported different checksums, as an error message.
-
-    ``reports``: one per rank, ``{"rank": r, "crcs": {str(index): crc}}``."""
-    for i, (name, region) in enumerate(replica_keys):
-        seen = {m["rank"]: m["crcs"][str(i)] for m in reports if str(i) in m["crcs"]}
-        if len(set(seen.values())) > 1:
-            groups: dict[int, list[int]] = {}
-            for r in sorted(seen):
-                groups.setdefault(seen[r], []).append(r)
-            desc = " vs ".join(f"ranks {g}" for g in groups.values())
-            return (
-                f"save to {str(path)!r} failed: replicas of {name!r} {region.describe()} differ across ranks ({desc}); "
-                "a tensor without a declared layout must be identical on every rank (declare shards with "
-                "DTensor, LocalShard or FlatShard)"
-            )
-    return None
-
-
-def file_records(results: list[FileResult]) -> list[list]:
-    """This rank's files and chunk records, as sent to the committing rank."""
-    return [
-        [
-            [r.name, r.bytes, r.crc_offset, r.crc_count],
-            [[c.name, _enc_region(c.region), c.offset, c.length, c.crc32c, c.block0, c.blocks_crc32c] for c in r.records],
-        ]
-        for r in results
-    ]
-
-
 def save(
     state_dict: dict[str, Any],
     path: str | os.PathLike | None = None,
@@ -345,79 +298,6 @@ def save(
     timings["total_s"] = time.perf_counter() - t0
     mine_bytes = sum(r.bytes for r in results)
     return SaveResult(path, prep.save_id, step, mine_bytes, sum(prep.bytes_per_rank), prep.bytes_per_rank, timings)
-
-
-def commit(
-    path: Path,
-    save_id: str,
-    step: int | None,
-    world: int,
-    meta: dict[str, tuple[str, list[int], str]],
-    values: dict[str, Any],
-    written: list[dict],
-    block_bytes: int,
-    user: dict[str, Any],
-) -> list[Path]:
-    """Write the metadata and the manifest (the commit point); return files of older saves."""
-    names = sorted(meta)
-    tid = {n: i for i, n in enumerate(names)}
-    tensors = [TensorEntry(n, meta[n][0], list(meta[n][1]), meta[n][2]) for n in names]
-    files: list[FileEntry] = []
-    rows: list[tuple] = []
-    for rank, (fentry, records) in ((m["rank"], f) for m in written for f in m["files"]):
-        fid = len(files)
-        name, nbytes, crc_off, crc_count = fentry
-        files.append(FileEntry(name, nbytes, crc_off, crc_count, rank))
-        for tname, reg, off, length, crc, block0, table_crc in records:
-            r = _dec_region(reg)
-            rows.append((tid[tname], r.flat_start, tuple(r.offsets), fid, off, length, crc, block0, r, table_crc))
-    rows.sort(key=lambda x: (x[0], x[1], x[2]))
-    ndim = max([len(t.shape) for t in tensors], default=0)
-    n = len(rows)
-    cols = {
-        "tensor": np.array([x[0] for x in rows], np.uint32),
-        "file": np.array([x[3] for x in rows], np.uint32),
-        "offset": np.array([x[4] for x in rows], np.int64),
-        "length": np.array([x[5] for x in rows], np.int64),
-        "crc32c": np.array([x[6] for x in rows], np.uint32),
-        "block0": np.array([x[7] for x in rows], np.int64),
-        "blocks_crc32c": np.array([x[9] for x in rows], np.uint32),
-        "flat_start": np.array([x[8].flat_start for x in rows], np.int64),
-        "flat_count": np.array([x[8].flat_count for x in rows], np.int64),
-        "offsets": np.zeros((n, ndim), np.int64),
-        "sizes": np.zeros((n, ndim), np.int64),
-    }
-    for i, x in enumerate(rows):
-        r = x[8]
-        if not r.is_flat and r.offsets:
-            cols["offsets"][i, : len(r.offsets)] = r.offsets
-            cols["sizes"][i, : len(r.sizes)] = r.sizes
-    md = Metadata(save_id, block_bytes, tensors, files, values, cols)
-    raw = encode_metadata(md)
-    mname = f"metadata-{save_id}.bin"
-    write_durable(path / mname, raw)
-    fsync_dir(path)  # the data files' and metadata's names are durable before the commit
-    manifest = Manifest(
-        format=FORMAT_NAME,
-        version=FORMAT_VERSION,
-        save_id=save_id,
-        created=time.time(),
-        world_size=world,
-        metadata=MetadataRef(mname, len(raw), crc32c.crc32c(raw)),
-        data_bytes=int(cols["length"].sum()) if n else 0,
-        num_files=len(files),
-        num_tensors=len(tensors),
-        step=step,
-        user=user,
-    )
-    publish_atomic(path, MANIFEST, msgspec.json.encode(manifest))
-    # only now may the files of earlier saves into this directory go
-    keep = {mname} | {f.name for f in files} | {MANIFEST}
-    return [
-        p
-        for p in path.iterdir()
-        if p.name not in keep and p.name.startswith(("data-", "metadata-", f".{MANIFEST}.tmp"))
-    ]
 
 
 def load(

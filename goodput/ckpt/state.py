@@ -164,6 +164,8 @@ def tensor_leaf(name: str, v: Any) -> TensorLeaf | None:
 
 
 def _is_dtensor(v: Any) -> bool:
+    if not type(v).__module__.startswith("torch.distributed"):
+        return False  # cheap: a plain tensor never pays for importing DTensor
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # pragma: no cover - torch without distributed

@@ -27,6 +27,9 @@ _LAZY = {
     "async_save": ".async_save",
     "AsyncSaver": ".async_save",
     "AsyncSave": ".async_save",
+    "Checkpointer": ".checkpointer",
+    "CommitEvent": ".checkpointer",
+    "PREEMPTED_EXIT": ".checkpointer",
     "LocalShard": ".state",
     "FlatShard": ".state",
 }

@@ -265,6 +265,14 @@ def list_checkpoints(root: str | os.PathLike) -> list[tuple[Path, Manifest]]:
 
 
 def latest(root: str | os.PathLike) -> Path | None:
-    """The newest committed checkpoint under ``root`` (by step, then commit time), or None."""
+    """The newest committed checkpoint under ``root``: the ``latest`` pointer a Checkpointer
+    keeps, when it names a committed checkpoint; else the newest by listing (step, then time)."""
+    root = Path(root)
+    try:
+        name = (root / "latest").read_text().strip()
+        if name and "/" not in name and ".." not in name and is_committed(root / name):
+            return root / name
+    except OSError:
+        pass
     found = list_checkpoints(root)
     return found[-1][0] if found else None

@@ -1,0 +1,322 @@
+"""The Checkpointer: what a training loop uses.
+
+::
+
+    ck = Checkpointer("ckpt", interval="30min", keep=3)      # or interval=500 (steps), or "auto"
+    start = ck.restore(state) or 0                             # any layout, any world size
+    for step in range(start, steps):
+        train_step()
+        ck.maybe_save(step + 1, state)                         # async, on cadence
+
+- Cadence: an int is steps; a duration ("30min") is wall time; ``"auto"`` uses goodput.plan's
+  exact optimum from the measured stall and write time and the given MTBF (or GPU count and
+  per-GPU MTBF), never shorter than the write.
+- Agreement: with a process group, each ``maybe_save`` all-reduces two flags (a save is due; a
+  preemption signal arrived) so every rank saves at the same step even when only some ranks got
+  the signal or their clocks differ.
+- Preemption: on a configured signal (SIGTERM, SIGUSR1 by default) the next ``maybe_save`` waits
+  for the in-flight save, saves now, waits for the commit, and exits with :data:`PREEMPTED_EXIT`
+  (75, EX_TEMPFAIL: "try again"), which a scheduler reads as a preemption, not a failure.
+- Retention: keep the last ``keep`` committed checkpoints and every ``keep_every``-th step; never
+  delete the newest committed one or one being read; remove directories of saves that never
+  committed; keep a ``latest`` pointer (replaced atomically; listing is the fallback).
+- Commit events (step, time, path, bytes, stall, write time) go to registered listeners, on a
+  background thread: the scheduler's protocol uses this.
+- Data-loader position and RNG state are saved per rank and restored (see :mod:`goodput.ckpt.rng`
+  for what happens when the world size changes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import collective, rng
+from .api import load
+from .async_save import AsyncSave, AsyncSaver, SaveTimings
+from .format import MANIFEST, CheckpointError
+from .reader import Checkpoint, latest, list_checkpoints
+from .storage import publish_atomic
+
+PREEMPTED_EXIT = 75
+LATEST = "latest"
+_STEP_DIR = re.compile(r"^step_(\d{9,})$")
+READER_TTL_S = 3600.0
+
+
+@dataclass(frozen=True)
+class CommitEvent:
+    step: int | None
+    time: float  # Unix time of the commit
+    path: str
+    bytes: int  # written by this rank
+    stall_s: float
+    write_s: float
+    total_s: float
+    rank: int
+    preempted: bool
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step_{step:09d}"
+
+
+class Checkpointer:
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        interval: int | str = 1000,
+        keep: int | None = 3,
+        keep_every: int | None = None,
+        *,
+        process_group: Any = None,
+        mode: str = "process",
+        if_busy: str = "skip",
+        mtbf: str | float | None = None,
+        gpus: int | None = None,
+        gpu_mtbf: str | float | None = None,
+        restart: str | float = "10min",
+        preempt_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGUSR1),
+        exit_on_preempt: bool = True,
+        save_rng: bool = True,
+        timeout: float = 600.0,
+    ):
+        from goodput.plan.units import parse_duration
+
+        self.root = Path(root)
+        self.group = process_group
+        self.rank, self.world = collective.world(process_group)
+        self.keep, self.keep_every = keep, keep_every
+        self.save_rng = save_rng
+        self.exit_on_preempt = exit_on_preempt
+        self.interval_steps: int | None = None
+        self.interval_s: float | None = None
+        self.auto = interval == "auto"
+        if isinstance(interval, int) and not isinstance(interval, bool):
+            if interval <= 0:
+                raise ValueError("interval (steps) must be positive")
+            self.interval_steps = interval
+        elif self.auto:
+            if mtbf is not None:
+                self.mtbi_s = parse_duration(mtbf)
+            elif gpus and gpu_mtbf is not None:
+                self.mtbi_s = parse_duration(gpu_mtbf) / gpus
+            else:
+                raise ValueError('interval="auto" needs mtbf=, or gpus= and gpu_mtbf=')
+        else:
+            self.interval_s = parse_duration(interval)
+        self.restart_s = parse_duration(restart, allow_zero=True)
+        self.saver = AsyncSaver(process_group=process_group, mode=mode, if_busy=if_busy, timeout=timeout)
+        self.saver.listeners.append(self._on_commit)
+        self.listeners: list[Callable[[CommitEvent], None]] = []
+        self._last_save_time = time.monotonic()
+        self._last_step: int | None = None
+        self._preempt_signal: int | None = None
+        self._preempting = False
+        self._lock = threading.Lock()
+        self.root.mkdir(parents=True, exist_ok=True)
+        if threading.current_thread() is threading.main_thread():
+            for sig in preempt_signals:
+                signal.signal(sig, self._on_signal)
+        if self.rank == 0:
+            self.cleanup(orphans=True)
+        self.saver.start()
+
+    # ------------------------------------------------------------------ cadence
+    @property
+    def timings(self) -> list[SaveTimings]:
+        """Per-phase timings (plan, stage, stall, write, commit) of every save so far."""
+        return list(self.saver.history)
+
+    def current_interval_s(self) -> float | None:
+        if not self.auto:
+            return self.interval_s
+        done = [t for t in self.saver.history if t.write_s > 0]
+        if not done:
+            return 0.0  # save once to measure
+        from goodput.plan.interval import optimal_exact
+
+        last = done[-1]
+        return max(optimal_exact(max(last.stall_s, 1e-6), self.mtbi_s), last.write_s + last.commit_s)
+
+    def _due(self, step: int) -> bool:
+        if self.interval_steps is not None:
+            return step % self.interval_steps == 0
+        iv = self.current_interval_s()
+        return iv is not None and time.monotonic() - self._last_save_time >= iv
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._preempt_signal = signum
+
+    @property
+    def preempt_requested(self) -> bool:
+        return self._preempt_signal is not None
+
+    # ------------------------------------------------------------------ saving
+    def maybe_save(self, step: int, state: dict[str, Any], *, data: Any = None) -> AsyncSave | None:
+        """Save asynchronously if the cadence says so; on a preemption signal, save and exit."""
+        due, preempt = self._due(step), self.preempt_requested
+        if self.world > 1:
+            flags = torch.tensor([int(due), int(preempt)], dtype=torch.int32)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+            due, preempt = bool(flags[0]), bool(flags[1])
+        if preempt:
+            self.preempt_now(step, state, data=data)
+            return None
+        if not due or step == self._last_step:
+            return None
+        return self.save(step, state, data=data)
+
+    def save(self, step: int, state: dict[str, Any], *, data: Any = None) -> AsyncSave | None:
+        h = self.saver.save(self._full_state(state, data), step_dir(self.root, step), step=step, user={"step": step})
+        if h is not None:
+            self._last_save_time = time.monotonic()
+            self._last_step = step
+        return h
+
+    def preempt_now(self, step: int, state: dict[str, Any], *, data: Any = None) -> None:
+        """Finish the in-flight save, save ``step`` now, wait for its commit, then exit (75)."""
+        self._preempting = True
+        self.saver.wait()
+        with contextlib.suppress(Exception):
+            self.saver.raise_pending()  # an earlier failure must not stop the preemption save
+        if step != self._last_step or not (step_dir(self.root, step) / MANIFEST).exists():
+            self.saver.if_busy = "wait"
+            h = self.save(step, state, data=data)
+            if h is not None:
+                h.result()
+        self.close()
+        if self.exit_on_preempt:
+            sys.exit(PREEMPTED_EXIT)
+
+    def _full_state(self, state: dict[str, Any], data: Any) -> dict[str, Any]:
+        if "_goodput" in state:
+            raise ValueError("the key '_goodput' is reserved for the Checkpointer's per-rank state")
+        mine: dict[str, Any] = {}
+        if self.save_rng:
+            mine["rng"] = rng.capture()
+        if data is not None:
+            mine["data"] = data
+        if not mine:
+            return state
+        return {**state, "_goodput": {"rank": {self.rank: mine}}}
+
+    # ------------------------------------------------------------------ restoring
+    def restore(self, state: dict[str, Any], *, data: Any = None) -> int | None:
+        """Load the newest committed checkpoint into ``state`` (in place); its step, or None."""
+        path = latest(self.root)
+        if path is None:
+            return None
+        marker = path / f".reader-{socket.gethostname()}-{os.getpid()}"
+        with contextlib.suppress(OSError):
+            marker.touch()
+        try:
+            ck = Checkpoint(path)
+            saved_world = ck.manifest.world_size
+            src = self.rank if self.rank < saved_world else self.rank % saved_world
+            names = set(ck.keys()) | set(ck.metadata.values)
+            mine: dict[str, Any] = {}
+            has_rng = f"_goodput.rank.{src}.rng.torch" in names
+            if self.save_rng and has_rng:
+                mine["rng"] = rng.template()
+            if data is not None and any(n.startswith(f"_goodput.rank.{src}.data") for n in names):
+                mine["data"] = data
+            target = {**state, "_goodput": {"rank": {src: mine}}} if mine else state
+            load(target, path)
+            if "rng" in mine:
+                rng.apply(mine["rng"], reseed_with=self.rank if self.rank >= saved_world else None)
+            step = ck.step
+        finally:
+            with contextlib.suppress(OSError):
+                marker.unlink()
+        self._last_step = step
+        self._last_save_time = time.monotonic()
+        return step
+
+    # ------------------------------------------------------------------ commits, retention
+    def _on_commit(self, handle: AsyncSave) -> None:
+        tm = handle.timings
+        assert tm is not None
+        ev = CommitEvent(handle.step, time.time(), str(handle.path), tm.bytes, tm.stall_s, tm.write_s, tm.total_s, self.rank, self._preempting)
+        if self.rank == 0:
+            with contextlib.suppress(OSError):
+                publish_atomic(self.root, LATEST, handle.path.name.encode())
+            with contextlib.suppress(OSError):
+                self.cleanup(orphans=False, committed_step=handle.step)
+        for fn in list(self.listeners):
+            with contextlib.suppress(Exception):
+                fn(ev)
+
+    def add_listener(self, fn: Callable[[CommitEvent], None]) -> None:
+        self.listeners.append(fn)
+
+    def cleanup(self, orphans: bool = True, committed_step: int | None = None) -> list[Path]:
+        """Apply retention; remove never-committed step directories (all of them when no save is
+        in flight, i.e. at start-up, else only those older than the step just committed)."""
+        removed: list[Path] = []
+        with self._lock:
+            committed = [(p, m.step) for p, m in list_checkpoints(self.root) if p != self.root and m.step is not None]
+            committed_paths = {p for p, _ in committed}
+            for p in sorted(self.root.iterdir()) if self.root.is_dir() else []:
+                mt = _STEP_DIR.match(p.name)
+                if not mt or not p.is_dir() or p in committed_paths:
+                    continue
+                s = int(mt.group(1))
+                if orphans or (committed_step is not None and s < committed_step):
+                    shutil.rmtree(p, ignore_errors=True)
+                    removed.append(p)
+            if not committed:
+                return removed
+            steps = sorted(s for _, s in committed)
+            keep = {steps[-1]}
+            if self.keep:
+                keep.update(steps[-self.keep :])
+            if self.keep_every:
+                keep.update(s for s in steps if s % self.keep_every == 0)
+            if self.keep is None and not self.keep_every:
+                keep.update(steps)
+            for p, s in committed:
+                if s in keep or _being_read(p):
+                    continue
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p)
+        return removed
+
+    def wait(self) -> None:
+        self.saver.wait()
+
+    def close(self) -> None:
+        self.saver.close()
+
+
+def _being_read(path: Path) -> bool:
+    now = time.time()
+    for m in path.glob(".reader-*"):
+        with contextlib.suppress(OSError):
+            if now - m.stat().st_mtime < READER_TTL_S:
+                return True
+    return False
+
+
+def latest_step(root: str | os.PathLike) -> int | None:
+    p = latest(root)
+    if p is None:
+        return None
+    try:
+        return Checkpoint(p).step
+    except CheckpointError:
+        return None

@@ -206,10 +206,10 @@ class AsyncSaver:
         tm.bytes = out.get("bytes", 0)
         self.history.append(tm)
         if out.get("ok"):
-            handle.committed.set_result(tm)
-            for fn in list(self.listeners):
+            for fn in list(self.listeners):  # before the future resolves: a waiter sees their effects
                 with contextlib.suppress(Exception):
                     fn(handle)
+            handle.committed.set_result(tm)
         else:
             err = SaveError(f"asynchronous save to {str(handle.path)!r} (step {handle.step}) failed: {out.get('error')}")
             self.pending_error = err

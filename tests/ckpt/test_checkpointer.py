@@ -1,0 +1,155 @@
+"""The Checkpointer: cadence, retention, latest pointer, restore across world sizes, RNG and
+data state, listeners, and preemption by signal (real processes, real signals)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import goodput.ckpt as gc
+from goodput.ckpt.format import MANIFEST
+from tests.distributed import run_ranks
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_cadence_retention_latest_listeners(tmp_path: Path) -> None:
+    ck = gc.Checkpointer(tmp_path, interval=2, keep=2, keep_every=4, mode="thread")
+    events: list = []
+    ck.add_listener(events.append)
+    state = {"w": torch.zeros(8)}
+    for step in range(1, 11):
+        state["w"].fill_(step)
+        h = ck.maybe_save(step, state)
+        if h is not None:
+            h.result()
+    ck.close()
+    assert [e.step for e in events] == [2, 4, 6, 8, 10]
+    assert all(e.stall_s > 0 and e.write_s > 0 and e.bytes > 0 for e in events)
+    dirs = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("step_"))
+    assert dirs == ["step_000000004", "step_000000008", "step_000000010"]  # last 2, every 4th
+    assert (tmp_path / "latest").read_text() == "step_000000010"
+    assert gc.latest(tmp_path) == tmp_path / "step_000000010"
+    assert len(ck.timings) == 5 and all(t.stage_s >= 0 and t.commit_s >= 0 for t in ck.timings)
+
+
+def test_orphans_removed_and_newest_never_deleted(tmp_path: Path) -> None:
+    gc.save({"w": torch.ones(2)}, tmp_path / "step_000000005", step=5)
+    orphan = tmp_path / "step_000000007"
+    orphan.mkdir()
+    (orphan / "data-0123456789abcdef-r00000-0.bin").write_bytes(b"x" * 100)
+    (tmp_path / "latest").write_text("step_000000007")  # a stale pointer: listing is the fallback
+    ck = gc.Checkpointer(tmp_path, interval=1, keep=1, mode="thread")
+    assert not orphan.exists()
+    t = {"w": torch.zeros(2)}
+    assert ck.restore(t) == 5 and torch.equal(t["w"], torch.ones(2))
+    ck.close()
+    assert (tmp_path / "step_000000005" / MANIFEST).exists()
+
+
+def test_rng_and_data_state_round_trip(tmp_path: Path) -> None:
+    ck = gc.Checkpointer(tmp_path, interval=1, mode="thread")
+    random.seed(7)
+    np.random.seed(7)
+    torch.manual_seed(7)
+    ck.save(3, {"w": torch.zeros(2)}, data={"epoch": 1, "index": 640}).result()
+    want = (random.random(), np.random.rand(), torch.rand(1).item())
+    ck.close()
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+    ck2 = gc.Checkpointer(tmp_path, interval=1, mode="thread")
+    data = {"epoch": 0, "index": 0}
+    assert ck2.restore({"w": torch.zeros(2)}, data=data) == 3
+    assert data == {"epoch": 1, "index": 640}
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == want
+    ck2.close()
+
+
+def _ranks_save(rank: int, world: int, root: str) -> None:
+    random.seed(100 + rank)
+    torch.manual_seed(100 + rank)
+    ck = gc.Checkpointer(root, interval=1, mode="process")
+    n = 6
+    w = gc.LocalShard(torch.arange(n, dtype=torch.float32) + rank * n, (n * world,), (rank * n,))
+    ck.save(9, {"w": w}, data={"index": 1000 + rank}).result()
+    ck.close()
+
+
+def test_restore_on_fewer_ranks_and_per_rank_state(tmp_path: Path) -> None:
+    run_ranks(_ranks_save, 2, str(tmp_path))
+    random.seed(100)
+    torch.manual_seed(100)
+    want = (random.random(), torch.rand(1).item())  # rank 0's streams at save time
+    ck = gc.Checkpointer(tmp_path, interval=1, mode="thread")
+    state, data = {"w": torch.zeros(12)}, {"index": 0}
+    assert ck.restore(state, data=data) == 9
+    assert torch.equal(state["w"], torch.arange(12, dtype=torch.float32))
+    assert data == {"index": 1000}  # the new rank 0 continues old rank 0's position
+    assert (random.random(), torch.rand(1).item()) == want
+    ck.close()
+
+
+def test_auto_interval_uses_the_measured_stall(tmp_path: Path) -> None:
+    from goodput.plan.interval import optimal_exact
+
+    ck = gc.Checkpointer(tmp_path, interval="auto", mtbf="3h", mode="thread")
+    state = {"w": torch.zeros(1024)}
+    assert ck.current_interval_s() == 0.0  # no measurement yet: the first call saves
+    ck.maybe_save(1, state).result()
+    last = ck.timings[-1]
+    assert ck.current_interval_s() == pytest.approx(max(optimal_exact(last.stall_s, 3 * 3600), last.write_s + last.commit_s))
+    assert ck.maybe_save(2, state) is None  # not due yet (minutes away)
+    ck.close()
+    with pytest.raises(ValueError, match="auto"):
+        gc.Checkpointer(tmp_path, interval="auto")
+
+
+def _spawn(root: Path, rank: int, world: int, init: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.ckpt.trainer_child", str(root), str(rank), str(world), init, *extra],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _wait_ready(p: subprocess.Popen) -> int:
+    line = p.stdout.readline()
+    assert line.startswith("READY"), line
+    return int(line.split()[1])
+
+
+def test_preemption_signal_on_one_rank_saves_and_exits_75(tmp_path: Path) -> None:
+    init = tempfile.mktemp(prefix="gp-pg-")
+    procs = [_spawn(tmp_path, r, 2, init, "--interval", "1000", "--sleep", "0.01", "--elems", "1024", "--mode", "process") for r in range(2)]
+    for p in procs:
+        assert _wait_ready(p) == 0
+    time.sleep(1.0)
+    os.kill(procs[1].pid, signal.SIGTERM)  # only rank 1 hears it; the flags all-reduce tells rank 0
+    codes = [p.wait(timeout=120) for p in procs]
+    assert codes == [gc.PREEMPTED_EXIT, gc.PREEMPTED_EXIT]
+    path = gc.latest(tmp_path)
+    assert path is not None
+    ck = gc.open(path)
+    step = ck.step
+    assert step is not None and step > 1 and ck.values["meta.step"] == step
+    w = ck.read("w")
+    assert (w[:1024] == step * 10).all() and (w[1024:] == step * 10 + 1).all()
+    # and the job resumes from it
+    init2 = tempfile.mktemp(prefix="gp-pg-")
+    procs = [_spawn(tmp_path, r, 2, init2, "--steps", str(step + 2), "--elems", "1024") for r in range(2)]
+    assert [_wait_ready(p) for p in procs] == [step, step]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    assert gc.open(gc.latest(tmp_path)).step == step + 2

@@ -214,7 +214,9 @@ def prepare(state_dict: dict[str, Any], path: Path, group: Any, block_bytes: int
     for a in plan:
         bytes_per_rank[a.rank] += a.piece.numel * dtype_info(meta[a.name][0]).itemsize
     by_name = {lf.name: lf for lf in leaves}
-    return Prepared(path, group, rank, world, save_id, leaves, by_name, meta, values, replica_keys, plan, bytes_per_rank)
+    return Prepared(
+        path, group, rank, world, save_id, leaves, by_name, meta, values, replica_keys, plan, bytes_per_rank
+    )
 
 
 def save(
@@ -285,7 +287,9 @@ def save(
         raise SaveError(f"save to {str(path)!r} failed while writing; nothing was committed. {errs}")
     if rank == 0:
         try:
-            stale = commit(path, prep.save_id, step, prep.world, prep.meta, prep.values, written, block_bytes, user or {})
+            stale = commit(
+                path, prep.save_id, step, prep.world, prep.meta, prep.values, written, block_bytes, user or {}
+            )
         except Exception as e:
             outcome = {"ok": False, "error": _err(e)}
     outcome = collective.broadcast_obj(outcome, 0, group)

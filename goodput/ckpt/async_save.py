@@ -151,7 +151,9 @@ class AsyncSaver:
                 "user": user or {},
             }
         self.inflight = handle
-        threading.Thread(target=self._background, args=(handle, job, size), name="goodput-async-save", daemon=True).start()
+        threading.Thread(
+            target=self._background, args=(handle, job, size), name="goodput-async-save", daemon=True
+        ).start()
         return handle
 
     def wait(self, timeout: float | None = None) -> None:
@@ -197,7 +199,12 @@ class AsyncSaver:
                 assert self.pool.array is not None
                 out = run_job(job, self.pool.array)
         except BaseException as e:  # noqa: BLE001 - the writer process died, or the pipe broke
-            out = {"ok": False, "error": f"background writer failed: {type(e).__name__}: {e}", "timings": {}, "bytes": 0}
+            out = {
+                "ok": False,
+                "error": f"background writer failed: {type(e).__name__}: {e}",
+                "timings": {},
+                "bytes": 0,
+            }
         tm = handle.timings
         assert tm is not None
         tm.write_s = out.get("timings", {}).get("write_s", 0.0)
@@ -211,7 +218,9 @@ class AsyncSaver:
                     fn(handle)
             handle.committed.set_result(tm)
         else:
-            err = SaveError(f"asynchronous save to {str(handle.path)!r} (step {handle.step}) failed: {out.get('error')}")
+            err = SaveError(
+                f"asynchronous save to {str(handle.path)!r} (step {handle.step}) failed: {out.get('error')}"
+            )
             self.pending_error = err
             handle.committed.set_exception(err)
 

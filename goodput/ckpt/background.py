@@ -50,7 +50,9 @@ def _put(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def staged_piece(buf: np.ndarray, off: int, source: Region, piece: Region, shape: tuple[int, ...], item: int) -> np.ndarray:
+def staged_piece(
+    buf: np.ndarray, off: int, source: Region, piece: Region, shape: tuple[int, ...], item: int
+) -> np.ndarray:
     """The bytes of ``piece`` cut from a staged region: a view when contiguous, else a copy."""
     n = piece.numel * item
     if piece == source:
@@ -102,7 +104,10 @@ def run_job(job: dict[str, Any], buf: np.ndarray) -> dict[str, Any]:
         error = f"{type(e).__name__}: {e}"
     timings["write_s"] = time.perf_counter() - t0
     try:
-        _put(path / done_name(save_id, rank), {"rank": rank, "error": error, "files": file_records(results), "crcs": crcs})
+        _put(
+            path / done_name(save_id, rank),
+            {"rank": rank, "error": error, "files": file_records(results), "crcs": crcs},
+        )
     except OSError as e:
         error = error or f"cannot report to rank 0: {e}"
     t1 = time.perf_counter()

@@ -251,7 +251,17 @@ class Checkpointer:
     def _on_commit(self, handle: AsyncSave) -> None:
         tm = handle.timings
         assert tm is not None
-        ev = CommitEvent(handle.step, time.time(), str(handle.path), tm.bytes, tm.stall_s, tm.write_s, tm.total_s, self.rank, self._preempting)
+        ev = CommitEvent(
+            handle.step,
+            time.time(),
+            str(handle.path),
+            tm.bytes,
+            tm.stall_s,
+            tm.write_s,
+            tm.total_s,
+            self.rank,
+            self._preempting,
+        )
         if self.rank == 0:
             with contextlib.suppress(OSError):
                 publish_atomic(self.root, LATEST, handle.path.name.encode())

@@ -42,7 +42,10 @@ def file_records(results: list[FileResult]) -> list[list]:
     return [
         [
             [r.name, r.bytes, r.crc_offset, r.crc_count],
-            [[c.name, _enc_region(c.region), c.offset, c.length, c.crc32c, c.block0, c.blocks_crc32c] for c in r.records],
+            [
+                [c.name, _enc_region(c.region), c.offset, c.length, c.crc32c, c.block0, c.blocks_crc32c]
+                for c in r.records
+            ],
         ]
         for r in results
     ]

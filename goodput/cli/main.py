@@ -14,12 +14,18 @@ app.add_typer(bench.app, name="bench", help="Measure against baselines run in th
 
 @app.command()
 def demo(
-    workdir: str = typer.Option("", help="Where to write (default: a temporary directory)."),
+    workdir: str = typer.Option("", help="Where to write (default: a temporary directory, removed after)."),
+    part: str = typer.Option("all", help="all | train (kill and resume) | reshard (4 ranks to 3 and 1)."),
+    mtbf: str = typer.Option("3.09h", help="Job MTBI for the recommended interval."),
 ) -> None:
-    """Save a real multi-rank checkpoint, reshard it, load it, and check every byte."""
+    """Train with async checkpoints, kill a rank, resume on one, check every byte; then reshard."""
+    if part == "reshard":
+        from goodput.demo_reshard import run_reshard_demo
+
+        raise typer.Exit(run_reshard_demo(workdir or None))
     from goodput.demo import run_demo
 
-    raise typer.Exit(run_demo(workdir or None))
+    raise typer.Exit(run_demo(workdir or None, "all" if part == "all" else "train", mtbf))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -45,7 +45,9 @@ def test_async_save_two_ranks_then_reshard(tmp_path: Path, mode: str) -> None:
     for i in range(3):
         t = {"w": torch.zeros(64, 32), "r": torch.zeros(16), "i": -1}
         gc.load(t, tmp_path / f"s{i}")
-        assert torch.equal(t["w"], full("w", (64, 32)) + i) and torch.equal(t["r"], full("r", (16,)) * i) and t["i"] == i
+        assert (
+            torch.equal(t["w"], full("w", (64, 32)) + i) and torch.equal(t["r"], full("r", (16,)) * i) and t["i"] == i
+        )
         gc.verify(tmp_path / f"s{i}")
         assert not list((tmp_path / f"s{i}").glob(".goodput-*"))  # rendezvous files are gone
     # one staging buffer, sized to the state, kept across saves

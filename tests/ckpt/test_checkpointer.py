@@ -108,7 +108,9 @@ def test_auto_interval_uses_the_measured_stall(tmp_path: Path) -> None:
     assert ck.current_interval_s() == 0.0  # no measurement yet: the first call saves
     ck.maybe_save(1, state).result()
     last = ck.timings[-1]
-    assert ck.current_interval_s() == pytest.approx(max(optimal_exact(last.stall_s, 3 * 3600), last.write_s + last.commit_s))
+    assert ck.current_interval_s() == pytest.approx(
+        max(optimal_exact(last.stall_s, 3 * 3600), last.write_s + last.commit_s)
+    )
     assert ck.maybe_save(2, state) is None  # not due yet (minutes away)
     ck.close()
     with pytest.raises(ValueError, match="auto"):
@@ -133,7 +135,10 @@ def _wait_ready(p: subprocess.Popen) -> int:
 
 def test_preemption_signal_on_one_rank_saves_and_exits_75(tmp_path: Path) -> None:
     init = tempfile.mktemp(prefix="gp-pg-")
-    procs = [_spawn(tmp_path, r, 2, init, "--interval", "1000", "--sleep", "0.01", "--elems", "1024", "--mode", "process") for r in range(2)]
+    procs = [
+        _spawn(tmp_path, r, 2, init, "--interval", "1000", "--sleep", "0.01", "--elems", "1024", "--mode", "process")
+        for r in range(2)
+    ]
     for p in procs:
         assert _wait_ready(p) == 0
     time.sleep(1.0)

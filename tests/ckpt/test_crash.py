@@ -7,6 +7,7 @@ dead saves left behind.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -39,10 +40,8 @@ def spawn(root: Path, rank: int, world: int, init: str, *extra: str) -> subproce
 
 
 def kill(p: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(p.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def check_latest(root: Path, world: int, elems: dict[int, int]) -> int | None:

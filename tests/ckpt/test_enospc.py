@@ -27,7 +27,11 @@ REPO = Path(__file__).resolve().parents[2]
 def small_fs(tmp_path: Path):
     mnt = tmp_path / "small"
     mnt.mkdir()
-    ok = os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)], capture_output=True).returncode == 0
+    ok = (
+        os.geteuid() == 0
+        and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)], capture_output=True).returncode
+        == 0
+    )
     if not ok:
         pytest.skip("cannot mount a tmpfs here (not root); the RLIMIT_FSIZE test covers the full-disk path")
     try:

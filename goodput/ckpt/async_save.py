@@ -79,6 +79,7 @@ class AsyncSaver:
         timeout: float = 600.0,
         block_bytes: int = DEFAULT_BLOCK,
         files_per_rank: int = 1,
+        direct: bool = True,
     ):
         if mode not in ("process", "thread"):
             raise ValueError(f"mode must be 'process' or 'thread', got {mode!r}")
@@ -90,6 +91,7 @@ class AsyncSaver:
         self.timeout = timeout
         self.block_bytes = block_bytes
         self.files_per_rank = files_per_rank
+        self.direct = direct
         self.pool = StagingPool(shared=mode == "process")
         self.inflight: AsyncSave | None = None
         self.pending_error: BaseException | None = None
@@ -134,6 +136,7 @@ class AsyncSaver:
             "step": step,
             "block_bytes": self.block_bytes,
             "files_per_rank": self.files_per_rank,
+            "direct": self.direct,
             "timeout": self.timeout,
             "leaves": {n: [s.offset, s.nbytes, list(s.shape), s.itemsize] for n, s in slots.items()},
             "pieces": [[a.name, _enc_region(a.piece), _enc_region(a.source)] for a in prep.my_pieces()],

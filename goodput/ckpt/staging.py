@@ -22,7 +22,7 @@ import torch
 from .dtypes import dtype as dtype_info
 from .state import TensorLeaf
 
-ALIGN = 64
+ALIGN = 4096  # page-aligned slots: the writer can use O_DIRECT straight from them
 
 
 @dataclass(frozen=True)

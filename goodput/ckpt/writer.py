@@ -8,6 +8,8 @@ for the long parts), so the checksum costs almost nothing on top of the write.
 from __future__ import annotations
 
 import contextlib
+import errno
+import mmap
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -58,51 +60,116 @@ def block_crcs(data: memoryview, block: int, out: list[int]) -> None:
         out.append(crc32c.crc32c(data[i : i + block]))
 
 
-def write_data_file(path: str, pieces: list[Piece], block_bytes: int) -> FileResult:
+def write_data_file(path: str, pieces: list[Piece], block_bytes: int, direct: bool = False) -> FileResult:
+    """Write pieces page-aligned, then the block-checksum table; fsync. With ``direct`` and
+    page-aligned buffers the bytes go by O_DIRECT (no copy into the page cache: less CPU and
+    memory traffic taken from the training process); where the file system refuses O_DIRECT,
+    buffered writes are used."""
+    if direct and hasattr(os, "O_DIRECT") and all(p.data.ctypes.data % ALIGN == 0 for p in pieces if len(p.data)):
+        try:
+            return _write(path, pieces, block_bytes, True)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+    return _write(path, pieces, block_bytes, False)
+
+
+class _Out:
+    """Sequential writes to a file, buffered or O_DIRECT (whole aligned blocks, tails bounced)."""
+
+    def __init__(self, path: str, direct: bool):
+        self.direct = direct
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0), 0o644)
+        self.pos = 0
+        self._bounce: mmap.mmap | None = None
+
+    def write(self, data: memoryview) -> None:
+        """Write ``data`` at the current position; in direct mode a ragged tail is padded with
+        zeros to the next page (the padding the format puts before the next chunk anyway)."""
+        n = len(data)
+        if not self.direct:
+            write_all(self.fd, data)
+            self.pos += n
+            return
+        whole = n - n % ALIGN
+        if whole:
+            write_all(self.fd, data[:whole])
+        tail = n - whole
+        if tail:
+            if self._bounce is None:
+                self._bounce = mmap.mmap(-1, ALIGN)
+            b = memoryview(self._bounce)
+            b[:tail] = data[whole:]
+            b[tail:] = bytes(ALIGN - tail)
+            write_all(self.fd, b)
+            b.release()
+        self.pos += n
+
+    def align(self, to: int) -> None:
+        pad = (-self.pos) % to
+        if pad and not self.direct:
+            write_all(self.fd, bytes(pad))
+        self.pos += pad  # in direct mode the bounced tail already wrote these zeros
+
+    def finish(self) -> None:
+        if self.direct:
+            os.ftruncate(self.fd, self.pos)
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
+        if self._bounce is not None:
+            self._bounce.close()
+
+
+def _write(path: str, pieces: list[Piece], block_bytes: int, direct: bool) -> FileResult:
     t0 = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    out = _Out(path, direct)
     records: list[ChunkRecord] = []
     crcs: list[int] = []
-    pos = 0
     pending: Future | None = None
-    zeros = bytes(ALIGN)
     try:
         with ThreadPoolExecutor(1, thread_name_prefix="goodput-write") as pool:
             for p in pieces:
-                pad = (-pos) % ALIGN
-                if pad:
-                    if pending is not None:
-                        pending.result()
-                    write_all(fd, zeros[:pad])
-                    pos += pad
+                if pending is not None:
+                    pending.result()
+                    pending = None
+                out.align(ALIGN)
+                start = out.pos
                 mv = memoryview(p.data).cast("B")
                 block0 = len(crcs)
                 crc = 0
-                # segments are whole blocks, so block checksums never straddle two segments
-                seg = max(block_bytes, SEGMENT - SEGMENT % block_bytes)
+                # segments are whole blocks (and pages), so checksums and direct writes stay aligned
+                seg = max(block_bytes, SEGMENT - SEGMENT % max(block_bytes, ALIGN))
                 for s in range(0, len(mv), seg):
                     part = mv[s : s + seg]
                     if pending is not None:
                         pending.result()
-                    pending = pool.submit(write_all, fd, part)
-                    crc = crc32c.crc32c(part, crc)
+                    pending = pool.submit(out.write, part)
+                    crc = crc32c.crc32c(part, crc, 1)
                     block_crcs(part, block_bytes, crcs)
                 table_crc = crc32c.crc32c(np.asarray(crcs[block0:], dtype="<u4").tobytes())
-                records.append(ChunkRecord(p.name, p.region, pos, len(mv), crc, block0, table_crc))
-                pos += len(mv)
+                records.append(ChunkRecord(p.name, p.region, start, len(mv), crc, block0, table_crc))
             if pending is not None:
                 pending.result()
-            pad = (-pos) % 8
-            write_all(fd, bytes(pad))
-            pos += pad
-            crc_offset = pos
+            out.align(ALIGN if direct else 8)
+            crc_offset = out.pos
             table = np.asarray(crcs, dtype="<u4").tobytes()
-            write_all(fd, table)
-            pos += len(table)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return FileResult(os.path.basename(path), pos, crc_offset, len(crcs), records, time.perf_counter() - t0)
+            if direct:
+                buf = mmap.mmap(-1, len(table) + (-len(table)) % ALIGN or ALIGN)
+                buf[: len(table)] = table
+                out.write(memoryview(buf)[: len(table)])
+                buf.close()
+            else:
+                out.write(memoryview(table))
+        out.finish()
+    except BaseException:
+        out.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        raise
+    out.close()
+    return FileResult(os.path.basename(path), out.pos, crc_offset, len(crcs), records, time.perf_counter() - t0)
 
 
 def data_file_name(save_id: str, rank: int, index: int) -> str:
@@ -110,7 +177,7 @@ def data_file_name(save_id: str, rank: int, index: int) -> str:
 
 
 def write_rank_files(
-    directory: str, save_id: str, rank: int, pieces: list[Piece], block_bytes: int, files: int = 1
+    directory: str, save_id: str, rank: int, pieces: list[Piece], block_bytes: int, files: int = 1, direct: bool = False
 ) -> list[FileResult]:
     """Write one rank's pieces into ``files`` data files in parallel (for storage that rewards
     concurrent streams: NVMe, parallel file systems). Large pieces are cut along their leading
@@ -145,9 +212,9 @@ def write_rank_files(
     paths = [os.path.join(directory, data_file_name(save_id, rank, i)) for i in range(len(groups))]
     try:
         if len(groups) == 1:
-            return [write_data_file(paths[0], groups[0], block_bytes)]
+            return [write_data_file(paths[0], groups[0], block_bytes, direct)]
         with ThreadPoolExecutor(len(groups), thread_name_prefix="goodput-file") as pool:
-            futs = [pool.submit(write_data_file, path, g, block_bytes) for path, g in zip(paths, groups)]
+            futs = [pool.submit(write_data_file, path, g, block_bytes, direct) for path, g in zip(paths, groups)]
             return [f.result() for f in futs]
     except BaseException:
         for path in paths:

@@ -107,3 +107,30 @@ def ckpt_metadata(
         render(res, _console())
     if strict and not res["pass"]:
         raise typer.Exit(1)
+
+
+@app.command("async")
+def async_cmd(
+    size: str = typer.Option("2GiB", "--size", help="State bytes."),
+    directory: str = typer.Option("", "--dir", help="Where to write (default /tmp)."),
+    repeat: int = typer.Option(3, "--repeat"),
+    loop_steps: int = typer.Option(400, "--loop-steps", help="Training-loop steps per measurement."),
+    pcie_gen: int = typer.Option(5, "--pcie-gen", help="For the CUDA staging goal."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Training-loop stall per async save vs memcpy and DCP; slowdown of a concurrent loop."""
+    from rich.console import Console
+
+    from goodput.bench import parse_size
+    from goodput.bench.asyncsave import render, run
+
+    try:
+        nbytes = parse_size(size)
+    except ValueError as e:
+        _fail(e)
+    with Console(stderr=True).status("starting") as status:
+        out = run(nbytes, directory or None, repeat=repeat, loop_steps=loop_steps, gen=pcie_gen, progress=status.update)
+    if as_json:
+        print(json.dumps(out, indent=2))
+        return
+    render(out, _console())

@@ -129,9 +129,10 @@ class Checkpointer:
         self._preempting = False
         self._lock = threading.Lock()
         self.root.mkdir(parents=True, exist_ok=True)
+        self._old_handlers: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in preempt_signals:
-                signal.signal(sig, self._on_signal)
+                self._old_handlers[sig] = signal.signal(sig, self._on_signal)
         if self.rank == 0:
             self.cleanup(orphans=True)
         self.saver.start()
@@ -171,7 +172,7 @@ class Checkpointer:
         """Save asynchronously if the cadence says so; on a preemption signal, save and exit."""
         due, preempt = self._due(step), self.preempt_requested
         if self.world > 1:
-            flags = torch.tensor([int(due), int(preempt)], dtype=torch.int32)
+            flags = torch.tensor([int(due), int(preempt)], dtype=torch.int32, device=collective._device(self.group))
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
             due, preempt = bool(flags[0]), bool(flags[1])
         if preempt:
@@ -310,7 +311,13 @@ class Checkpointer:
         self.saver.wait()
 
     def close(self) -> None:
+        """Wait for the in-flight save, stop the writer, give the signal handlers back."""
         self.saver.close()
+        if threading.current_thread() is threading.main_thread():
+            for sig, old in self._old_handlers.items():
+                with contextlib.suppress(ValueError, TypeError):
+                    signal.signal(sig, old)
+        self._old_handlers = {}
 
 
 def _being_read(path: Path) -> bool:

@@ -22,19 +22,17 @@ element by element against the pattern that was saved (outside the timed region)
 
 from __future__ import annotations
 
-import contextlib
 import os
-import queue
 import resource
 import shutil
 import tempfile
 import time
-import traceback
-import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from goodput.localdist import run_ranks
 
 from . import human_bytes
 
@@ -65,81 +63,6 @@ BASELINES = {
     "ours_load": ("raw_read", "dcp_load"),
     "ours_reshard_load": ("raw_read", "dcp_reshard_load"),
 }
-
-
-# --------------------------------------------------------------------------- rank processes
-# (our own copy of tests/distributed.py: tests/ is not part of the package)
-
-
-def _entry(rank: int, world: int, init_file: str, fn: Callable, args: tuple, out: Any) -> None:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    warnings.filterwarnings("ignore")
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-        out.put((rank, "ok", fn(rank, world, *args)))
-    except BaseException:
-        out.put((rank, "error", traceback.format_exc()))
-    finally:
-        with contextlib.suppress(Exception):
-            dist.destroy_process_group()
-
-
-def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 3600) -> list[Any]:
-    """Run ``fn(rank, world, *args)`` on ``world`` spawned processes; results in rank order.
-
-    An exception on any rank raises ``RuntimeError`` with that rank's traceback; the other ranks
-    (stuck in a collective) are killed after a short grace period instead of hanging.
-    """
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    fd, init_file = tempfile.mkstemp(prefix="goodput-pg-")
-    os.close(fd)
-    os.unlink(init_file)
-    procs = [ctx.Process(target=_entry, args=(r, world, init_file, fn, args, out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results: dict[int, Any] = {}
-    errors: list[str] = []
-    deadline = time.monotonic() + timeout
-    grace: float | None = None
-    try:
-        while len(results) + len(errors) < world:
-            now = time.monotonic()
-            if now > deadline:
-                errors.append(f"timed out after {timeout:.0f} s")
-                break
-            if grace is not None and now > grace:
-                break
-            try:
-                rank, status, value = out.get(timeout=0.5)
-            except queue.Empty:
-                for r, p in enumerate(procs):
-                    if p.exitcode not in (None, 0) and r not in results:
-                        errors.append(f"--- rank {r} ---\nprocess died with exit code {p.exitcode}")
-                        grace = grace or time.monotonic() + 10
-                continue
-            if status == "ok":
-                results[rank] = value
-            else:
-                errors.append(f"--- rank {rank} ---\n{value}")
-                grace = grace or time.monotonic() + 10
-    finally:
-        for p in procs:
-            p.join(timeout=0 if errors else 30)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=10)
-        if os.path.exists(init_file):
-            os.unlink(init_file)
-    if errors:
-        raise RuntimeError("\n".join(dict.fromkeys(errors)))
-    return [results[r] for r in range(world)]
 
 
 # --------------------------------------------------------------------------- the state

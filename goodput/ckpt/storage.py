@@ -52,12 +52,7 @@ def publish_atomic(directory: str | os.PathLike, name: str, data: bytes) -> None
     """Write ``directory/name`` so that readers see the old content or the new, never a part."""
     directory = Path(directory)
     tmp = directory / f".{name}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_durable(tmp, data)
     os.replace(tmp, directory / name)
     fsync_dir(directory)
 

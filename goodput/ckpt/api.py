@@ -98,6 +98,13 @@ def _slice_local(leaf: TensorLeaf, piece: Region) -> torch.Tensor | np.ndarray:
     return leaf.local[idx]
 
 
+def check_block_bytes(block_bytes: int) -> None:
+    """Checksum blocks are a power of two from 512 B to 1 MiB, so that they divide the writer's
+    segments, the reader's pieces and the page size evenly."""
+    if not (isinstance(block_bytes, int) and 512 <= block_bytes <= 1 << 20 and block_bytes & (block_bytes - 1) == 0):
+        raise ValueError(f"block_bytes must be a power of two from 512 to 1 MiB, got {block_bytes}")
+
+
 def _check_tiling(name: str, shape: tuple[int, ...], regions: list[Region]) -> None:
     """Distinct declared regions of one tensor must not overlap and must cover it."""
     numel = int(np.prod(shape, dtype=np.int64))
@@ -152,8 +159,7 @@ def prepare(state_dict: dict[str, Any], path: Path, group: Any, block_bytes: int
     vals: dict[str, Any] = {}
     decls: list[list] = []
     try:
-        if block_bytes <= 0 or block_bytes % 512:
-            raise ValueError(f"block_bytes must be a positive multiple of 512, got {block_bytes}")
+        check_block_bytes(block_bytes)
         path.mkdir(parents=True, exist_ok=True)
         leaves, value_leaves = flatten(state_dict)
         vals = {v.name: encode_value(v.value, v.name) for v in value_leaves}

@@ -31,11 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from . import collective
-from .api import SaveError, _enc_region, _resolve, prepare
-from .background import WriterProcess, run_job
+from .api import SaveError, _enc_region, _resolve, check_block_bytes, prepare
+from .background import WriterProcess, report_failure, run_job
 from .format import DEFAULT_BLOCK
-from .staging import StagingPool, layout
+from .staging import StagingPool, layout, sweep_dead_segments
 
 
 @dataclass
@@ -85,7 +88,9 @@ class AsyncSaver:
             raise ValueError(f"mode must be 'process' or 'thread', got {mode!r}")
         if if_busy not in ("wait", "skip"):
             raise ValueError(f"if_busy must be 'wait' or 'skip', got {if_busy!r}")
+        check_block_bytes(block_bytes)
         self.group = process_group
+        self.rank, self.world = collective.world(process_group)
         self.mode = mode
         self.if_busy = if_busy
         self.timeout = timeout
@@ -93,6 +98,7 @@ class AsyncSaver:
         self.files_per_rank = files_per_rank
         self.direct = direct
         self.pool = StagingPool(shared=mode == "process")
+        sweep_dead_segments()
         self.inflight: AsyncSave | None = None
         self.pending_error: BaseException | None = None
         self.history: list[SaveTimings] = []
@@ -111,19 +117,33 @@ class AsyncSaver:
         step: int | None = None,
         user: dict[str, Any] | None = None,
     ) -> AsyncSave | None:
-        self.raise_pending()
-        if self.inflight is not None and not self.inflight.done():
-            if self.if_busy == "skip":
-                return None
+        if self.if_busy == "wait":
             self.wait()
-        self.raise_pending()
+        busy = self.inflight is not None and not self.inflight.done()
+        failed = self.pending_error is not None
+        if self.world > 1:
+            # every rank must make the same choice, or the planning collective below would pair
+            # with some other collective of the training loop
+            flags = torch.tensor([int(busy), int(failed)], dtype=torch.int32, device=collective._device(self.group))
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+            busy, failed = bool(flags[0]), bool(flags[1])
+        if failed:
+            self.wait()  # this rank's own in-flight save ends first, so its error is reported once
+            if self.pending_error is not None:
+                self.raise_pending()
+            raise SaveError("the previous asynchronous save failed on another rank (see that rank's error)")
+        if busy:
+            return None  # if_busy="skip" on some rank: every rank skips
         path = _resolve(path, checkpoint_id)
         t0 = time.perf_counter()
         prep = prepare(state_dict, path, self.group, self.block_bytes)
         t1 = time.perf_counter()
         slots, size = layout(prep.leaves)
-        self.pool.ensure(size)
-        self.pool.stage(prep.leaves, slots)
+        try:
+            self._stage(prep.leaves, slots, size)
+        except BaseException as e:
+            report_failure(path, prep.save_id, prep.rank, f"staging failed: {type(e).__name__}: {e}")
+            raise SaveError(f"asynchronous save to {str(path)!r}: staging failed: {type(e).__name__}: {e}") from e
         t2 = time.perf_counter()
         timings = SaveTimings(step, plan_s=t1 - t0, stage_s=t2 - t1, stall_s=t2 - t0)
         handle = AsyncSave(path, step, prep.save_id, timings=timings)
@@ -158,6 +178,20 @@ class AsyncSaver:
             target=self._background, args=(handle, job, size), name="goodput-async-save", daemon=True
         ).start()
         return handle
+
+    def _stage(self, leaves: list, slots: dict, size: int) -> None:
+        if self.mode == "process":
+            w = self._worker()
+            if self.pool.array is not None and w.attached != self.pool.name and not self.pool.named:
+                self.pool.release()  # a new writer cannot map a segment whose name is gone
+            self.pool.ensure(size)
+            if w.attached != self.pool.name:
+                assert self.pool.name is not None
+                w.attach(self.pool.name)
+                self.pool.unlink_name()
+        else:
+            self.pool.ensure(size)
+        self.pool.stage(leaves, slots)
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait for the in-flight save (if any) to finish, successfully or not."""

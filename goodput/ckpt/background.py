@@ -36,6 +36,12 @@ from .writer import Piece, write_rank_files
 POLL_S = 0.01
 
 
+def report_failure(path: Path, save_id: str, rank: int, error: str) -> None:
+    """Tell rank 0 at once that this rank will not write (it aborts instead of timing out)."""
+    with contextlib.suppress(OSError):
+        _put(path / done_name(save_id, rank), {"rank": rank, "error": error, "files": [], "crcs": {}})
+
+
 def done_name(save_id: str, rank: int) -> str:
     return f".goodput-{save_id}-r{rank:05d}.done"
 
@@ -152,15 +158,16 @@ def _commit_when_all_done(job: dict[str, Any], path: Path, t_start: float) -> di
         c = job["commit"]
         keys = [(name, _dec_region(reg)) for name, reg in c["replica_keys"]]
         error = replica_mismatch(path, keys, [reports[r] for r in range(world)])
+    stale: list[Path] = []
     if error is None:
         try:
             meta = {k: (v[0], v[1], v[2]) for k, v in c["meta"].items()}
             written = [reports[r] for r in range(world)]
             stale = commit(path, save_id, job["step"], world, meta, c["values"], written, job["block_bytes"], c["user"])
-            for p in stale:
-                remove_quietly(p)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - raised before the manifest's rename: nothing committed
             error = f"commit failed: {type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
+    for p in stale:  # past the commit point: best effort, never an abort
+        remove_quietly(p)
     if error is not None:
         with contextlib.suppress(OSError):
             _put(path / abort_name(save_id), {"error": error})
@@ -174,7 +181,8 @@ def _commit_when_all_done(job: dict[str, Any], path: Path, t_start: float) -> di
 
 def _wait_for_commit(job: dict[str, Any], path: Path, t_start: float) -> dict[str, Any]:
     save_id = job["save_id"]
-    deadline = t_start + job["timeout"] + 30
+    # rank 0 may start its own wait later than this rank (it writes too): wait well past its deadline
+    deadline = t_start + 2 * job["timeout"] + 60
     while True:
         ab = path / abort_name(save_id)
         if ab.exists():
@@ -189,7 +197,7 @@ def _wait_for_commit(job: dict[str, Any], path: Path, t_start: float) -> dict[st
                 if decode_manifest(mf.read_bytes(), str(mf)).save_id == save_id:
                     return {"ok": True, "error": None}
         if time.perf_counter() > deadline:
-            return {"ok": False, "error": f"no commit from rank 0 within {job['timeout'] + 30:.0f} s"}
+            return {"ok": False, "error": f"no commit from rank 0 within {2 * job['timeout'] + 60:.0f} s"}
         time.sleep(POLL_S)
 
 
@@ -222,9 +230,20 @@ class WriterProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "goodput.ckpt.background"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
         )
+        self.attached: str | None = None
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def attach(self, shm_name: str) -> None:
+        """Map the staging segment now, so that its name can be unlinked at once: a killed job
+        then leaks no shared memory (the mappings keep it alive, nothing else does)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        _send(self.proc.stdin, ["attach", shm_name])
+        out = _recv(self.proc.stdout)
+        if not out or not out.get("ok"):
+            raise RuntimeError(f"the writer process could not map the staging buffer: {out and out.get('error')}")
+        self.attached = shm_name
 
     def run(self, job: dict[str, Any], shm_name: str, size: int) -> dict[str, Any]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -252,19 +271,31 @@ def serve() -> None:
     sys.stdout = sys.stderr  # nothing but answers on the pipe
     attached: dict[str, Any] = {}
     _lower_priority()
+
+    def attach(name: str) -> Any:
+        shm = attached.get(name)
+        if shm is None:
+            for old in attached.values():  # a grown buffer replaces the old one: one mapping at a time
+                with contextlib.suppress(BufferError):
+                    old.close()
+            attached.clear()
+            shm = attached[name] = _attach(name)
+        return shm
+
     while True:
         msg = _recv(inp)
         if msg is None:
             break
+        if msg[0] == "attach":
+            try:
+                attach(msg[1])
+                _send(out, {"ok": True})
+            except BaseException as e:  # noqa: BLE001
+                _send(out, {"ok": False, "error": f"{type(e).__name__}: {e}"})
+            continue
         job, shm_name, size = msg
         try:
-            shm = attached.get(shm_name)
-            if shm is None:
-                for old in attached.values():
-                    with contextlib.suppress(BufferError):
-                        old.close()
-                attached.clear()
-                shm = attached[shm_name] = _attach(shm_name)
+            shm = attach(shm_name)
             buf = np.ndarray((size,), np.uint8, buffer=shm.buf)
             res = run_job(job, buf)
             del buf

@@ -22,8 +22,14 @@
   committed; keep a ``latest`` pointer (replaced atomically; listing is the fallback).
 - Commit events (step, time, path, bytes, stall, write time) go to registered listeners, on a
   background thread: the scheduler's protocol uses this.
-- Data-loader position and RNG state are saved per rank and restored (see :mod:`goodput.ckpt.rng`
-  for what happens when the world size changes).
+- Data-loader position and RNG state are saved per rank and restored. When the world size
+  changes from N to M, new rank r restores old rank r's state if r < N, else old rank r mod N's
+  (RNG then re-seeded, see :mod:`goodput.ckpt.rng`): data positions of ranks ≥ M are dropped and
+  positions may repeat. A loader that must see every sample exactly once across a resize should
+  keep a *global* position (samples consumed by the whole job), which is the same on every rank.
+- One Checkpointer per job and root: at start-up rank 0 removes step directories that never
+  committed, so do not point a second, concurrent Checkpointer at a live job's root (readers use
+  :func:`goodput.ckpt.latest` and :func:`goodput.ckpt.open`, which never delete anything).
 """
 
 from __future__ import annotations
@@ -126,7 +132,7 @@ class Checkpointer:
         self._last_save_time = time.monotonic()
         self._last_step: int | None = None
         self._preempt_signal: int | None = None
-        self._preempting = False
+        self._preempt_step: int | None = None
         self._lock = threading.Lock()
         self.root.mkdir(parents=True, exist_ok=True)
         self._old_handlers: dict[int, Any] = {}
@@ -191,12 +197,17 @@ class Checkpointer:
 
     def preempt_now(self, step: int, state: dict[str, Any], *, data: Any = None) -> None:
         """Finish the in-flight save, save ``step`` now, wait for its commit, then exit (75)."""
-        self._preempting = True
         self.saver.wait()
         with contextlib.suppress(Exception):
             self.saver.raise_pending()  # an earlier failure must not stop the preemption save
-        if step != self._last_step or not (step_dir(self.root, step) / MANIFEST).exists():
+        need = step != self._last_step or not (step_dir(self.root, step) / MANIFEST).exists()
+        if self.world > 1:  # every rank decides alike, or the save's collective would hang
+            flag = torch.tensor([int(need)], dtype=torch.int32, device=collective._device(self.group))
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+            need = bool(flag[0])
+        if need:
             self.saver.if_busy = "wait"
+            self._preempt_step = step
             h = self.save(step, state, data=data)
             if h is not None:
                 h.result()
@@ -220,6 +231,9 @@ class Checkpointer:
     def restore(self, state: dict[str, Any], *, data: Any = None) -> int | None:
         """Load the newest committed checkpoint into ``state`` (in place); its step, or None."""
         path = latest(self.root)
+        if self.world > 1:  # every rank restores the same checkpoint, whatever each one lists
+            chosen = collective.broadcast_obj(str(path) if path is not None else None, 0, self.group)
+            path = Path(chosen) if chosen is not None else None
         if path is None:
             return None
         marker = path / f".reader-{socket.gethostname()}-{os.getpid()}"
@@ -231,9 +245,10 @@ class Checkpointer:
             src = self.rank if self.rank < saved_world else self.rank % saved_world
             names = set(ck.keys()) | set(ck.metadata.values)
             mine: dict[str, Any] = {}
-            has_rng = f"_goodput.rank.{src}.rng.torch" in names
-            if self.save_rng and has_rng:
-                mine["rng"] = rng.template()
+            prefix = f"_goodput.rank.{src}.rng."
+            saved_rng = {n[len(prefix) :] for n in names if n.startswith(prefix)}
+            if self.save_rng and saved_rng:
+                mine["rng"] = rng.template(saved_rng)
             if data is not None and any(n.startswith(f"_goodput.rank.{src}.data") for n in names):
                 mine["data"] = data
             target = {**state, "_goodput": {"rank": {src: mine}}} if mine else state
@@ -261,7 +276,7 @@ class Checkpointer:
             tm.write_s,
             tm.total_s,
             self.rank,
-            self._preempting,
+            handle.step is not None and handle.step == self._preempt_step,
         )
         if self.rank == 0:
             with contextlib.suppress(OSError):
@@ -280,7 +295,9 @@ class Checkpointer:
         in flight, i.e. at start-up, else only those older than the step just committed)."""
         removed: list[Path] = []
         with self._lock:
-            committed = [(p, m.step) for p, m in list_checkpoints(self.root) if p != self.root and m.step is not None]
+            committed = [
+                (p, m.step) for p, m in list_checkpoints(self.root) if _STEP_DIR.match(p.name) and m.step is not None
+            ]
             committed_paths = {p for p, _ in committed}
             for p in sorted(self.root.iterdir()) if self.root.is_dir() else []:
                 mt = _STEP_DIR.match(p.name)
@@ -293,7 +310,7 @@ class Checkpointer:
             if not committed:
                 return removed
             steps = sorted(s for _, s in committed)
-            keep = {steps[-1]}
+            keep = {steps[-1]} | ({committed_step} if committed_step is not None else set())
             if self.keep:
                 keep.update(steps[-self.keep :])
             if self.keep_every:

@@ -114,14 +114,43 @@ def commit(
         step=step,
         user=user,
     )
-    publish_atomic(path, MANIFEST, msgspec.json.encode(manifest))
-    # only now may the files of earlier saves into this directory go
-    keep = {mname} | {f.name for f in files} | {MANIFEST}
-    return [
-        p
-        for p in path.iterdir()
-        if p.name not in keep and p.name.startswith(("data-", "metadata-", f".{MANIFEST}.tmp"))
-    ]
+    replaced = previous_files(path)
+    publish_atomic(path, MANIFEST, msgspec.json.encode(manifest))  # the commit point
+    return stale_files(path, keep={mname, MANIFEST} | {f.name for f in files}, replaced=replaced)
+
+
+LEFTOVER_AGE_S = 600.0
+
+
+def previous_files(path: Path) -> set[str]:
+    """The files the manifest about to be replaced references (they go once the new one is in)."""
+    from .format import CheckpointError, decode_manifest, decode_metadata
+
+    try:
+        old = decode_manifest((path / MANIFEST).read_bytes(), str(path / MANIFEST))
+        md = decode_metadata((path / old.metadata.name).read_bytes(), str(path), old)
+    except (OSError, CheckpointError):
+        return set()
+    return {old.metadata.name} | {f.name for f in md.files}
+
+
+def stale_files(path: Path, keep: set[str], replaced: set[str]) -> list[Path]:
+    """Files to remove after a commit: those of the replaced checkpoint, and leftovers of saves
+    that never committed once nobody has touched them for ten minutes. A save still running
+    into the same directory touches its files, so they are never taken from under it."""
+    now = time.time()
+    out = []
+    for p in path.iterdir():
+        if p.name in keep or not p.name.startswith(("data-", "metadata-", f".{MANIFEST}.tmp", ".goodput-")):
+            continue
+        try:
+            if not p.is_file():
+                continue
+            if p.name in replaced or now - p.stat().st_mtime > LEFTOVER_AGE_S:
+                out.append(p)
+        except OSError:
+            continue
+    return out
 
 
 def replica_mismatch(path: Path, replica_keys: list[tuple[str, Region]], reports: list[dict]) -> str | None:

@@ -7,6 +7,7 @@ any tensor or sub-box of one as a numpy array, reading only the bytes that box n
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -241,6 +242,9 @@ def open(path: str | os.PathLike) -> Checkpoint:  # noqa: A001 - mirrors the bui
     return Checkpoint(path)
 
 
+_STEP_NAME = re.compile(r"^step_(\d{9,})$")
+
+
 def is_committed(path: str | os.PathLike) -> bool:
     try:
         read_manifest(Path(path))
@@ -270,7 +274,18 @@ def latest(root: str | os.PathLike) -> Path | None:
     root = Path(root)
     try:
         name = (root / "latest").read_text().strip()
-        if name and "/" not in name and ".." not in name and is_committed(root / name):
+        m = _STEP_NAME.match(name)
+        if m and is_committed(root / name):
+            # a crash between a commit and the pointer's update leaves it behind: prefer any
+            # newer committed step directory (names only are listed, manifests of newer ones read)
+            newer = sorted(
+                (int(q.group(1)), p.name)
+                for p in root.iterdir()
+                if (q := _STEP_NAME.match(p.name)) and int(q.group(1)) > int(m.group(1))
+            )
+            for _, n in reversed(newer):
+                if is_committed(root / n):
+                    return root / n
             return root / name
     except OSError:
         pass

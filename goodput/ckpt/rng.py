@@ -31,23 +31,35 @@ def capture() -> dict[str, Any]:
     return state
 
 
-def template() -> dict[str, Any]:
-    """A state of the right shapes to load a captured one into (in place)."""
+def template(saved: set[str] | None = None) -> dict[str, Any]:
+    """A state of the right shapes to load a captured one into (in place), holding only the
+    generators the checkpoint has (``saved``: names below ``rng.``, e.g. ``cuda.0``): a state
+    saved without CUDA restores on a GPU machine, and the other way round."""
     t = capture()
     t["numpy"]["keys"] = np.zeros_like(t["numpy"]["keys"])
+    if saved is not None:
+        tops = {n.split(".")[0] for n in saved}
+        t = {k: v for k, v in t.items() if k in tops}
+        if "cuda" in t:
+            n = len({x for x in saved if x.startswith("cuda.")})
+            t["cuda"] = t["cuda"][:n]  # where fewer devices are visible now, the rest stay saved
     return t
 
 
 def apply(state: dict[str, Any], reseed_with: int | None = None) -> None:
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"], n["pos"], n["has_gauss"], n["gauss"]))
-    torch.set_rng_state(state["torch"])
+    if "python" in state:
+        py = state["python"]
+        random.setstate((py[0], tuple(py[1]), py[2]))
+    if "numpy" in state:
+        n = state["numpy"]
+        np.random.set_state((n["kind"], n["keys"], n["pos"], n["has_gauss"], n["gauss"]))
+    if "torch" in state:
+        torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():  # pragma: no cover - GPU machines
         torch.cuda.set_rng_state_all(state["cuda"])
     if reseed_with is not None:
-        h = hashlib.sha256(state["torch"].numpy().tobytes() + reseed_with.to_bytes(8, "little")).digest()
+        basis = state["torch"].numpy().tobytes() if "torch" in state else b""
+        h = hashlib.sha256(basis + reseed_with.to_bytes(8, "little")).digest()
         seed = int.from_bytes(h[:8], "little")
         random.seed(seed)
         np.random.seed(seed % (2**32))

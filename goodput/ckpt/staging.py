@@ -11,6 +11,8 @@ device-to-host copies run on a side stream so that they can overlap the training
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import uuid
 from dataclasses import dataclass
 from multiprocessing import shared_memory
@@ -46,6 +48,35 @@ def layout(leaves: list[TensorLeaf]) -> tuple[dict[str, Slot], int]:
     return slots, pos
 
 
+_SEGMENT = re.compile(r"^goodput-(\d+)-[0-9a-f]{8}$")
+
+
+def sweep_dead_segments(directory: str = "/dev/shm") -> list[str]:
+    """Unlink staging segments whose creating process is gone. The name of a live segment is
+    removed as soon as the writer has mapped it; a job killed in between (SIGKILL, OOM) leaves the
+    name behind, and this, run when a saver starts, takes it away."""
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for n in names:
+        m = _SEGMENT.match(n)
+        if not m:
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+            continue  # its creator is alive
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue  # alive, another user's
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(directory, n))
+            removed.append(n)
+    return removed
+
+
 class StagingPool:
     """One host buffer, grown only when a larger state arrives."""
 
@@ -55,6 +86,8 @@ class StagingPool:
         self.array: np.ndarray | None = None
         self.capacity = 0
         self.pinned = False
+        self.fresh = False
+        self.named = False
         self._stream: Any = None
 
     @property
@@ -62,19 +95,35 @@ class StagingPool:
         return self.shm.name if self.shm is not None else None
 
     def ensure(self, size: int) -> np.ndarray:
+        """The buffer, (re)allocated if too small; ``self.fresh`` says whether it is new."""
         if self.array is not None and size <= self.capacity:
+            self.fresh = False
             return self.array
         self.release()
         cap = max(size, 1)
         if self.shared:
-            self.shm = shared_memory.SharedMemory(create=True, size=cap, name=f"goodput-{uuid.uuid4().hex[:12]}")
+            name = f"goodput-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            self.shm = shared_memory.SharedMemory(create=True, size=cap, name=name)
+            self.named = True
             self.array = np.ndarray((cap,), np.uint8, buffer=self.shm.buf)
         else:
             self.array = np.empty(cap, np.uint8)
         self.array[:] = 0  # touch every page now, not during the first stall
         self.capacity = cap
+        self.fresh = True
         self._pin()
         return self.array
+
+    def unlink_name(self) -> None:
+        """Remove the segment's name once every process that needs it has mapped it."""
+        if self.shm is not None:
+            from multiprocessing import resource_tracker
+
+            with contextlib.suppress(FileNotFoundError, OSError):
+                self.shm.unlink()
+            self.named = False
+            with contextlib.suppress(Exception):  # unlink() unregisters on 3.11; be safe on others
+                resource_tracker.unregister(self.shm._name, "shared_memory")  # type: ignore[attr-defined]
 
     def _pin(self) -> None:
         if not torch.cuda.is_available():
@@ -125,7 +174,9 @@ class StagingPool:
         if self.shm is not None:
             with contextlib.suppress(BufferError, OSError):
                 self.shm.close()
-            with contextlib.suppress(FileNotFoundError, OSError):
-                self.shm.unlink()
+            if self.named:
+                with contextlib.suppress(FileNotFoundError, OSError):
+                    self.shm.unlink()
             self.shm = None
+            self.named = False
         self.capacity = 0

@@ -54,7 +54,10 @@ def publish_atomic(directory: str | os.PathLike, name: str, data: bytes) -> None
     tmp = directory / f".{name}.tmp-{os.getpid()}"
     write_durable(tmp, data)
     os.replace(tmp, directory / name)
-    fsync_dir(directory)
+    # past the rename the new content is what readers see; a failing directory fsync cannot be
+    # undone and must not be reported as "not published" (callers would delete its files)
+    with contextlib.suppress(OSError):
+        fsync_dir(directory)
 
 
 def write_durable(path: str | os.PathLike, data: bytes) -> None:
@@ -67,5 +70,6 @@ def write_durable(path: str | os.PathLike, data: bytes) -> None:
 
 
 def remove_quietly(path: str | os.PathLike) -> None:
-    with contextlib.suppress(FileNotFoundError):
+    """Best-effort removal (cleanup after a commit must never turn it into a failure)."""
+    with contextlib.suppress(OSError):
         os.unlink(path)

@@ -195,3 +195,24 @@ def test_files_per_rank_splits_large_chunks_into_parallel_files(tmp_path: Path) 
     gc.load(t, tmp_path)
     assert torch.equal(t["w"], w) and torch.equal(t["b"], b)
     gc.verify(tmp_path)
+
+
+def test_block_bytes_must_be_a_power_of_two(tmp_path: Path) -> None:
+    with pytest.raises(gc.SaveError, match="power of two"):
+        gc.save({"w": torch.zeros(4)}, tmp_path, block_bytes=1536)
+    w = torch.randn(3 << 20)  # 12 MiB: several segments
+    for bb in (1024, 65536):
+        gc.save({"w": w}, tmp_path / str(bb), block_bytes=bb)
+        t = {"w": torch.zeros_like(w)}
+        gc.load(t, tmp_path / str(bb))
+        assert torch.equal(t["w"], w)
+        gc.verify(tmp_path / str(bb))
+
+
+def test_leftovers_in_the_directory_never_fail_a_commit(tmp_path: Path) -> None:
+    gc.save({"w": torch.zeros(3)}, tmp_path, step=1)
+    (tmp_path / "data-leftover").mkdir()  # something cleanup cannot unlink
+    gc.save({"w": torch.ones(3)}, tmp_path, step=2)
+    t = {"w": torch.zeros(3)}
+    assert gc.load(t, tmp_path).step == 2 and torch.equal(t["w"], torch.ones(3))
+    gc.verify(tmp_path)

@@ -158,3 +158,47 @@ def test_preemption_signal_on_one_rank_saves_and_exits_75(tmp_path: Path) -> Non
     assert [_wait_ready(p) for p in procs] == [step, step]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
     assert gc.open(gc.latest(tmp_path)).step == step + 2
+
+
+def _skip_agreement(rank: int, world: int, root: str) -> list[int]:
+    ck = gc.Checkpointer(root, interval=1, keep=None, mode="process", if_busy="skip")
+    if rank == 0:
+        ck.add_listener(lambda ev: time.sleep(0.3))  # rank 0 finishes its saves later than rank 1
+    saved = []
+    for step in range(1, 9):
+        h = ck.maybe_save(step, {"w": gc.LocalShard(torch.full((4,), float(step)), (4 * world,), (4 * rank,))})
+        if h is not None:
+            saved.append(step)
+        time.sleep(0.05)
+    ck.close()
+    return saved
+
+
+def test_skip_policy_is_decided_by_all_ranks_together(tmp_path: Path) -> None:
+    saved = run_ranks(_skip_agreement, 2, str(tmp_path), timeout=120)
+    assert saved[0] == saved[1] and saved[0]  # no hang, and the same saves on both ranks
+    for s in saved[0]:
+        ck = gc.open(tmp_path / f"step_{s:09d}")
+        assert (ck.read("w") == s).all()
+
+
+def test_retention_keeps_foreign_checkpoints_and_follows_newer_commits(tmp_path: Path) -> None:
+    gc.save({"w": torch.ones(2)}, tmp_path / "best_model", step=5)
+    ck = gc.Checkpointer(tmp_path, interval=1, keep=1, mode="thread")
+    for s in (10, 20, 30):
+        ck.save(s, {"w": torch.full((2,), float(s))}).result()
+    ck.close()
+    assert (tmp_path / "best_model" / MANIFEST).exists()  # not a step directory: not ours to delete
+    (tmp_path / "latest").write_text("step_000000020")  # as if the pointer update was lost
+    assert gc.latest(tmp_path) == tmp_path / "step_000000030"
+
+
+def test_preempted_flag_marks_only_the_signal_save(tmp_path: Path) -> None:
+    ck = gc.Checkpointer(tmp_path, interval=1, mode="thread", exit_on_preempt=False)
+    events: list = []
+    ck.add_listener(events.append)
+    state = {"w": torch.zeros(4)}
+    ck.maybe_save(1, state)
+    ck._on_signal(signal.SIGTERM, None)
+    ck.maybe_save(2, state)
+    assert [(e.step, e.preempted) for e in events] == [(1, False), (2, True)]

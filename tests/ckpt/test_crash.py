@@ -110,6 +110,19 @@ def run_trials(tmp_path: Path, n: int, seed: int) -> None:
         leftovers = [p for p in root.glob("step_*") if not (p / MANIFEST).exists()]
         assert leftovers == [], leftovers
         assert gc.latest(root) == before
+    # nor does shared memory outlive the killed jobs (named segments of dead processes are swept)
+    if os.path.isdir("/dev/shm"):
+        from goodput.ckpt.staging import _SEGMENT
+
+        dead = []
+        for n in os.listdir("/dev/shm"):
+            m = _SEGMENT.match(n)
+            if m:
+                try:
+                    os.kill(int(m.group(1)), 0)
+                except ProcessLookupError:
+                    dead.append(n)
+        assert dead == [], dead
 
 
 def test_kill_at_50_random_moments(tmp_path: Path) -> None:

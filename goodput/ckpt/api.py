@@ -236,11 +236,13 @@ def save(
     user: dict[str, Any] | None = None,
     no_dist: bool = False,
     files_per_rank: int = 1,
+    direct: bool = True,
 ) -> SaveResult:
     """Save ``state_dict`` to ``path`` from every rank of ``process_group``; atomic on success.
 
     ``no_dist=True`` saves from this process alone even inside a process group (as DCP's flag).
     ``files_per_rank > 1`` writes each rank's bytes as that many files in parallel streams.
+    ``direct`` writes with O_DIRECT where the file system allows it (see ``writer.write_data_file``).
     """
     t0 = time.perf_counter()
     path = _resolve(path, checkpoint_id)
@@ -273,7 +275,7 @@ def save(
         pieces = [
             Piece(a.name, a.piece, host_bytes(_slice_local(prep.by_name[a.name], a.piece))) for a in prep.my_pieces()
         ]
-        results = write_rank_files(str(path), prep.save_id, rank, pieces, block_bytes, files_per_rank)
+        results = write_rank_files(str(path), prep.save_id, rank, pieces, block_bytes, files_per_rank, direct)
     except Exception as e:
         error = _err(e)
     rec = {"rank": rank, "error": error, "files": file_records(results)}

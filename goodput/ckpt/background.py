@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 import traceback
 from pathlib import Path
@@ -34,6 +35,7 @@ from .storage import remove_quietly
 from .writer import Piece, write_rank_files
 
 POLL_S = 0.01
+_OWN_FILE = re.compile(r"^data-[0-9a-f]{16}-r\d{5,}-\d+\.bin$")
 
 
 def report_failure(path: Path, save_id: str, rank: int, error: str) -> None:
@@ -173,7 +175,9 @@ def _commit_when_all_done(job: dict[str, Any], path: Path, t_start: float) -> di
             _put(path / abort_name(save_id), {"error": error})
         for r in range(world):  # this save's files are orphans now
             for m in reports.get(r, {}).get("files", []):
-                remove_quietly(path / m[0][0])
+                name = m[0][0]
+                if isinstance(name, str) and _OWN_FILE.match(name) and save_id in name:  # never a path from a file
+                    remove_quietly(path / name)
     for r in range(world):
         remove_quietly(path / done_name(save_id, r))
     return {"ok": error is None, "error": error}

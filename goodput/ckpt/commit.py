@@ -22,6 +22,7 @@ from .format import (
     Metadata,
     MetadataRef,
     TensorEntry,
+    check_file_name,
     encode_metadata,
 )
 from .geometry import Region
@@ -71,6 +72,7 @@ def commit(
     for rank, (fentry, records) in ((m["rank"], f) for m in written for f in m["files"]):
         fid = len(files)
         name, nbytes, crc_off, crc_count = fentry
+        check_file_name(name, f"rank {rank}'s report")
         files.append(FileEntry(name, nbytes, crc_off, crc_count, rank))
         for tname, reg, off, length, crc, block0, table_crc in records:
             r = _dec_region(reg)

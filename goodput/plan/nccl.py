@@ -215,6 +215,33 @@ def _parse_via(via: str) -> _Via:
     return _Via(transport=token.upper() or "UNKNOWN", detail=token)
 
 
+def _from_match(
+    m: re.Match, line: str, line_no: int, src: int, src_dev: int | None, dst: int | None, dst_dev: int | None, bus: bool
+) -> Connection:
+    """One Connection from a matched channel (or CollNet) line: the parts the two forms share."""
+    via = _parse_via(m.group("via"))
+    direction = m.group("direction") or ""
+    return Connection(
+        channel=_int(m.group("channel")),
+        src_rank=src,
+        src_dev=src_dev,
+        dst_rank=dst,
+        dst_dev=dst_dev,
+        direction="receive" if direction == "recv" else direction,
+        transport=via.transport,
+        net=via.net,
+        device=via.device,
+        proxy_rank=via.proxy_rank,
+        gdr=via.gdr,
+        detail=via.detail,
+        inter_node=via.transport in INTER_NODE_TRANSPORTS,
+        line_no=line_no,
+        host=_host(line, m.start()),
+        conn_index=_int(m.group("conn_index")),
+        dev_is_bus_id=bus,
+    )
+
+
 def _connection(line: str, line_no: int) -> Connection | None:
     m = _CHANNEL_RE.search(line)
     if m:
@@ -223,52 +250,13 @@ def _connection(line: str, line_no: int) -> Connection | None:
         src, dst = _int(m.group("src")), _int(m.group("dst"))
         if src is None or dst is None:
             return None
-        via = _parse_via(m.group("via"))
-        direction = m.group("direction") or ""
-        return Connection(
-            channel=_int(m.group("channel")),
-            src_rank=src,
-            src_dev=src_dev,
-            dst_rank=dst,
-            dst_dev=dst_dev,
-            direction="receive" if direction == "recv" else direction,
-            transport=via.transport,
-            net=via.net,
-            device=via.device,
-            proxy_rank=via.proxy_rank,
-            gdr=via.gdr,
-            detail=via.detail,
-            inter_node=via.transport in INTER_NODE_TRANSPORTS,
-            line_no=line_no,
-            host=_host(line, m.start()),
-            conn_index=_int(m.group("conn_index")),
-            dev_is_bus_id=bus1 or bus2,
-        )
+        return _from_match(m, line, line_no, src, src_dev, dst, dst_dev, bus1 or bus2)
     m = _COLLNET_RE.search(line)
     if m:
         rank = _int(m.group("rank"))
         if rank is None:
             return None
-        via = _parse_via(m.group("via"))
-        direction = m.group("direction") or ""
-        return Connection(
-            channel=_int(m.group("channel")),
-            src_rank=rank,
-            src_dev=None,
-            dst_rank=None,
-            dst_dev=None,
-            direction="receive" if direction == "recv" else direction,
-            transport=via.transport,
-            net=via.net,
-            device=via.device,
-            proxy_rank=via.proxy_rank,
-            gdr=via.gdr,
-            detail=via.detail,
-            inter_node=via.transport in INTER_NODE_TRANSPORTS,
-            line_no=line_no,
-            host=_host(line, m.start()),
-            conn_index=_int(m.group("conn_index")),
-        )
+        return _from_match(m, line, line_no, rank, None, None, None, False)
     return None
 
 

@@ -147,7 +147,9 @@ def _write(path: str, pieces: list[Piece], block_bytes: int, direct: bool) -> Fi
                 for s in range(0, len(mv), seg):
                     part = mv[s : s + seg]
                     src = part
-                    if direct and (np.frombuffer(part, np.uint8).ctypes.data % ALIGN or len(part) % ALIGN and s + seg < len(mv)):
+                    if direct and (
+                        np.frombuffer(part, np.uint8).ctypes.data % ALIGN or len(part) % ALIGN and s + seg < len(mv)
+                    ):
                         if not bounces:
                             bounces = [np.frombuffer(mmap.mmap(-1, seg), np.uint8) for _ in range(2)]
                         b = bounces[k % 2]  # the write in flight uses the other one

@@ -37,7 +37,7 @@ from .format import (
     decode_value,
     encode_value,
 )
-from .geometry import Region, build_index
+from .geometry import Region, tiling_error
 from .plan_save import Assignment, Decl, plan_writes
 from .readengine import DEFAULT_READ_BUFFER, ReadStats, Request
 from .reader import Checkpoint
@@ -103,23 +103,6 @@ def check_block_bytes(block_bytes: int) -> None:
     segments, the reader's pieces and the page size evenly."""
     if not (isinstance(block_bytes, int) and 512 <= block_bytes <= 1 << 20 and block_bytes & (block_bytes - 1) == 0):
         raise ValueError(f"block_bytes must be a power of two from 512 to 1 MiB, got {block_bytes}")
-
-
-def _check_tiling(name: str, shape: tuple[int, ...], regions: list[Region]) -> None:
-    """Distinct declared regions of one tensor must not overlap and must cover it."""
-    numel = int(np.prod(shape, dtype=np.int64))
-    total = sum(r.numel for r in regions)
-    if len(regions) > 1:
-        idx = build_index(shape, regions, list(range(len(regions))))
-        for i, r in enumerate(regions):
-            for offs, sizes in r.boxes(shape):
-                lo = np.asarray(offs, np.int64)
-                owners, _, _ = idx.query(lo, lo + np.asarray(sizes, np.int64))
-                if np.any(owners != i):
-                    j = int(owners[owners != i][0])
-                    raise ValueError(f"{name!r}: shards {r.describe()} and {regions[j].describe()} overlap but differ")
-    if total != numel:
-        raise ValueError(f"{name!r}: the ranks' shards hold {total} of the tensor's {numel} elements (shape {shape})")
 
 
 @dataclass
@@ -211,9 +194,11 @@ def prepare(state_dict: dict[str, Any], path: Path, group: Any, block_bytes: int
             holders.setdefault((d.name, d.region), []).append(r)
     for name, regs in regions_of.items():
         try:
-            _check_tiling(name, tuple(meta[name][1]), sorted(regs, key=lambda r: (r.flat_start, r.offsets)))
+            bad = tiling_error(tuple(meta[name][1]), sorted(regs, key=lambda r: (r.flat_start, r.offsets)))
         except ValueError as e:
-            raise SaveError(f"save to {str(path)!r} failed: {e}") from None
+            bad = str(e)
+        if bad:
+            raise SaveError(f"save to {str(path)!r} failed: {name!r}: the ranks' shards do not tile it: {bad}")
     replica_keys = sorted((k for k, hs in holders.items() if len(hs) > 1), key=lambda k: (k[0], _enc_region(k[1])))
     plan = plan_writes(per_rank)
     bytes_per_rank = [0] * world

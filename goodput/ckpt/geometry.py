@@ -229,3 +229,21 @@ def box_index_from_arrays(
         np.concatenate(parts_lo).reshape(len(own), d),
         np.concatenate(parts_hi).reshape(len(own), d),
     )
+
+
+def tiling_error(shape: tuple[int, ...], regions: list[Region]) -> str | None:
+    """Why ``regions`` do not tile a tensor of ``shape`` exactly (an overlap or a gap), or None."""
+    numel = prod(shape)
+    if len(regions) > 1:
+        idx = build_index(shape, regions, list(range(len(regions))))
+        for i, r in enumerate(regions):
+            for offs, sizes in r.boxes(shape):
+                lo = np.asarray(offs, np.int64)
+                owners, _, _ = idx.query(lo, lo + np.asarray(sizes, np.int64))
+                if np.any(owners != i):
+                    j = int(owners[owners != i][0])
+                    return f"{r.describe()} and {regions[j].describe()} overlap"
+    total = sum(r.numel for r in regions)
+    if total != numel:
+        return f"the pieces hold {total} of the tensor's {numel} elements (shape {shape})"
+    return None

@@ -26,7 +26,7 @@ from .format import (
     decode_metadata,
     decode_value,
 )
-from .geometry import Region, build_index
+from .geometry import Region, tiling_error
 from .readengine import DEFAULT_READ_BUFFER, Files, Planner, ReadStats, Request, read_requests
 from .storage import pread_into
 
@@ -170,19 +170,9 @@ class Checkpoint:
         for tid, t in enumerate(md.tensors):
             a, b = md.chunk_range(tid)
             shape = tuple(t.shape)
-            regions = [md.region(i) for i in range(a, b)]
-            total = sum(r.numel for r in regions)
-            numel = int(np.prod(shape, dtype=np.int64))
-            if total != numel:
-                raise CheckpointError(f"tensor {t.name!r}: chunks hold {total} elements, the tensor has {numel}")
-            if b - a > 1:
-                idx = build_index(shape, regions, list(range(a, b)))
-                for i, r in zip(range(a, b), regions):
-                    for offs, sizes in r.boxes(shape):
-                        lo = np.asarray(offs, np.int64)
-                        owners, _, _ = idx.query(lo, lo + np.asarray(sizes, np.int64))
-                        if np.any(owners != i):
-                            raise CheckpointError(f"tensor {t.name!r}: chunks overlap at {r.describe()}")
+            bad = tiling_error(shape, [md.region(i) for i in range(a, b)])
+            if bad:
+                raise CheckpointError(f"tensor {t.name!r}: its chunks do not tile it: {bad}")
         files = Files(self.path, md)
         stats = ReadStats()
         checked = 0

@@ -216,3 +216,10 @@ def test_leftovers_in_the_directory_never_fail_a_commit(tmp_path: Path) -> None:
     t = {"w": torch.zeros(3)}
     assert gc.load(t, tmp_path).step == 2 and torch.equal(t["w"], torch.ones(3))
     gc.verify(tmp_path)
+
+
+def test_shards_that_do_not_tile_the_tensor_fail_the_save(tmp_path: Path) -> None:
+    # one process declaring half a tensor: a gap the save must refuse, naming the key
+    with pytest.raises(gc.SaveError, match=r"'w'.*do not tile.*8 of the tensor's 16 elements"):
+        gc.save({"w": gc.LocalShard(torch.zeros(2, 4), (4, 4), (0, 0))}, tmp_path)
+    assert gc.latest(tmp_path) is None

@@ -569,10 +569,10 @@ def measure_ours(lay: Layout, new: Parallel, repeat: int) -> dict:
 
 
 def measure_commit(lay: Layout, md: Metadata) -> dict:
-    """The real rank-0 commit path (``goodput.ckpt.api._commit``: columns from the gathered chunk
+    """The real rank-0 commit path (``goodput.ckpt.commit.commit``: columns from the gathered chunk
     records, encode, durable write, manifest), then ``Checkpoint(path)`` as every loader opens it."""
     try:
-        from goodput.ckpt.api import _commit
+        from goodput.ckpt.commit import commit
         from goodput.ckpt.reader import Checkpoint
     except ImportError as e:  # pragma: no cover - torch missing
         return {"error": str(e)}
@@ -622,8 +622,8 @@ def measure_commit(lay: Layout, md: Metadata) -> dict:
         path = Path(tmp)
         t0 = time.perf_counter()
         try:
-            _commit(path, SAVE_ID, None, lay.par.world, meta, {}, written, md.block_bytes, {})
-        except Exception as e:  # a private function: its signature may move on
+            commit(path, SAVE_ID, None, lay.par.world, meta, {}, written, md.block_bytes, {})
+        except Exception as e:  # noqa: BLE001 - reported, not fatal to the rest of the bench
             return {"error": f"{type(e).__name__}: {e}"}
         commit_s = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -840,7 +840,7 @@ def render(res: dict, console: Any) -> None:
             console.print(
                 f"goodput @ {cfg['ranks']} ranks through its own save/load code: msgpack decode of every rank's chunk "
                 f"records ({human_bytes(commit['gathered_bytes'])}, done by every rank in all_gather_obj) "
-                f"{commit['gather_decode_s']:.3f} s; rank-0 commit (api._commit: columns from the records, encode, "
+                f"{commit['gather_decode_s']:.3f} s; rank-0 commit (commit.commit: columns from the records, encode, "
                 f"durable write, manifest) {commit['commit_s']:.3f} s; Checkpoint(path) (manifest, metadata, decode, "
                 f"validate) {commit['open_s']:.3f} s; {human_bytes(commit['bytes_on_disk'])} on disk"
             )

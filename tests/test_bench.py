@@ -1,0 +1,37 @@
+"""The benchmark commands run end to end at toy sizes (their numbers are not asserted: speed goals
+live in the commands, not in tests); what is asserted is that they measure what they claim."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from goodput.cli.main import app
+
+runner = CliRunner()
+
+
+def test_bench_ckpt_metadata_small() -> None:
+    r = runner.invoke(app, ["bench", "ckpt-metadata", "--ranks", "1024", "--tensors", "64", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output[r.output.index("{") :])
+    s = out["scales"]["1024"]
+    assert s["ours"]["chunks"] > 0 and s["dcp"]["chunks"] > 0
+    assert s["ours_commit"]["same_chunks"] is True  # the real commit path rebuilt every chunk
+    assert {g["goal"].split(" @")[0] for g in out["goals"]} >= {"decode + validate metadata < 2 s"}
+
+
+def test_bench_async_small() -> None:
+    r = runner.invoke(app, ["bench", "async", "--size", "16MiB", "--repeat", "1", "--loop-steps", "40", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output[r.output.index("{") :])
+    assert out["bytes"] == 16 << 20
+    for k in ("memcpy_s", "stall_s", "dcp_stall_s", "slowdown_process", "slowdown_thread", "slowdown_dcp"):
+        assert k in out
+    assert out["saves_during_process"] >= 1
+    assert set(out["goals"]) == {
+        "stall <= 1.5 x memcpy",
+        "stall >= 10 x smaller than DCP",
+        "concurrent slowdown <= 10 %",
+    }

@@ -17,10 +17,12 @@ layout of the tensors it was given.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 import uuid
 from dataclasses import dataclass, field
+from math import prod
 from pathlib import Path
 from typing import Any
 
@@ -309,6 +311,7 @@ def load(
     strict: bool = True,
     no_dist: bool = False,
     max_amplification: float = 1.1,
+    staging_bytes: int | None = None,
 ) -> LoadResult:
     """Fill ``state_dict`` in place from the checkpoint at ``path``.
 
@@ -317,14 +320,22 @@ def load(
     saved with. ``process_group`` and ``no_dist`` are accepted for DCP compatibility: a load needs
     no collective. Reads are coalesced across gaps while the bytes read stay within
     ``max_amplification`` × the bytes needed (raise it for fewer, larger reads).
+
+    Tensors with no writable contiguous host memory (non-contiguous views, CUDA tensors) are
+    filled through one reused staging buffer of ``staging_bytes`` (default
+    ``min(64 MiB, max(read_buffer // 4, 1 MiB))``), piece by piece, so that a load's host memory
+    stays within the targets plus ``read_buffer`` plus ``staging_bytes``, however large they are.
     """
     t0 = time.perf_counter()
+    if staging_bytes is not None and not (isinstance(staging_bytes, int) and staging_bytes > 0):
+        raise ValueError(f"staging_bytes must be a positive int, got {staging_bytes!r}")
+    piece_cap = staging_bytes if staging_bytes is not None else _default_staging(read_buffer)
     path = _resolve(path, checkpoint_id)
     ck = Checkpoint(path)
     leaves, value_leaves = flatten(state_dict)
     saved = {t.name: t for t in ck.metadata.tensors}
     requests: list[Request] = []
-    finish: list[tuple[Any, Any]] = []
+    staged: list[TensorLeaf] = []
     for lf in leaves:
         t = saved.get(lf.name)
         if t is None:
@@ -347,10 +358,9 @@ def load(
             continue
         dest = dest_bytes(lf.local)
         if dest is None:
-            staging = _staging_like(lf)
-            finish.append((lf.local, staging))
-            dest = dest_bytes(staging)
-        requests.append(Request(lf.name, lf.region, dest))
+            staged.append(lf)
+        else:
+            requests.append(Request(lf.name, lf.region, dest))
     for v in value_leaves:
         if v.name not in ck.metadata.values:
             if v.name in saved:
@@ -366,24 +376,142 @@ def load(
                 raise CheckpointError(f"{v.name!r} lives in a tuple and cannot be replaced in place")
             continue
         v.parent[v.key] = new
-    stats = ck.read_into(
-        requests, verify=verify, read_buffer=read_buffer, threads=threads, max_amplification=max_amplification
-    )
-    for target, staging in finish:
-        if isinstance(target, np.ndarray):
-            np.copyto(target, staging)
-        else:
-            with torch.no_grad():
-                target.copy_(staging, non_blocking=False)
+    rounds = _staging_rounds(staged, piece_cap)
+    buf = _staging_like(staged, max((p.end for r in rounds for p in r), default=0))
+    stats = ReadStats()
+    for i, pieces in enumerate(rounds or [[]]):  # direct requests ride with the first round
+        reqs = (requests if i == 0 else []) + [
+            Request(p.leaf.name, p.region, buf.bytes[p.offset : p.end]) for p in pieces
+        ]
+        got = ck.read_into(
+            reqs, verify=verify, read_buffer=read_buffer, threads=threads, max_amplification=max_amplification
+        )
+        stats.add(**got.as_dict())
+        buf.copy_out(pieces)
     return LoadResult(path, ck.step, stats, {"total_s": time.perf_counter() - t0})
 
 
-def _staging_like(lf: TensorLeaf) -> torch.Tensor | np.ndarray:
-    shape = (lf.region.flat_count,) if lf.region.is_flat else lf.region.sizes
-    if isinstance(lf.local, np.ndarray):
-        return np.empty(shape, dtype=lf.local.dtype)
-    pin = lf.local.device.type == "cuda" and torch.cuda.is_available()
-    return torch.empty(shape, dtype=lf.local.dtype, pin_memory=pin)
+_STAGING_ALIGN = 64  # every dtype's alignment, so any piece's bytes can be viewed as its dtype
+
+
+def _default_staging(read_buffer: int) -> int:
+    """A quarter of the read buffer keeps the staged load's extra memory proportionate to what
+    the caller already allowed; the 1 MiB floor keeps tiny read buffers from forcing thousands
+    of rounds, and the 64 MiB cap is where a round's fixed costs (planning, opening files) are
+    already small next to the bytes it moves."""
+    return min(64 << 20, max(read_buffer // 4, 1 << 20))
+
+
+@dataclass
+class _StagedPiece:
+    """One sub-region of a staged leaf, read into ``[offset, end)`` of the staging buffer."""
+
+    leaf: TensorLeaf
+    region: Region  # global coordinates, as the reader wants
+    index: tuple[slice, ...]  # the same part of ``leaf.local``
+    shape: tuple[int, ...]
+    offset: int
+    end: int
+
+
+def _split_leaf(lf: TensorLeaf, cap: int) -> list[tuple[Region, tuple[slice, ...], tuple[int, ...]]]:
+    """Cut a leaf into row-major sub-regions of at most ``cap`` bytes (never under one element),
+    splitting the outermost dimensions first so that each piece is as few, long runs as possible
+    in both the saved chunks and the target."""
+    item = dtype_info(lf.dtype).itemsize
+    per = max(1, cap // item)  # elements per piece
+    src = lf.region
+    if src.is_flat:
+        n = src.flat_count
+        ndim = len(src.offsets)
+        return [
+            (
+                Region.flat(src.flat_start + a, min(per, n - a), ndim),
+                (slice(a, a + min(per, n - a)),),
+                (min(per, n - a),),
+            )
+            for a in range(0, n, per)
+        ]
+    sizes = src.sizes
+    if not sizes:
+        return [(src, (), ())]
+    k = 0
+    while prod(sizes[k + 1 :]) > per:
+        k += 1
+    inner = prod(sizes[k + 1 :])
+    blk = max(1, per // inner)
+    out = []
+    for outer in itertools.product(*(range(s) for s in sizes[:k])):
+        for j in range(0, sizes[k], blk):
+            n = min(blk, sizes[k] - j)
+            local = (*outer, j) + (0,) * (len(sizes) - k - 1)
+            shape = (1,) * k + (n,) + tuple(sizes[k + 1 :])
+            index = tuple(slice(a, a + s) for a, s in zip(local, shape))
+            region = Region.box(tuple(o + a for o, a in zip(src.offsets, local)), shape)
+            out.append((region, index, shape))
+    return out
+
+
+def _staging_rounds(staged: list[TensorLeaf], cap: int) -> list[list[_StagedPiece]]:
+    """Pack the staged leaves' pieces, in order, into rounds that each fit one buffer of ``cap``
+    bytes (or one piece, if a single element is larger)."""
+    rounds: list[list[_StagedPiece]] = []
+    cur: list[_StagedPiece] = []
+    off = 0
+    for lf in staged:
+        item = dtype_info(lf.dtype).itemsize
+        for region, index, shape in _split_leaf(lf, cap):
+            nbytes = region.numel * item
+            start = -(-off // _STAGING_ALIGN) * _STAGING_ALIGN
+            if cur and start + nbytes > cap:
+                rounds.append(cur)
+                cur, start = [], 0
+            cur.append(_StagedPiece(lf, region, index, shape, start, start + nbytes))
+            off = start + nbytes
+    if cur:
+        rounds.append(cur)
+    return rounds
+
+
+class _StagingBuffer:
+    """The one host buffer every staged piece passes through; pinned when a CUDA target needs it,
+    so the host-to-device copies run at full speed and may be asynchronous."""
+
+    def __init__(self, nbytes: int, pin: bool) -> None:
+        self.tensor = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+        self.bytes: np.ndarray = self.tensor.numpy()
+        self.pinned = pin
+
+    def copy_out(self, pieces: list[_StagedPiece]) -> None:
+        """Copy each piece to its target; returns only once the buffer may be overwritten."""
+        devices: set[torch.device] = set()
+        with torch.no_grad():
+            for p in pieces:
+                target = p.leaf.local
+                if isinstance(target, np.ndarray):
+                    view = self.bytes[p.offset : p.end].view(target.dtype).reshape(p.shape)
+                    np.copyto(target[p.index] if p.index else target[...], view)
+                    continue
+                view = self.tensor[p.offset : p.end].view(target.dtype).view(p.shape)
+                dst = target[p.index] if p.index else target
+                if self.pinned and dst.device.type == "cuda":
+                    dst.copy_(view, non_blocking=True)
+                    devices.add(dst.device)
+                else:
+                    dst.copy_(view, non_blocking=False)
+        for dev in devices:  # pragma: no cover - exercised on GPU machines
+            torch.cuda.current_stream(dev).synchronize()
+
+
+def _staging_like(staged: list[TensorLeaf], nbytes: int) -> _StagingBuffer:
+    """Pinned only when some target is on a GPU and CUDA is usable: pinning costs page-locked
+    memory and a CUDA context, which a CPU-only load must never pay for."""
+    pin = (
+        nbytes > 0
+        and any(isinstance(lf.local, torch.Tensor) and lf.local.device.type == "cuda" for lf in staged)
+        and torch.cuda.is_available()
+    )
+    return _StagingBuffer(nbytes, pin)
 
 
 def _near(name: str, saved: dict) -> str:

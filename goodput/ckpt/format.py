@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import crc32c
@@ -115,6 +115,13 @@ class Metadata:
     files: list[FileEntry]
     values: dict[str, Any]
     cols: dict[str, np.ndarray]
+    _tables: TensorTables | None = field(default=None, repr=False, compare=False)
+
+    def tables(self) -> TensorTables:
+        """Per-tensor lookups, built once (validation needs them too, so a decode pays for them)."""
+        if self._tables is None:
+            self._tables = TensorTables.build(self)
+        return self._tables
 
     @property
     def num_chunks(self) -> int:
@@ -129,16 +136,50 @@ class Metadata:
 
     def chunk_range(self, tensor_id: int) -> tuple[int, int]:
         """Rows [a, b) of a tensor's chunks (rows are sorted by tensor)."""
-        col = self.cols["tensor"]
-        return (
-            int(np.searchsorted(col, tensor_id, side="left")),
-            int(np.searchsorted(col, tensor_id, side="right")),
-        )
+        bounds = self.tables().bounds
+        return int(bounds[tensor_id]), int(bounds[tensor_id + 1])
 
     def describe_chunk(self, i: int) -> str:
         t = self.tensors[int(self.cols["tensor"][i])]
         f = self.files[int(self.cols["file"][i])]
         return f"chunk {self.region(i).describe()} of tensor {t.name!r} in file {f.name!r}"
+
+
+@dataclass(frozen=True)
+class TensorTables:
+    """Per-tensor arrays indexed by tensor id, for vectorised planning and validation.
+
+    Shapes are padded on the right with extent-1 dimensions to ``ndim`` columns, as the box
+    columns are: tensors of any rank share one array, and no row-major address changes.
+    """
+
+    by_name: dict[str, int]
+    itemsize: np.ndarray  # (T,)
+    ndim: np.ndarray  # (T,)
+    shape: np.ndarray  # (T, D), padded with 1
+    numel: np.ndarray  # (T,)
+    bounds: np.ndarray  # (T + 1,): rows [bounds[t], bounds[t+1]) hold tensor t's chunks
+
+    @staticmethod
+    def build(md: Metadata) -> TensorTables:
+        T = len(md.tensors)
+        D = max(md_ndim(md), 1)
+        ndim = np.fromiter((len(t.shape) for t in md.tensors), np.int64, T)
+        shape = np.ones((T, D), np.int64)
+        for i, t in enumerate(md.tensors):
+            if t.shape:
+                shape[i, : len(t.shape)] = t.shape
+        sizes = {name: dtype(name).itemsize for name in {t.dtype for t in md.tensors} if name in DTYPES}
+        itemsize = np.fromiter((sizes.get(t.dtype, 1) for t in md.tensors), np.int64, T)
+        bounds = np.searchsorted(md.cols["tensor"], np.arange(T + 1), side="left").astype(np.int64)
+        return TensorTables(
+            by_name={t.name: i for i, t in enumerate(md.tensors)},
+            itemsize=itemsize,
+            ndim=ndim,
+            shape=shape,
+            numel=shape.prod(axis=1) if T else np.zeros(0, np.int64),
+            bounds=bounds,
+        )
 
 
 # --------------------------------------------------------------------------- values (JSON leaves)
@@ -324,12 +365,11 @@ def validate_metadata(md: Metadata, where: str) -> None:
         raise CheckpointError(f"{where}: chunks are not sorted by tensor")
     if fid.max() >= len(md.files):
         raise CheckpointError(f"{where}: a chunk names file #{int(fid.max())}, there are {len(md.files)}")
-    itemsize = np.array([dtype(t.dtype).itemsize for t in md.tensors], np.int64)[tid]
-    ndims = np.array([len(t.shape) for t in md.tensors], np.int64)[tid]
-    shapes = np.zeros((len(md.tensors), max(md_ndim(md), 1)), np.int64)
-    for i, t in enumerate(md.tensors):
-        shapes[i, : len(t.shape)] = t.shape
-    numels = np.array([math.prod(t.shape) for t in md.tensors], np.int64)[tid]
+    tables = md.tables()  # shapes were checked above, so their products cannot overflow
+    itemsize = tables.itemsize[tid]
+    ndims = tables.ndim[tid]
+    shapes = tables.shape
+    numels = tables.numel[tid]
     off, length = c["offset"], c["length"]
     fbytes = np.array([f.bytes for f in md.files], np.int64)[fid]
     is_flat = c["flat_start"] >= 0

@@ -247,3 +247,109 @@ def tiling_error(shape: tuple[int, ...], regions: list[Region]) -> str | None:
     if total != numel:
         return f"the pieces hold {total} of the tensor's {numel} elements (shape {shape})"
     return None
+
+
+# --------------------------------------------------------------------------- vectorised forms
+#
+# The planner works on many regions of many tensors at once. Tensors of different rank share one
+# array by padding every shape on the right to ``D`` dimensions with extent 1 (as the metadata's
+# box columns are padded): a row-major address does not change, and a padded dimension never
+# adds a run.
+
+
+def row_major_strides_many(sizes: np.ndarray) -> np.ndarray:
+    """Row-major strides of each row of ``sizes`` (n × D)."""
+    strides = np.ones_like(sizes)
+    for k in range(sizes.shape[1] - 2, -1, -1):
+        strides[:, k] = strides[:, k + 1] * sizes[:, k + 1]
+    return strides
+
+
+def cut_flat_many(start: np.ndarray, count: np.ndarray, shape: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cut flat ranges into boxes, all at once: ``(owner, lo, hi)`` with ``owner`` the row.
+
+    Row ``i`` is the range ``[start[i], start[i] + count[i])`` of a tensor of ``shape[i]`` (n × D).
+    Each range becomes at most ``2D - 1`` boxes: whole units of ever larger dimensions up to an
+    aligned point (head), whole slabs of dimension 0 (middle), then ever smaller units down to the
+    end (tail). The same cut as :func:`flat_to_boxes`, without a Python loop per range.
+    """
+    n, D = shape.shape
+    strides = row_major_strides_many(shape)
+    total = strides[:, 0] * shape[:, 0] if D else np.ones(n, np.int64)
+    parent = np.concatenate([total[:, None], strides[:, :-1]], axis=1)  # unit of level k - 1
+    a = start.astype(np.int64)
+    b = a + count.astype(np.int64)
+    pieces: list[tuple[int, np.ndarray, np.ndarray]] = []
+    cur = a
+    for k in range(D - 1, 0, -1):  # head
+        up = -(-cur // parent[:, k]) * parent[:, k]
+        end = np.minimum(up, np.maximum(cur, b // strides[:, k] * strides[:, k]))
+        pieces.append((k, cur, end))
+        cur = end
+    for k in range(D):  # middle (level 0), then tail
+        end = np.maximum(cur, b // strides[:, k] * strides[:, k])
+        pieces.append((k, cur, end))
+        cur = end
+    owners, los, his = [], [], []
+    for k, p, q in pieces:
+        keep = np.flatnonzero(q > p)
+        if len(keep) == 0:
+            continue
+        p, q, st, sh = p[keep], q[keep], strides[keep], shape[keep]
+        lo = np.zeros((len(keep), D), np.int64)
+        lo[:, : k + 1] = (p[:, None] // st[:, : k + 1]) % sh[:, : k + 1]
+        size = sh.copy()
+        size[:, :k] = 1
+        size[:, k] = (q - p) // st[:, k]
+        owners.append(keep)
+        los.append(lo)
+        his.append(lo + size)
+    if not owners:
+        return np.zeros(0, np.int64), np.zeros((0, D), np.int64), np.zeros((0, D), np.int64)
+    return np.concatenate(owners), np.concatenate(los), np.concatenate(his)
+
+
+def expand_runs(
+    lo: np.ndarray,
+    hi: np.ndarray,
+    s_strides: np.ndarray,
+    s_base: np.ndarray,
+    d_strides: np.ndarray,
+    d_base: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`runs` for many boxes at once: ``(pair, src_start, dst_start, run_elems)``.
+
+    Row ``i`` copies the box ``[lo[i], hi[i])`` between two affine layouts. Trailing dimensions
+    contiguous in both are merged; each remaining outer index is one run, tagged by its row.
+    """
+    P, D = lo.shape
+    size = hi - lo
+    s0 = s_base + (lo * s_strides).sum(axis=1)
+    d0 = d_base + (lo * d_strides).sum(axis=1)
+    if D == 0:
+        ones = np.ones(P, np.int64)
+        return np.arange(P, dtype=np.int64), s0, d0, ones
+    run = size[:, D - 1].copy()
+    j = np.full(P, D - 1, np.int64)
+    active = np.ones(P, bool)
+    for k in range(D - 2, -1, -1):
+        active &= (s_strides[:, k] == run) & (d_strides[:, k] == run)
+        run = np.where(active, run * size[:, k], run)
+        j = np.where(active, k, j)
+    outer = np.where(np.arange(D)[None, :] < j[:, None], size, 1)
+    nruns = outer.prod(axis=1)
+    if int(nruns.max(initial=1)) <= 1:
+        return np.arange(P, dtype=np.int64), s0, d0, run
+    pair = np.repeat(np.arange(P, dtype=np.int64), nruns)
+    k_idx = np.arange(len(pair), dtype=np.int64) - np.repeat(np.cumsum(nruns) - nruns, nruns)
+    src = s0[pair]
+    dst = d0[pair]
+    for k in range(D - 1, -1, -1):
+        ext = outer[pair, k]
+        if not (ext > 1).any():
+            continue
+        idx = k_idx % ext
+        k_idx //= ext
+        src += idx * s_strides[pair, k]
+        dst += idx * d_strides[pair, k]
+    return pair, src, dst, run[pair]

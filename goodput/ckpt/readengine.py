@@ -14,8 +14,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -24,9 +23,8 @@ from pathlib import Path
 import crc32c
 import numpy as np
 
-from .dtypes import dtype
 from .format import CheckpointError, Metadata
-from .geometry import BoxIndex, Region, box_index_from_arrays, runs
+from .geometry import Region, cut_flat_many, expand_runs, row_major_strides_many
 from .storage import pread_into
 
 DEFAULT_READ_BUFFER = 256 << 20
@@ -72,77 +70,189 @@ class ChunkOps:
     nbytes: np.ndarray
 
 
+class Plan:
+    """Every run to copy, as columns sorted by (file, chunk offset, source offset).
+
+    Iterating yields one :class:`ChunkOps` per saved chunk, in file order, as views."""
+
+    def __init__(self, chunk: np.ndarray, src: np.ndarray, dst: np.ndarray, req: np.ndarray, nbytes: np.ndarray):
+        self.chunk, self.src, self.dst, self.req, self.nbytes = chunk, src, dst, req, nbytes
+        self.bounds = np.flatnonzero(np.diff(chunk)) + 1 if len(chunk) else np.zeros(0, np.int64)
+
+    def __len__(self) -> int:
+        return len(self.bounds) + 1 if len(self.chunk) else 0
+
+    def __iter__(self) -> Iterator[ChunkOps]:
+        if not len(self.chunk):
+            return
+        edges = [0, *self.bounds.tolist(), len(self.chunk)]
+        for a, b in zip(edges[:-1], edges[1:]):
+            yield ChunkOps(int(self.chunk[a]), self.src[a:b], self.dst[a:b], self.req[a:b], self.nbytes[a:b])
+
+
 class Planner:
-    """Caches one box index per tensor; plans any number of requests against one checkpoint."""
+    """Plans any number of requests against one checkpoint's metadata, all at once.
+
+    Every requested region and every saved chunk of the tensors involved becomes boxes in one
+    array (tensors of any rank padded to the same rank; flat ranges cut into boxes, see
+    :func:`~goodput.ckpt.geometry.cut_flat_many`). Saved boxes are sorted by (tensor, start along
+    dimension 0); a requested box looks only at the window of starts that can
+    reach it, so a plan costs O((requests + chunks of the tensors asked for) · log) in numpy
+    rather than a Python loop per chunk: that is what keeps a 16k-rank layout fast.
+    """
 
     def __init__(self, md: Metadata):
         self.md = md
-        self.by_name = {t.name: i for i, t in enumerate(md.tensors)}
-        self._index: dict[int, BoxIndex] = {}
+        self.tables = md.tables()
 
     def tensor_id(self, name: str) -> int:
         try:
-            return self.by_name[name]
+            return self.tables.by_name[name]
         except KeyError:
             raise CheckpointError(f"tensor {name!r} is not in the checkpoint") from None
 
-    def index(self, tid: int) -> BoxIndex:
-        idx = self._index.get(tid)
-        if idx is None:
-            a, b = self.md.chunk_range(tid)
-            c = self.md.cols
-            shape = tuple(self.md.tensors[tid].shape)
-            idx = box_index_from_arrays(
-                shape,
-                np.arange(a, b, dtype=np.int64),
-                c["offsets"][a:b],
-                c["sizes"][a:b],
-                c["flat_start"][a:b],
-                c["flat_count"][a:b],
+    def plan(self, requests: list[Request]) -> Plan:
+        tb, c = self.tables, self.md.cols
+        D = tb.shape.shape[1]
+        nreq = len(requests)
+        by_name = tb.by_name
+        try:
+            head = [
+                (by_name[r.name], len(r.dest), r.region.flat_start, r.region.flat_count, len(r.region.sizes))
+                for r in requests
+            ]
+        except KeyError:
+            for r in requests:
+                self.tensor_id(r.name)
+            raise
+        tids, dest_len, fstart, fcount, dims = np.array(head, np.int64).reshape(nreq, 5).T
+        box_req = np.flatnonzero(fstart < 0)
+        wrong_dims = np.flatnonzero(dims[box_req] != tb.ndim[tids[box_req]])
+        if len(wrong_dims):
+            i = int(box_req[wrong_dims[0]])
+            raise CheckpointError(
+                f"tensor {requests[i].name!r}: region {requests[i].region.describe()} has "
+                f"{len(requests[i].region.sizes)} dims, the tensor {int(tb.ndim[tids[i]])}"
             )
-            self._index[tid] = idx
-        return idx
+        box_regs = [requests[i].region for i in box_req.tolist()]
+        if len(box_regs) and int(dims[box_req].min()) == D:
+            boxes = [g.offsets + g.sizes for g in box_regs]
+        else:
+            boxes = [g.offsets + (0,) * (D - len(g.sizes)) + g.sizes + (1,) * (D - len(g.sizes)) for g in box_regs]
+        item = tb.itemsize[tids]
+        bx = np.array(boxes, np.int64).reshape(len(box_req), 2 * D)
+        q_lo, q_size = bx[:, :D], bx[:, D:]
+        numel = fcount.copy()
+        numel[box_req] = q_size.prod(axis=1)
+        bad = np.flatnonzero(dest_len != numel * item)
+        if len(bad):
+            r = requests[int(bad[0])]
+            raise ValueError(
+                f"{r.name!r}: destination holds {len(r.dest)} bytes, region needs {int(numel[bad[0]] * item[bad[0]])}"
+            )
+        q_dst = row_major_strides_many(q_size)
+        q_base = -(q_lo * q_dst).sum(axis=1)
+        q_hi = q_lo + q_size
+        q_req = box_req
 
-    def plan(self, requests: list[Request]) -> list[ChunkOps]:
-        per_chunk: dict[int, list[tuple[np.ndarray, np.ndarray, int, int]]] = defaultdict(list)
-        for ri, r in enumerate(requests):
-            tid = self.tensor_id(r.name)
-            t = self.md.tensors[tid]
-            shape = tuple(t.shape)
-            item = dtype(t.dtype).itemsize
-            if len(r.dest) != r.region.numel * item:
-                raise ValueError(
-                    f"{r.name!r}: destination holds {len(r.dest)} bytes, region needs {r.region.numel * item}"
-                )
-            dst_aff = r.region.affine(shape)
-            covered = 0
-            idx = self.index(tid)
-            for offs, sizes in r.region.boxes(shape):
-                qlo = np.asarray(offs, np.int64)
-                qhi = qlo + np.asarray(sizes, np.int64)
-                owners, lo, hi = idx.query(qlo, qhi)
-                for k in range(len(owners)):
-                    ch = int(owners[k])
-                    src_aff = self.md.region(ch).affine(shape)
-                    s, d, n = runs(lo[k], hi[k], src_aff, dst_aff)
-                    covered += len(s) * n
-                    per_chunk[ch].append((s * item, d * item, n * item, ri))
-            if covered != r.region.numel:
-                what = "overlapping chunks" if covered > r.region.numel else "no saved chunk holds part of it"
-                raise CheckpointError(
-                    f"tensor {r.name!r}: cannot fill region {r.region.describe()} "
-                    f"({covered} of {r.region.numel} elements found: {what})"
-                )
-        out = []
-        for ch, parts in per_chunk.items():
-            src = np.concatenate([p[0] for p in parts])
-            dst = np.concatenate([p[1] for p in parts])
-            nb = np.concatenate([np.full(len(p[0]), p[2], np.int64) for p in parts])
-            rq = np.concatenate([np.full(len(p[0]), p[3], np.int64) for p in parts])
-            order = np.argsort(src, kind="stable")
-            out.append(ChunkOps(ch, src[order], dst[order], rq[order], nb[order]))
-        out.sort(key=lambda o: (int(self.md.cols["file"][o.chunk]), int(self.md.cols["offset"][o.chunk])))
-        return out
+        # the saved chunks of the tensors asked for
+        ut, g_of_req = np.unique(tids, return_inverse=True)
+        a, b = tb.bounds[ut], tb.bounds[ut + 1]
+        cnt = b - a
+        rows = np.repeat(a - np.cumsum(cnt) + cnt, cnt) + np.arange(int(cnt.sum()), dtype=np.int64)
+        r_g = np.repeat(np.arange(len(ut), dtype=np.int64), cnt)
+        g_shape = tb.shape[ut]
+        flat_start = c["flat_start"][rows]
+        is_flat = flat_start >= 0
+        brow = np.flatnonzero(~is_flat)
+        p_row = rows[brow]
+        p_g = r_g[brow]
+        if c["offsets"].shape[1] == D:
+            p_lo = c["offsets"][p_row]
+            p_size = c["sizes"][p_row]
+            if np.any(tb.ndim[ut] < D):  # padded dims hold size 0 in the columns; extent 1 here
+                p_size = np.where(np.arange(D)[None, :] < tb.ndim[ut][p_g][:, None], p_size, 1)
+        else:  # only scalar tensors
+            p_lo = np.zeros((len(brow), D), np.int64)
+            p_size = np.ones((len(brow), D), np.int64)
+        p_st = row_major_strides_many(p_size)
+        p_base = -(p_lo * p_st).sum(axis=1)
+        p_hi = p_lo + p_size
+
+        # flat ranges, requested and saved, cut into boxes in one pass
+        frq = np.flatnonzero(fstart >= 0)
+        frow = np.flatnonzero(is_flat)
+        if len(frq) or len(frow):
+            nq = len(frq)
+            f_shape = np.concatenate([tb.shape[tids[frq]], g_shape[r_g[frow]]])
+            f_start = np.concatenate([fstart[frq], flat_start[frow]])
+            own, flo, fhi = cut_flat_many(f_start, np.concatenate([fcount[frq], c["flat_count"][rows[frow]]]), f_shape)
+            f_st = row_major_strides_many(f_shape)[own]
+            isq = own < nq
+            oq, oc = own[isq], own[~isq] - nq
+            q_lo = np.concatenate([q_lo, flo[isq]])
+            q_hi = np.concatenate([q_hi, fhi[isq]])
+            q_dst = np.concatenate([q_dst, f_st[isq]])
+            q_base = np.concatenate([q_base, -fstart[frq][oq]])
+            q_req = np.concatenate([q_req, frq[oq]])
+            p_lo = np.concatenate([p_lo, flo[~isq]])
+            p_hi = np.concatenate([p_hi, fhi[~isq]])
+            p_st = np.concatenate([p_st, f_st[~isq]])
+            p_base = np.concatenate([p_base, -flat_start[frow][oc]])
+            p_row = np.concatenate([p_row, rows[frow][oc]])
+            p_g = np.concatenate([p_g, r_g[frow][oc]])
+        keep = np.all(q_hi > q_lo, axis=1)
+        if not keep.all():
+            q_lo, q_hi, q_dst, q_base, q_req = q_lo[keep], q_hi[keep], q_dst[keep], q_base[keep], q_req[keep]
+        q_g = g_of_req[q_req]
+
+        # saved boxes sorted by (tensor, start along dim 0); each requested box scans only the
+        # window of starts that can reach it
+        order = np.lexsort((p_lo[:, 0], p_g))
+        p_lo, p_hi, p_st, p_base, p_row, p_g = (
+            p_lo[order],
+            p_hi[order],
+            p_st[order],
+            p_base[order],
+            p_row[order],
+            p_g[order],
+        )
+        reach = np.zeros(len(ut), np.int64)
+        np.maximum.at(reach, p_g, p_hi[:, 0] - p_lo[:, 0])
+        span = int(max(p_hi[:, 0].max(initial=0), q_hi[:, 0].max(initial=0))) + 2
+        if len(ut) * span >= 1 << 62:
+            raise CheckpointError("plan: tensor extents too large to index together")
+        keys = p_g * span + p_lo[:, 0]
+        wa = np.searchsorted(keys, q_g * span + np.maximum(q_lo[:, 0] - reach[q_g], -1), side="right")
+        wb = np.searchsorted(keys, q_g * span + q_hi[:, 0], side="left")
+        wn = np.maximum(wb - wa, 0)
+        pq = np.repeat(np.arange(len(q_g), dtype=np.int64), wn)
+        pp = np.repeat(wa - np.cumsum(wn) + wn, wn) + np.arange(int(wn.sum()), dtype=np.int64)
+        lo = np.maximum(p_lo[pp], q_lo[pq])
+        hi = np.minimum(p_hi[pp], q_hi[pq])
+        meet = np.all(hi > lo, axis=1)
+        if not meet.all():
+            pq, pp, lo, hi = pq[meet], pp[meet], lo[meet], hi[meet]
+
+        # every element of every request must come from exactly one saved chunk
+        covered = np.zeros(nreq, np.int64)
+        np.add.at(covered, q_req[pq], (hi - lo).prod(axis=1))
+        wrong = np.flatnonzero(covered != numel)
+        if len(wrong):
+            i = int(wrong[0])
+            r = requests[i]
+            what = "overlapping chunks" if covered[i] > numel[i] else "no saved chunk holds part of it"
+            raise CheckpointError(
+                f"tensor {r.name!r}: cannot fill region {r.region.describe()} "
+                f"({int(covered[i])} of {int(numel[i])} elements found: {what})"
+            )
+        pair, src, dst, run = expand_runs(lo, hi, p_st[pp], p_base[pp], q_dst[pq], q_base[pq])
+        req = q_req[pq][pair]
+        chunk = p_row[pp][pair]
+        it = item[req]
+        order = np.lexsort((src, c["offset"][chunk], c["file"][chunk]))
+        it = it[order]
+        return Plan(chunk[order], src[order] * it, dst[order] * it, req[order], run[order] * it)
 
 
 class Files:
@@ -251,7 +361,7 @@ class Executor:
             self._local.buf = buf
         return memoryview(buf)[:n]
 
-    def run(self, ops: list[ChunkOps], dests: list[np.ndarray]) -> ReadStats:
+    def run(self, ops: Iterable[ChunkOps], dests: list[np.ndarray]) -> ReadStats:
         t0 = time.perf_counter()
         try:
             tasks = [t for o in ops for t in self.chunk_tasks(o, dests)]

@@ -274,39 +274,32 @@ def cut_flat_many(start: np.ndarray, count: np.ndarray, shape: np.ndarray) -> tu
     end (tail). The same cut as :func:`flat_to_boxes`, without a Python loop per range.
     """
     n, D = shape.shape
-    strides = row_major_strides_many(shape)
+    strides = np.maximum(row_major_strides_many(shape), 1)  # an empty tensor has no pieces anyway
     total = strides[:, 0] * shape[:, 0] if D else np.ones(n, np.int64)
-    parent = np.concatenate([total[:, None], strides[:, :-1]], axis=1)  # unit of level k - 1
-    a = start.astype(np.int64)
-    b = a + count.astype(np.int64)
-    pieces: list[tuple[int, np.ndarray, np.ndarray]] = []
-    cur = a
-    for k in range(D - 1, 0, -1):  # head
-        up = -(-cur // parent[:, k]) * parent[:, k]
-        end = np.minimum(up, np.maximum(cur, b // strides[:, k] * strides[:, k]))
-        pieces.append((k, cur, end))
+    parent = np.maximum(np.concatenate([total[:, None], strides[:, :-1]], axis=1), 1)  # unit of level k-1
+    b = start.astype(np.int64) + count.astype(np.int64)
+    down = b[:, None] // strides * strides  # b rounded down to each level's unit
+    levels = [*range(D - 1, 0, -1), *range(D)]  # head, then middle (level 0) and tail
+    bounds = np.empty((len(levels) + 1, n), np.int64)
+    bounds[0] = start
+    cur = bounds[0]
+    for i, k in enumerate(levels):
+        end = np.maximum(cur, down[:, k])
+        if i < D - 1:  # a head piece stops at its parent's boundary
+            end = np.minimum(end, -(-cur // parent[:, k]) * parent[:, k])
+        bounds[i + 1] = end
         cur = end
-    for k in range(D):  # middle (level 0), then tail
-        end = np.maximum(cur, b // strides[:, k] * strides[:, k])
-        pieces.append((k, cur, end))
-        cur = end
-    owners, los, his = [], [], []
-    for k, p, q in pieces:
-        keep = np.flatnonzero(q > p)
-        if len(keep) == 0:
-            continue
-        p, q, st, sh = p[keep], q[keep], strides[keep], shape[keep]
-        lo = np.zeros((len(keep), D), np.int64)
-        lo[:, : k + 1] = (p[:, None] // st[:, : k + 1]) % sh[:, : k + 1]
-        size = sh.copy()
-        size[:, :k] = 1
-        size[:, k] = (q - p) // st[:, k]
-        owners.append(keep)
-        los.append(lo)
-        his.append(lo + size)
-    if not owners:
-        return np.zeros(0, np.int64), np.zeros((0, D), np.int64), np.zeros((0, D), np.int64)
-    return np.concatenate(owners), np.concatenate(los), np.concatenate(his)
+    p, q = bounds[:-1], bounds[1:]  # (pieces, n)
+    piece, owner = np.nonzero(q > p)
+    if len(owner) == 0:
+        return owner, np.zeros((0, D), np.int64), np.zeros((0, D), np.int64)
+    k = np.asarray(levels, np.int64)[piece][:, None]
+    p, q = p[piece, owner], q[piece, owner]
+    st, sh = strides[owner], shape[owner]
+    dims = np.arange(D)[None, :]
+    lo = np.where(dims <= k, (p[:, None] // st) % sh, 0)
+    size = np.where(dims < k, 1, np.where(dims == k, ((q - p)[:, None] // st), sh))
+    return owner, lo, lo + size
 
 
 def expand_runs(

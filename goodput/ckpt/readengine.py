@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import chain
 from pathlib import Path
 
 import crc32c
@@ -116,32 +117,50 @@ class Planner:
         D = tb.shape.shape[1]
         nreq = len(requests)
         by_name = tb.by_name
+        # one row per request: tensor, dest bytes, flat start/count, ndim, offsets, sizes (padded
+        # on the right to D dims); a flat region's offsets and sizes are zeros
+        zeros = [(0,) * (D - d) for d in range(D + 1)]
+        ones = [(1,) * (D - d) for d in range(D + 1)]
         try:
-            head = [
-                (by_name[r.name], len(r.dest), r.region.flat_start, r.region.flat_count, len(r.region.sizes))
-                for r in requests
-            ]
+            flat = list(
+                chain.from_iterable(
+                    (by_name[r.name], len(r.dest), g.flat_start, g.flat_count, len(g.sizes))
+                    + g.offsets
+                    + zeros[len(g.sizes)]
+                    + g.sizes
+                    + ones[len(g.sizes)]
+                    for r in requests
+                    for g in (r.region,)
+                )
+            )
         except KeyError:
             for r in requests:
                 self.tensor_id(r.name)
             raise
-        tids, dest_len, fstart, fcount, dims = np.array(head, np.int64).reshape(nreq, 5).T
-        box_req = np.flatnonzero(fstart < 0)
-        wrong_dims = np.flatnonzero(dims[box_req] != tb.ndim[tids[box_req]])
+        except IndexError:  # a region with more dims than any saved tensor
+            flat = []
+        width = 5 + 2 * D
+        if len(flat) != width * nreq:
+            for r in requests:
+                want = int(tb.ndim[by_name[r.name]])
+                if len(r.region.sizes) != want:
+                    raise CheckpointError(
+                        f"tensor {r.name!r}: region {r.region.describe()} has {len(r.region.sizes)} dims, "
+                        f"the tensor {want}"
+                    )
+        head = np.array(flat, np.int64).reshape(nreq, width)
+        tids, dest_len, fstart, fcount, dims = head[:, :5].T
+        wrong_dims = np.flatnonzero(dims != tb.ndim[tids])
         if len(wrong_dims):
-            i = int(box_req[wrong_dims[0]])
+            i = int(wrong_dims[0])
+            r = requests[i]
             raise CheckpointError(
-                f"tensor {requests[i].name!r}: region {requests[i].region.describe()} has "
-                f"{len(requests[i].region.sizes)} dims, the tensor {int(tb.ndim[tids[i]])}"
+                f"tensor {r.name!r}: region {r.region.describe()} has {len(r.region.sizes)} dims, "
+                f"the tensor {int(tb.ndim[self.tensor_id(r.name)])}"
             )
-        box_regs = [requests[i].region for i in box_req.tolist()]
-        if len(box_regs) and int(dims[box_req].min()) == D:
-            boxes = [g.offsets + g.sizes for g in box_regs]
-        else:
-            boxes = [g.offsets + (0,) * (D - len(g.sizes)) + g.sizes + (1,) * (D - len(g.sizes)) for g in box_regs]
+        box_req = np.flatnonzero(fstart < 0)
         item = tb.itemsize[tids]
-        bx = np.array(boxes, np.int64).reshape(len(box_req), 2 * D)
-        q_lo, q_size = bx[:, :D], bx[:, D:]
+        q_lo, q_size = head[box_req, 5 : 5 + D], head[box_req, 5 + D :]
         numel = fcount.copy()
         numel[box_req] = q_size.prod(axis=1)
         bad = np.flatnonzero(dest_len != numel * item)
@@ -217,8 +236,10 @@ class Planner:
             p_row[order],
             p_g[order],
         )
-        reach = np.zeros(len(ut), np.int64)
-        np.maximum.at(reach, p_g, p_hi[:, 0] - p_lo[:, 0])
+        reach = np.zeros(len(ut), np.int64)  # the longest extent along dim 0, per tensor
+        if len(p_g):
+            first = np.flatnonzero(np.concatenate([[True], p_g[1:] != p_g[:-1]]))
+            reach[p_g[first]] = np.maximum.reduceat(p_hi[:, 0] - p_lo[:, 0], first)
         span = int(max(p_hi[:, 0].max(initial=0), q_hi[:, 0].max(initial=0))) + 2
         if len(ut) * span >= 1 << 62:
             raise CheckpointError("plan: tensor extents too large to index together")
@@ -235,8 +256,8 @@ class Planner:
             pq, pp, lo, hi = pq[meet], pp[meet], lo[meet], hi[meet]
 
         # every element of every request must come from exactly one saved chunk
-        covered = np.zeros(nreq, np.int64)
-        np.add.at(covered, q_req[pq], (hi - lo).prod(axis=1))
+        # (float sums are exact here: validated tensors hold at most 2**50 elements)
+        covered = np.bincount(q_req[pq], weights=(hi - lo).prod(axis=1), minlength=nreq).astype(np.int64)
         wrong = np.flatnonzero(covered != numel)
         if len(wrong):
             i = int(wrong[0])

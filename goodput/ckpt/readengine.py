@@ -169,95 +169,96 @@ class Planner:
             raise ValueError(
                 f"{r.name!r}: destination holds {len(r.dest)} bytes, region needs {int(numel[bad[0]] * item[bad[0]])}"
             )
-        q_dst = row_major_strides_many(q_size)
-        q_base = -(q_lo * q_dst).sum(axis=1)
-        q_hi = q_lo + q_size
-        q_req = box_req
+        # Requested boxes (Q) and saved boxes (P) are rows of one matrix each, so every filter,
+        # sort and gather below is one numpy call: lo | hi | strides | base | request or chunk
+        # row | tensor group. ``strides`` and ``base`` map global coordinates to element offsets
+        # in the request's destination (Q) or in the chunk's stored bytes (P).
+        LO, HI, ST, BASE, ID, G = slice(0, D), slice(D, 2 * D), slice(2 * D, 3 * D), 3 * D, 3 * D + 1, 3 * D + 2
+        ncol = 3 * D + 3
+        ut, g_of_req = np.unique(tids, return_inverse=True)
+        Q = np.empty((len(box_req), ncol), np.int64)
+        Q[:, LO] = q_lo
+        Q[:, HI] = q_lo + q_size
+        Q[:, ST] = row_major_strides_many(q_size)
+        Q[:, BASE] = -(q_lo * Q[:, ST]).sum(axis=1)
+        Q[:, ID] = box_req
+        Q[:, G] = g_of_req[box_req]
 
         # the saved chunks of the tensors asked for
-        ut, g_of_req = np.unique(tids, return_inverse=True)
         a, b = tb.bounds[ut], tb.bounds[ut + 1]
         cnt = b - a
         rows = np.repeat(a - np.cumsum(cnt) + cnt, cnt) + np.arange(int(cnt.sum()), dtype=np.int64)
         r_g = np.repeat(np.arange(len(ut), dtype=np.int64), cnt)
-        g_shape = tb.shape[ut]
         flat_start = c["flat_start"][rows]
         is_flat = flat_start >= 0
         brow = np.flatnonzero(~is_flat)
-        p_row = rows[brow]
-        p_g = r_g[brow]
+        P = np.empty((len(brow), ncol), np.int64)
+        P[:, ID] = rows[brow]
+        P[:, G] = r_g[brow]
         if c["offsets"].shape[1] == D:
-            p_lo = c["offsets"][p_row]
-            p_size = c["sizes"][p_row]
+            P[:, LO] = c["offsets"][P[:, ID]]
+            p_size = c["sizes"][P[:, ID]]
             if np.any(tb.ndim[ut] < D):  # padded dims hold size 0 in the columns; extent 1 here
-                p_size = np.where(np.arange(D)[None, :] < tb.ndim[ut][p_g][:, None], p_size, 1)
+                p_size = np.where(np.arange(D)[None, :] < tb.ndim[ut][P[:, G]][:, None], p_size, 1)
         else:  # only scalar tensors
-            p_lo = np.zeros((len(brow), D), np.int64)
+            P[:, LO] = 0
             p_size = np.ones((len(brow), D), np.int64)
-        p_st = row_major_strides_many(p_size)
-        p_base = -(p_lo * p_st).sum(axis=1)
-        p_hi = p_lo + p_size
+        P[:, HI] = P[:, LO] + p_size
+        P[:, ST] = row_major_strides_many(p_size)
+        P[:, BASE] = -(P[:, LO] * P[:, ST]).sum(axis=1)
 
         # flat ranges, requested and saved, cut into boxes in one pass
         frq = np.flatnonzero(fstart >= 0)
         frow = np.flatnonzero(is_flat)
         if len(frq) or len(frow):
             nq = len(frq)
-            f_shape = np.concatenate([tb.shape[tids[frq]], g_shape[r_g[frow]]])
+            f_g = np.concatenate([g_of_req[frq], r_g[frow]])
             f_start = np.concatenate([fstart[frq], flat_start[frow]])
-            own, flo, fhi = cut_flat_many(f_start, np.concatenate([fcount[frq], c["flat_count"][rows[frow]]]), f_shape)
-            f_st = row_major_strides_many(f_shape)[own]
+            f_count = np.concatenate([fcount[frq], c["flat_count"][rows[frow]]])
+            f_shape = tb.shape[ut][f_g]
+            own, flo, fhi = cut_flat_many(f_start, f_count, f_shape)
+            F = np.empty((len(own), ncol), np.int64)
+            F[:, LO] = flo
+            F[:, HI] = fhi
+            F[:, ST] = row_major_strides_many(f_shape)[own]
+            F[:, BASE] = -f_start[own]
+            F[:, ID] = np.concatenate([frq, rows[frow]])[own]
+            F[:, G] = f_g[own]
             isq = own < nq
-            oq, oc = own[isq], own[~isq] - nq
-            q_lo = np.concatenate([q_lo, flo[isq]])
-            q_hi = np.concatenate([q_hi, fhi[isq]])
-            q_dst = np.concatenate([q_dst, f_st[isq]])
-            q_base = np.concatenate([q_base, -fstart[frq][oq]])
-            q_req = np.concatenate([q_req, frq[oq]])
-            p_lo = np.concatenate([p_lo, flo[~isq]])
-            p_hi = np.concatenate([p_hi, fhi[~isq]])
-            p_st = np.concatenate([p_st, f_st[~isq]])
-            p_base = np.concatenate([p_base, -flat_start[frow][oc]])
-            p_row = np.concatenate([p_row, rows[frow][oc]])
-            p_g = np.concatenate([p_g, r_g[frow][oc]])
-        keep = np.all(q_hi > q_lo, axis=1)
-        if not keep.all():
-            q_lo, q_hi, q_dst, q_base, q_req = q_lo[keep], q_hi[keep], q_dst[keep], q_base[keep], q_req[keep]
-        q_g = g_of_req[q_req]
+            Q = np.concatenate([Q, F[isq]])
+            P = np.concatenate([P, F[~isq]])
+        Q = Q[np.all(Q[:, HI] > Q[:, LO], axis=1)]
 
         # saved boxes sorted by (tensor, start along dim 0); each requested box scans only the
         # window of starts that can reach it
-        order = np.lexsort((p_lo[:, 0], p_g))
-        p_lo, p_hi, p_st, p_base, p_row, p_g = (
-            p_lo[order],
-            p_hi[order],
-            p_st[order],
-            p_base[order],
-            p_row[order],
-            p_g[order],
-        )
-        reach = np.zeros(len(ut), np.int64)  # the longest extent along dim 0, per tensor
-        if len(p_g):
-            first = np.flatnonzero(np.concatenate([[True], p_g[1:] != p_g[:-1]]))
-            reach[p_g[first]] = np.maximum.reduceat(p_hi[:, 0] - p_lo[:, 0], first)
-        span = int(max(p_hi[:, 0].max(initial=0), q_hi[:, 0].max(initial=0))) + 2
+        p_start = P[:, 0]
+        span = int(max(P[:, D].max(initial=0), Q[:, D].max(initial=0))) + 2
         if len(ut) * span >= 1 << 62:
             raise CheckpointError("plan: tensor extents too large to index together")
-        keys = p_g * span + p_lo[:, 0]
-        wa = np.searchsorted(keys, q_g * span + np.maximum(q_lo[:, 0] - reach[q_g], -1), side="right")
-        wb = np.searchsorted(keys, q_g * span + q_hi[:, 0], side="left")
+        keys = P[:, G] * span + p_start
+        order = np.argsort(keys, kind="stable")
+        keys = keys[order]
+        reach = np.zeros(len(ut), np.int64)  # the longest extent along dim 0, per tensor
+        if len(P):
+            sg = P[order, G]
+            first = np.flatnonzero(np.concatenate([[True], sg[1:] != sg[:-1]]))
+            reach[sg[first]] = np.maximum.reduceat((P[:, D] - p_start)[order], first)
+        qg = Q[:, G]
+        wa = np.searchsorted(keys, qg * span + np.maximum(Q[:, 0] - reach[qg], -1), side="right")
+        wb = np.searchsorted(keys, qg * span + Q[:, D], side="left")
         wn = np.maximum(wb - wa, 0)
-        pq = np.repeat(np.arange(len(q_g), dtype=np.int64), wn)
-        pp = np.repeat(wa - np.cumsum(wn) + wn, wn) + np.arange(int(wn.sum()), dtype=np.int64)
-        lo = np.maximum(p_lo[pp], q_lo[pq])
-        hi = np.minimum(p_hi[pp], q_hi[pq])
+        pq = np.repeat(np.arange(len(Q), dtype=np.int64), wn)
+        pp = order[np.repeat(wa - np.cumsum(wn) + wn, wn) + np.arange(int(wn.sum()), dtype=np.int64)]
+        Pp, Qq = P[pp], Q[pq]
+        lo = np.maximum(Pp[:, LO], Qq[:, LO])
+        hi = np.minimum(Pp[:, HI], Qq[:, HI])
         meet = np.all(hi > lo, axis=1)
         if not meet.all():
-            pq, pp, lo, hi = pq[meet], pp[meet], lo[meet], hi[meet]
+            Pp, Qq, lo, hi = Pp[meet], Qq[meet], lo[meet], hi[meet]
 
         # every element of every request must come from exactly one saved chunk
         # (float sums are exact here: validated tensors hold at most 2**50 elements)
-        covered = np.bincount(q_req[pq], weights=(hi - lo).prod(axis=1), minlength=nreq).astype(np.int64)
+        covered = np.bincount(Qq[:, ID], weights=(hi - lo).prod(axis=1), minlength=nreq).astype(np.int64)
         wrong = np.flatnonzero(covered != numel)
         if len(wrong):
             i = int(wrong[0])
@@ -267,12 +268,11 @@ class Planner:
                 f"tensor {r.name!r}: cannot fill region {r.region.describe()} "
                 f"({int(covered[i])} of {int(numel[i])} elements found: {what})"
             )
-        pair, src, dst, run = expand_runs(lo, hi, p_st[pp], p_base[pp], q_dst[pq], q_base[pq])
-        req = q_req[pq][pair]
-        chunk = p_row[pp][pair]
-        it = item[req]
+        pair, src, dst, run = expand_runs(lo, hi, Pp[:, ST], Pp[:, BASE], Qq[:, ST], Qq[:, BASE])
+        req = Qq[pair, ID]
+        chunk = Pp[pair, ID]
         order = np.lexsort((src, c["offset"][chunk], c["file"][chunk]))
-        it = it[order]
+        it = item[req[order]]
         return Plan(chunk[order], src[order] * it, dst[order] * it, req[order], run[order] * it)
 
 

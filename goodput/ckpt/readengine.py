@@ -161,6 +161,14 @@ class Planner:
         box_req = np.flatnonzero(fstart < 0)
         item = tb.itemsize[tids]
         q_lo, q_size = head[box_req, 5 : 5 + D], head[box_req, 5 + D :]
+        # a region must lie inside its tensor (a flat range past the end would wrap around)
+        outside = np.zeros(nreq, bool)
+        outside[box_req] = np.any((q_lo < 0) | (q_size < 0) | (q_lo + q_size > tb.shape[tids[box_req]]), axis=1)
+        outside |= (fstart >= 0) & ((fcount < 0) | (fstart + fcount > tb.numel[tids]))
+        if outside.any():
+            r = requests[int(np.argmax(outside))]
+            shape = tuple(self.md.tensors[by_name[r.name]].shape)
+            raise CheckpointError(f"tensor {r.name!r}: region {r.region.describe()} lies outside its shape {shape}")
         numel = fcount.copy()
         numel[box_req] = q_size.prod(axis=1)
         bad = np.flatnonzero(dest_len != numel * item)

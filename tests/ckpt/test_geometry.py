@@ -278,5 +278,13 @@ def test_planner_names_the_tensor_it_cannot_fill():
         )
     with pytest.raises(CheckpointError, match="'c' is not in the checkpoint"):
         Planner(md).plan([Request("c", Region.flat(0, 1, 1), np.zeros(8, np.uint8))])
+    with pytest.raises(CheckpointError, match=r"'b': region flat\[4:8\] lies outside its shape \(6,\)"):
+        Planner(md).plan([Request("b", Region.flat(4, 4, 1), np.zeros(32, np.uint8))])
+    with pytest.raises(CheckpointError, match=r"'a': region \[-1:3, 0:4\] lies outside"):
+        Planner(md).plan([Request("a", Region.box((-1, 0), (4, 4)), np.zeros(128, np.uint8))])
+    with pytest.raises(CheckpointError, match="'a': region .* has 1 dims, the tensor 2"):
+        Planner(md).plan([Request("a", Region.box((0,), (4,)), np.zeros(32, np.uint8))])
+    with pytest.raises(CheckpointError, match="'b': region .* has 3 dims, the tensor 1"):
+        Planner(md).plan([Request("b", Region.box((0, 0, 0), (1, 1, 6)), np.zeros(48, np.uint8))])
     with pytest.raises(ValueError, match="'b': destination holds 40 bytes"):
         Planner(md).plan([Request("b", Region.flat(0, 6, 1), np.zeros(40, np.uint8))])

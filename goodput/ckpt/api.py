@@ -239,7 +239,7 @@ def save(
     rank = prep.rank
 
     # ---- 2. replicas must agree -------------------------------------------------------------
-    if prep.replica_keys:
+    if prep.replica_keys and prep.world > 1:  # one process: nothing to compare with
         mine = {}
         error = None
         try:

@@ -18,7 +18,7 @@ import msgspec
 import numpy as np
 
 from .dtypes import DTYPES, dtype
-from .geometry import Region
+from .geometry import Region, cut_flat_many, overlapping_pair
 
 FORMAT_NAME = "goodput.ckpt"
 FORMAT_VERSION = 1
@@ -339,6 +339,11 @@ def decode_metadata(raw: bytes, where: str, manifest: Manifest | None = None) ->
 
 def validate_metadata(md: Metadata, where: str) -> None:
     """Reject metadata that could make a reader escape, overflow, or mis-read (before any read)."""
+    width = md.cols["offsets"].shape[1] if md.cols["offsets"].ndim == 2 else -1
+    if width != md_ndim(md) or md.cols["sizes"].shape[1:] != (width,):
+        raise CheckpointError(
+            f"{where}: box columns are {width} wide, the highest tensor rank is {md_ndim(md)} (they must agree)"
+        )
     for t in md.tensors:
         if t.dtype not in DTYPES:
             raise CheckpointError(f"{where}: tensor {t.name!r} has unknown dtype {t.dtype!r}")
@@ -388,8 +393,7 @@ def validate_metadata(md: Metadata, where: str) -> None:
     if d:
         cols_idx = np.arange(d)[None, :]
         inside = cols_idx < ndims[:, None]
-        ends = c["offsets"] + c["sizes"]
-        out_of = inside & (ends > shapes[tid][:, :d])
+        out_of = inside & (c["offsets"] > shapes[tid][:, :d] - c["sizes"])  # no overflow: both >= 0
         bad(~is_flat & np.any(out_of, axis=1), "box lies outside the tensor")
         bad(np.any(~inside & ((c["offsets"] != 0) | (c["sizes"] != 0)), axis=1), "box has extra dimensions")
         big = np.where(inside, c["sizes"], 1)
@@ -407,3 +411,29 @@ def validate_metadata(md: Metadata, where: str) -> None:
     nblocks = (length + md.block_bytes - 1) // md.block_bytes
     ccount = np.array([f.crc_count for f in md.files], np.int64)[fid]
     bad((c["block0"] < 0) | (c["block0"] > ccount - nblocks), "block checksums lie outside the file's table")
+    check_disjoint(md, where, is_flat, tid)
+
+
+def check_disjoint(md: Metadata, where: str, is_flat: np.ndarray, tid: np.ndarray) -> None:
+    """No two chunks of a tensor may share an element: a reader would otherwise take an overlap
+    for coverage and could fill a request from the wrong bytes while the counts still add up."""
+    c, tables = md.cols, md.tables()
+    D = tables.shape.shape[1]
+    brow = np.flatnonzero(~is_flat)
+    if c["offsets"].shape[1] == D:
+        lo = c["offsets"][brow]
+        real = np.arange(D)[None, :] < tables.ndim[tid[brow]][:, None]
+        hi = lo + np.where(real, c["sizes"][brow], 1)
+    else:  # only scalars
+        lo = np.zeros((len(brow), D), np.int64)
+        hi = lo + 1
+    rows, group = brow, tid[brow]
+    frow = np.flatnonzero(is_flat)
+    if len(frow):
+        own, flo, fhi = cut_flat_many(c["flat_start"][frow], c["flat_count"][frow], tables.shape[tid[frow]])
+        lo, hi = np.concatenate([lo, flo]), np.concatenate([hi, fhi])
+        rows, group = np.concatenate([rows, frow[own]]), np.concatenate([group, tid[frow][own]])
+    pair = overlapping_pair(group, rows, lo, hi, len(md.tensors))
+    if pair is not None:
+        a, b = int(rows[pair[0]]), int(rows[pair[1]])
+        raise CheckpointError(f"{where}: {md.describe_chunk(a)} overlaps {md.region(b).describe()} (chunk #{b})")

@@ -346,3 +346,57 @@ def expand_runs(
         src += idx * s_strides[pair, k]
         dst += idx * d_strides[pair, k]
     return pair, src, dst, run[pair]
+
+
+def split_dims(group: np.ndarray, lo: np.ndarray, ngroups: int) -> np.ndarray:
+    """For each group (tensor), the dimension its boxes are cut along: the one where the most
+    boxes start past 0 (rows for row shards, columns for column shards, the finer cut of a grid:
+    in an a x b grid that count is (a-1)b against a(b-1)). Sorting by starts along it keeps the
+    window of boxes a query must look at small."""
+    D = lo.shape[1]
+    if D <= 1 or len(group) == 0:
+        return np.zeros(ngroups, np.int64)
+    counts = np.stack([np.bincount(group, weights=lo[:, d] > 0, minlength=ngroups) for d in range(D)])
+    return np.argmax(counts, axis=0)
+
+
+def overlapping_pair(
+    group: np.ndarray, owner: np.ndarray, lo: np.ndarray, hi: np.ndarray, ngroups: int, batch: int = 1 << 22
+) -> tuple[int, int] | None:
+    """Two boxes of one group, from different owners, that share an element; None if none do.
+
+    Boxes are sorted by (group, start along the group's split dimension); a box can only meet
+    boxes after it whose start lies before its end, so each box is compared with that window
+    only, in batches of at most ``batch`` pairs (bounded memory even for hostile input)."""
+    n = len(group)
+    if n < 2:
+        return None
+    D = lo.shape[1]
+    kd = split_dims(group, lo, ngroups)[group] if D else np.zeros(n, np.int64)
+    idx = np.arange(n)
+    start = lo[idx, kd] if D else np.zeros(n, np.int64)
+    stop = hi[idx, kd] if D else np.ones(n, np.int64)
+    span = int(stop.max(initial=0)) + 2
+    if ngroups * span >= 1 << 62:
+        raise ValueError("extents too large to index together")
+    keys = group * span + start
+    order = np.argsort(keys, kind="stable")
+    keys = keys[order]
+    end = np.searchsorted(keys, (group * span + stop)[order], side="left")
+    first = np.arange(1, n + 1)  # the window of sorted box i is [i + 1, end[i])
+    count = np.maximum(end - first, 0)
+    cum = np.cumsum(count)
+    a = 0
+    while a < n:
+        b = int(np.searchsorted(cum, (cum[a - 1] if a else 0) + batch, side="right"))
+        b = max(b, a + 1)
+        cnt = count[a:b]
+        i = np.repeat(np.arange(a, b), cnt)
+        j = np.repeat(first[a:b] - np.cumsum(cnt) + cnt, cnt) + np.arange(int(cnt.sum()))
+        i, j = order[i], order[j]
+        meet = np.all(np.minimum(hi[i], hi[j]) > np.maximum(lo[i], lo[j]), axis=1) & (owner[i] != owner[j])
+        if meet.any():
+            k = int(np.argmax(meet))
+            return int(i[k]), int(j[k])
+        a = b
+    return None

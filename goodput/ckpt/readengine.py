@@ -25,7 +25,7 @@ import crc32c
 import numpy as np
 
 from .format import CheckpointError, Metadata
-from .geometry import Region, cut_flat_many, expand_runs, row_major_strides_many
+from .geometry import Region, cut_flat_many, expand_runs, row_major_strides_many, split_dims
 from .storage import pread_into
 
 DEFAULT_READ_BUFFER = 256 << 20
@@ -79,6 +79,7 @@ class Plan:
     def __init__(self, chunk: np.ndarray, src: np.ndarray, dst: np.ndarray, req: np.ndarray, nbytes: np.ndarray):
         self.chunk, self.src, self.dst, self.req, self.nbytes = chunk, src, dst, req, nbytes
         self.bounds = np.flatnonzero(np.diff(chunk)) + 1 if len(chunk) else np.zeros(0, np.int64)
+        self.candidates = 0  # (requested box, saved box) pairs the planner looked at
 
     def __len__(self) -> int:
         return len(self.bounds) + 1 if len(self.chunk) else 0
@@ -237,23 +238,26 @@ class Planner:
             P = np.concatenate([P, F[~isq]])
         Q = Q[np.all(Q[:, HI] > Q[:, LO], axis=1)]
 
-        # saved boxes sorted by (tensor, start along dim 0); each requested box scans only the
-        # window of starts that can reach it
-        p_start = P[:, 0]
-        span = int(max(P[:, D].max(initial=0), Q[:, D].max(initial=0))) + 2
+        # saved boxes sorted by (tensor, start along the dimension the tensor is split along);
+        # each requested box scans only the window of starts that can reach it
+        kd = split_dims(P[:, G], P[:, LO], len(ut))
+        p_kd, q_kd = kd[P[:, G]], kd[Q[:, G]]
+        p_start, p_stop = P[np.arange(len(P)), p_kd], P[np.arange(len(P)), D + p_kd]
+        q_start, q_stop = Q[np.arange(len(Q)), q_kd], Q[np.arange(len(Q)), D + q_kd]
+        span = int(max(p_stop.max(initial=0), q_stop.max(initial=0))) + 2
         if len(ut) * span >= 1 << 62:
             raise CheckpointError("plan: tensor extents too large to index together")
         keys = P[:, G] * span + p_start
         order = np.argsort(keys, kind="stable")
         keys = keys[order]
-        reach = np.zeros(len(ut), np.int64)  # the longest extent along dim 0, per tensor
+        reach = np.zeros(len(ut), np.int64)  # the longest extent along the split dim, per tensor
         if len(P):
             sg = P[order, G]
             first = np.flatnonzero(np.concatenate([[True], sg[1:] != sg[:-1]]))
-            reach[sg[first]] = np.maximum.reduceat((P[:, D] - p_start)[order], first)
+            reach[sg[first]] = np.maximum.reduceat((p_stop - p_start)[order], first)
         qg = Q[:, G]
-        wa = np.searchsorted(keys, qg * span + np.maximum(Q[:, 0] - reach[qg], -1), side="right")
-        wb = np.searchsorted(keys, qg * span + Q[:, D], side="left")
+        wa = np.searchsorted(keys, qg * span + np.maximum(q_start - reach[qg], -1), side="right")
+        wb = np.searchsorted(keys, qg * span + q_stop, side="left")
         wn = np.maximum(wb - wa, 0)
         pq = np.repeat(np.arange(len(Q), dtype=np.int64), wn)
         pp = order[np.repeat(wa - np.cumsum(wn) + wn, wn) + np.arange(int(wn.sum()), dtype=np.int64)]
@@ -281,7 +285,9 @@ class Planner:
         chunk = Pp[pair, ID]
         order = np.lexsort((src, c["offset"][chunk], c["file"][chunk]))
         it = item[req[order]]
-        return Plan(chunk[order], src[order] * it, dst[order] * it, req[order], run[order] * it)
+        plan = Plan(chunk[order], src[order] * it, dst[order] * it, req[order], run[order] * it)
+        plan.candidates = len(pq)
+        return plan
 
 
 class Files:

@@ -222,4 +222,7 @@ def dest_bytes(x: torch.Tensor | np.ndarray) -> np.ndarray | None:
         return None
     if x.device.type != "cpu" or not x.is_contiguous():
         return None
-    return x.detach().reshape(-1).view(torch.uint8).numpy()
+    try:
+        return x.detach().reshape(-1).view(torch.uint8).numpy()
+    except RuntimeError:  # "contiguous" by torch's rule yet odd strides on size-1 dims: stage it
+        return None

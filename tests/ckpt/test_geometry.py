@@ -208,13 +208,15 @@ def metadata_for(tensors: list[tuple[str, tuple[int, ...], list[Region]]]) -> Me
             sizes_col.append(([0] * len(shape) if r.is_flat else list(r.sizes)) + pad)
             pos += 8 * r.numel
     n = len(cols["tensor"])
+    nblocks = [-(-length // 4096) for length in cols["length"]]
+    block0 = np.concatenate([[0], np.cumsum(nblocks)[:-1]]).astype("<i8") if n else np.zeros(0, "<i8")
     arrays = {
         "tensor": np.array(cols["tensor"], "<u4"),
         "file": np.zeros(n, "<u4"),
         "offset": np.array(cols["offset"], "<i8"),
         "length": np.array(cols["length"], "<i8"),
         "crc32c": np.zeros(n, "<u4"),
-        "block0": np.zeros(n, "<i8"),
+        "block0": block0,
         "blocks_crc32c": np.zeros(n, "<u4"),
         "flat_start": np.array(cols["flat_start"], "<i8"),
         "flat_count": np.array(cols["flat_count"], "<i8"),
@@ -222,7 +224,8 @@ def metadata_for(tensors: list[tuple[str, tuple[int, ...], list[Region]]]) -> Me
         "sizes": np.array(sizes_col, "<i8").reshape(n, width),
     }
     entries = [TensorEntry(name, "int64", list(shape)) for name, shape, _ in tensors]
-    return Metadata("s", 4096, entries, [FileEntry("data.bin", pos, pos, 0, 0)], {}, arrays)
+    table = sum(nblocks)
+    return Metadata("s", 4096, entries, [FileEntry("data.bin", pos + 4 * table, pos, table, 0)], {}, arrays)
 
 
 @settings(max_examples=150, deadline=None)
@@ -288,3 +291,46 @@ def test_planner_names_the_tensor_it_cannot_fill():
         Planner(md).plan([Request("b", Region.box((0, 0, 0), (1, 1, 6)), np.zeros(48, np.uint8))])
     with pytest.raises(ValueError, match="'b': destination holds 40 bytes"):
         Planner(md).plan([Request("b", Region.flat(0, 6, 1), np.zeros(40, np.uint8))])
+
+
+def test_validation_refuses_overlaps_even_when_counts_add_up():
+    """Chunk [0:2] stored twice and [2:4] nowhere: element counts match the tensor, yet a reader
+    trusting counts would fill [2:4] from the wrong bytes. Validation names both chunks."""
+    import pytest
+
+    from goodput.ckpt.format import CheckpointError, validate_metadata
+
+    twice = metadata_for([("w", (4, 3), [Region.box((0, 0), (2, 3)), Region.box((0, 0), (2, 3))])])
+    with pytest.raises(CheckpointError, match=r"chunk \[0:2, 0:3\] of tensor 'w'.* overlaps \[0:2, 0:3\]"):
+        validate_metadata(twice, "t")
+    flat = metadata_for([("v", (10,), [Region.flat(0, 6, 1), Region.flat(5, 5, 1)])])
+    with pytest.raises(CheckpointError, match="tensor 'v'.* overlaps flat"):
+        validate_metadata(flat, "t")
+    cols = metadata_for([("c", (4, 4096), [Region.box((0, 64 * i), (4, 64)) for i in range(64)])])
+    validate_metadata(cols, "t")  # 64 column shards: disjoint, accepted
+    narrow = metadata_for([("w", (4, 3), [Region.box((0, 0), (4, 3))])])
+    narrow.cols["offsets"] = narrow.cols["offsets"][:, :1]
+    narrow.cols["sizes"] = narrow.cols["sizes"][:, :1]
+    with pytest.raises(CheckpointError, match="box columns are 1 wide, the highest tensor rank is 2"):
+        validate_metadata(narrow, "t")
+
+
+def test_split_dims_picks_the_dimension_shards_are_cut_along():
+    from goodput.ckpt.geometry import split_dims
+
+    rows = np.array([[4 * i, 0] for i in range(8)], np.int64)
+    cols = np.array([[0, 4 * i] for i in range(8)], np.int64)
+    lo = np.concatenate([rows, cols])
+    group = np.repeat([0, 1], 8)
+    assert split_dims(group, lo, 2).tolist() == [0, 1]
+
+
+def test_planner_on_many_column_shards_stays_linear():
+    """4096 column shards of one tensor, each loaded back as itself: with the window on the
+    split dimension each request meets one chunk (not all 4096)."""
+    n = 4096
+    md = metadata_for([("c", (2, n), [Region.box((0, i), (2, 1)) for i in range(n)])])
+    reqs = [Request("c", Region.box((0, i), (2, 1)), np.zeros(16, np.uint8)) for i in range(n)]
+    plan = Planner(md).plan(reqs)
+    assert len(plan) == n and len(plan.src) == n
+    assert plan.candidates <= 2 * n  # not n * n

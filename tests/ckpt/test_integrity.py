@@ -128,6 +128,10 @@ CASES = {
     "length vs dtype x box": (lambda md: md.cols["length"].__setitem__(0, 4096), r"tensor 'a'.*length disagrees"),
     "box outside tensor": (lambda md: md.cols["offsets"].__setitem__((0, 0), 10), r"tensor 'a'.*outside the tensor"),
     "huge box": (lambda md: md.cols["sizes"].__setitem__((0, 1), 2**62), r"tensor 'a'.*(implausibly large|outside)"),
+    "box end wraps past 2**63": (
+        lambda md: md.cols["offsets"].__setitem__((0, 0), 2**63 - 10),
+        r"tensor 'a'.*outside the tensor",
+    ),
     "unknown tensor id": (lambda md: md.cols["tensor"].__setitem__(1, 7), r"names tensor #7"),
     "checksum table outside file": (lambda md: md.cols["block0"].__setitem__(0, 10**9), r"tensor 'a'.*block checksums"),
     "unknown dtype": (lambda md: setattr(md.tensors[0], "dtype", "pickle"), r"tensor 'a' has unknown dtype"),

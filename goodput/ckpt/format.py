@@ -18,7 +18,7 @@ import msgspec
 import numpy as np
 
 from .dtypes import DTYPES, dtype
-from .geometry import Region, cut_flat_many, overlapping_pair
+from .geometry import Region
 
 FORMAT_NAME = "goodput.ckpt"
 FORMAT_VERSION = 1
@@ -116,6 +116,15 @@ class Metadata:
     values: dict[str, Any]
     cols: dict[str, np.ndarray]
     _tables: TensorTables | None = field(default=None, repr=False, compare=False)
+    _box_table: Any = field(default=None, repr=False, compare=False)
+
+    def box_table(self) -> Any:
+        """The chunks' spatial index (:class:`goodput.ckpt.index.BoxTable`), built once."""
+        if self._box_table is None:
+            from .index import build_box_table
+
+            self._box_table = build_box_table(self)
+        return self._box_table
 
     def tables(self) -> TensorTables:
         """Per-tensor lookups, built once (validation needs them too, so a decode pays for them)."""
@@ -411,29 +420,18 @@ def validate_metadata(md: Metadata, where: str) -> None:
     nblocks = (length + md.block_bytes - 1) // md.block_bytes
     ccount = np.array([f.crc_count for f in md.files], np.int64)[fid]
     bad((c["block0"] < 0) | (c["block0"] > ccount - nblocks), "block checksums lie outside the file's table")
-    check_disjoint(md, where, is_flat, tid)
+    check_disjoint(md, where)
 
 
-def check_disjoint(md: Metadata, where: str, is_flat: np.ndarray, tid: np.ndarray) -> None:
+def check_disjoint(md: Metadata, where: str) -> None:
     """No two chunks of a tensor may share an element: a reader would otherwise take an overlap
     for coverage and could fill a request from the wrong bytes while the counts still add up."""
-    c, tables = md.cols, md.tables()
-    D = tables.shape.shape[1]
-    brow = np.flatnonzero(~is_flat)
-    if c["offsets"].shape[1] == D:
-        lo = c["offsets"][brow]
-        real = np.arange(D)[None, :] < tables.ndim[tid[brow]][:, None]
-        hi = lo + np.where(real, c["sizes"][brow], 1)
-    else:  # only scalars
-        lo = np.zeros((len(brow), D), np.int64)
-        hi = lo + 1
-    rows, group = brow, tid[brow]
-    frow = np.flatnonzero(is_flat)
-    if len(frow):
-        own, flo, fhi = cut_flat_many(c["flat_start"][frow], c["flat_count"][frow], tables.shape[tid[frow]])
-        lo, hi = np.concatenate([lo, flo]), np.concatenate([hi, fhi])
-        rows, group = np.concatenate([rows, frow[own]]), np.concatenate([group, tid[frow][own]])
-    pair = overlapping_pair(group, rows, lo, hi, len(md.tensors))
+    from .index import overlapping_chunks
+
+    try:
+        pair = overlapping_chunks(md.box_table())
+    except ValueError as e:
+        raise CheckpointError(f"{where}: {e}") from None
     if pair is not None:
-        a, b = int(rows[pair[0]]), int(rows[pair[1]])
+        a, b = pair
         raise CheckpointError(f"{where}: {md.describe_chunk(a)} overlaps {md.region(b).describe()} (chunk #{b})")

@@ -25,7 +25,7 @@ import crc32c
 import numpy as np
 
 from .format import CheckpointError, Metadata
-from .geometry import Region, cut_flat_many, expand_runs, row_major_strides_many, split_dims
+from .geometry import Region, cut_flat_many, expand_runs, row_major_strides_many
 from .storage import pread_into
 
 DEFAULT_READ_BUFFER = 256 << 20
@@ -95,12 +95,12 @@ class Plan:
 class Planner:
     """Plans any number of requests against one checkpoint's metadata, all at once.
 
-    Every requested region and every saved chunk of the tensors involved becomes boxes in one
-    array (tensors of any rank padded to the same rank; flat ranges cut into boxes, see
-    :func:`~goodput.ckpt.geometry.cut_flat_many`). Saved boxes are sorted by (tensor, start along
-    dimension 0); a requested box looks only at the window of starts that can
-    reach it, so a plan costs O((requests + chunks of the tensors asked for) · log) in numpy
-    rather than a Python loop per chunk: that is what keeps a 16k-rank layout fast.
+    Every requested region becomes boxes in one matrix (tensors of any rank padded to the same
+    rank; flat ranges cut into boxes, see :func:`~goodput.ckpt.geometry.cut_flat_many`) and is
+    joined with the checkpoint's box index (:mod:`goodput.ckpt.index`, built once when the
+    metadata is read): two binary searches per box find the saved boxes that can meet it, so a
+    plan costs O(requests · log chunks + pieces found) in numpy, with no Python loop per chunk:
+    that is what keeps a 16k-rank layout fast.
     """
 
     def __init__(self, md: Metadata):
@@ -178,89 +178,45 @@ class Planner:
             raise ValueError(
                 f"{r.name!r}: destination holds {len(r.dest)} bytes, region needs {int(numel[bad[0]] * item[bad[0]])}"
             )
-        # Requested boxes (Q) and saved boxes (P) are rows of one matrix each, so every filter,
-        # sort and gather below is one numpy call: lo | hi | strides | base | request or chunk
-        # row | tensor group. ``strides`` and ``base`` map global coordinates to element offsets
-        # in the request's destination (Q) or in the chunk's stored bytes (P).
-        LO, HI, ST, BASE, ID, G = slice(0, D), slice(D, 2 * D), slice(2 * D, 3 * D), 3 * D, 3 * D + 1, 3 * D + 2
-        ncol = 3 * D + 3
-        ut, g_of_req = np.unique(tids, return_inverse=True)
-        Q = np.empty((len(box_req), ncol), np.int64)
+        # Requested boxes are rows of one matrix (Q), as the saved boxes are in the checkpoint's
+        # index (P), so every filter and gather below is one numpy call: lo | hi | strides | base
+        # | request (Q) or chunk row (P) | tensor. ``strides`` and ``base`` map global coordinates
+        # to element offsets in the request's destination (Q) or the chunk's stored bytes (P).
+        index = self.md.box_table()
+        P = index.boxes
+        LO, HI, ST, BASE, ID, TEN = index.cols
+        Q = np.empty((len(box_req), 3 * D + 3), np.int64)
         Q[:, LO] = q_lo
         Q[:, HI] = q_lo + q_size
         Q[:, ST] = row_major_strides_many(q_size)
         Q[:, BASE] = -(q_lo * Q[:, ST]).sum(axis=1)
         Q[:, ID] = box_req
-        Q[:, G] = g_of_req[box_req]
-
-        # the saved chunks of the tensors asked for
-        a, b = tb.bounds[ut], tb.bounds[ut + 1]
-        cnt = b - a
-        rows = np.repeat(a - np.cumsum(cnt) + cnt, cnt) + np.arange(int(cnt.sum()), dtype=np.int64)
-        r_g = np.repeat(np.arange(len(ut), dtype=np.int64), cnt)
-        flat_start = c["flat_start"][rows]
-        is_flat = flat_start >= 0
-        brow = np.flatnonzero(~is_flat)
-        P = np.empty((len(brow), ncol), np.int64)
-        P[:, ID] = rows[brow]
-        P[:, G] = r_g[brow]
-        if c["offsets"].shape[1] == D:
-            P[:, LO] = c["offsets"][P[:, ID]]
-            p_size = c["sizes"][P[:, ID]]
-            if np.any(tb.ndim[ut] < D):  # padded dims hold size 0 in the columns; extent 1 here
-                p_size = np.where(np.arange(D)[None, :] < tb.ndim[ut][P[:, G]][:, None], p_size, 1)
-        else:  # only scalar tensors
-            P[:, LO] = 0
-            p_size = np.ones((len(brow), D), np.int64)
-        P[:, HI] = P[:, LO] + p_size
-        P[:, ST] = row_major_strides_many(p_size)
-        P[:, BASE] = -(P[:, LO] * P[:, ST]).sum(axis=1)
-
-        # flat ranges, requested and saved, cut into boxes in one pass
+        Q[:, TEN] = tids[box_req]
         frq = np.flatnonzero(fstart >= 0)
-        frow = np.flatnonzero(is_flat)
-        if len(frq) or len(frow):
-            nq = len(frq)
-            f_g = np.concatenate([g_of_req[frq], r_g[frow]])
-            f_start = np.concatenate([fstart[frq], flat_start[frow]])
-            f_count = np.concatenate([fcount[frq], c["flat_count"][rows[frow]]])
-            f_shape = tb.shape[ut][f_g]
-            own, flo, fhi = cut_flat_many(f_start, f_count, f_shape)
-            F = np.empty((len(own), ncol), np.int64)
-            F[:, LO] = flo
-            F[:, HI] = fhi
+        if len(frq):
+            f_shape = tb.shape[tids[frq]]
+            own, flo, fhi = cut_flat_many(fstart[frq], fcount[frq], f_shape)
+            F = np.empty((len(own), 3 * D + 3), np.int64)
+            F[:, LO], F[:, HI] = flo, fhi
             F[:, ST] = row_major_strides_many(f_shape)[own]
-            F[:, BASE] = -f_start[own]
-            F[:, ID] = np.concatenate([frq, rows[frow]])[own]
-            F[:, G] = f_g[own]
-            isq = own < nq
-            Q = np.concatenate([Q, F[isq]])
-            P = np.concatenate([P, F[~isq]])
+            F[:, BASE] = -fstart[frq][own]
+            F[:, ID] = frq[own]
+            F[:, TEN] = tids[frq][own]
+            Q = np.concatenate([Q, F])
         Q = Q[np.all(Q[:, HI] > Q[:, LO], axis=1)]
 
-        # saved boxes sorted by (tensor, start along the dimension the tensor is split along);
-        # each requested box scans only the window of starts that can reach it
-        kd = split_dims(P[:, G], P[:, LO], len(ut))
-        p_kd, q_kd = kd[P[:, G]], kd[Q[:, G]]
-        p_start, p_stop = P[np.arange(len(P)), p_kd], P[np.arange(len(P)), D + p_kd]
-        q_start, q_stop = Q[np.arange(len(Q)), q_kd], Q[np.arange(len(Q)), D + q_kd]
-        span = int(max(p_stop.max(initial=0), q_stop.max(initial=0))) + 2
-        if len(ut) * span >= 1 << 62:
-            raise CheckpointError("plan: tensor extents too large to index together")
-        keys = P[:, G] * span + p_start
-        order = np.argsort(keys, kind="stable")
-        keys = keys[order]
-        reach = np.zeros(len(ut), np.int64)  # the longest extent along the split dim, per tensor
-        if len(P):
-            sg = P[order, G]
-            first = np.flatnonzero(np.concatenate([[True], sg[1:] != sg[:-1]]))
-            reach[sg[first]] = np.maximum.reduceat((p_stop - p_start)[order], first)
-        qg = Q[:, G]
-        wa = np.searchsorted(keys, qg * span + np.maximum(q_start - reach[qg], -1), side="right")
-        wb = np.searchsorted(keys, qg * span + q_stop, side="left")
+        # the saved boxes that can meet each requested box: those of its tensor whose start along
+        # the tensor's split dimension lies in [start - longest extent, stop)
+        qt = Q[:, TEN]
+        kd = index.split_dim[qt]
+        rows = np.arange(len(Q))
+        q_start, q_stop = Q[rows, kd], Q[rows, D + kd]
+        base = index.offset[qt]
+        wa = np.searchsorted(index.keys, base + np.maximum(q_start - index.reach[qt], -1), side="right")
+        wb = np.searchsorted(index.keys, base + q_stop, side="left")
         wn = np.maximum(wb - wa, 0)
         pq = np.repeat(np.arange(len(Q), dtype=np.int64), wn)
-        pp = order[np.repeat(wa - np.cumsum(wn) + wn, wn) + np.arange(int(wn.sum()), dtype=np.int64)]
+        pp = np.repeat(wa - np.cumsum(wn) + wn, wn) + np.arange(int(wn.sum()), dtype=np.int64)
         Pp, Qq = P[pp], Q[pq]
         lo = np.maximum(Pp[:, LO], Qq[:, LO])
         hi = np.minimum(Pp[:, HI], Qq[:, HI])

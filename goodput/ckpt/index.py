@@ -1,0 +1,130 @@
+"""The spatial index of a checkpoint's chunks, built once when its metadata is read.
+
+Every saved chunk becomes boxes (a flat range is cut into at most 2D-1) in one matrix, sorted by
+(tensor, start along the dimension the tensor is split along). Starts are shifted per tensor so
+one sorted key array serves every tensor: a planner finds the chunks that can meet a requested
+box with two binary searches, and validation proves that no two chunks of a tensor overlap by
+comparing each box only with the boxes that start before it ends. Built in numpy for all chunks
+at once; the torch-free reader uses it too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .geometry import cut_flat_many, row_major_strides_many, split_dims
+
+if TYPE_CHECKING:
+    from .format import Metadata
+
+
+@dataclass(frozen=True)
+class BoxTable:
+    """Saved boxes as rows of ``boxes``: lo | hi | strides | base | chunk row | tensor.
+
+    ``strides`` and ``base`` map global coordinates to element offsets inside the chunk's stored
+    bytes. Rows are sorted by ``keys`` = ``offset[tensor] + start along split_dim[tensor]``.
+    """
+
+    ndim: int
+    boxes: np.ndarray  # (n, 3D + 3) int64
+    keys: np.ndarray  # (n,)
+    offset: np.ndarray  # (T,) key offset of each tensor
+    split_dim: np.ndarray  # (T,)
+    reach: np.ndarray  # (T,) longest extent along the split dimension
+
+    @property
+    def cols(self) -> tuple[slice, slice, slice, int, int, int]:
+        D = self.ndim
+        return slice(0, D), slice(D, 2 * D), slice(2 * D, 3 * D), 3 * D, 3 * D + 1, 3 * D + 2
+
+
+def build_box_table(md: Metadata) -> BoxTable:
+    tables = md.tables()
+    c = md.cols
+    T = len(md.tensors)
+    D = tables.shape.shape[1]
+    ncol = 3 * D + 3
+    LO, HI, ST, BASE, ROW, TEN = slice(0, D), slice(D, 2 * D), slice(2 * D, 3 * D), 3 * D, 3 * D + 1, 3 * D + 2
+    tid = c["tensor"].astype(np.int64)
+    is_flat = c["flat_start"] >= 0
+    brow = np.flatnonzero(~is_flat)
+    B = np.empty((len(brow), ncol), np.int64)
+    B[:, ROW] = brow
+    B[:, TEN] = tid[brow]
+    if c["offsets"].shape[1] == D:
+        B[:, LO] = c["offsets"][brow]
+        size = np.where(np.arange(D)[None, :] < tables.ndim[tid[brow]][:, None], c["sizes"][brow], 1)
+    else:  # only scalar tensors: no box columns
+        B[:, LO] = 0
+        size = np.ones((len(brow), D), np.int64)
+    B[:, HI] = B[:, LO] + size
+    B[:, ST] = row_major_strides_many(size)
+    B[:, BASE] = -(B[:, LO] * B[:, ST]).sum(axis=1)
+    frow = np.flatnonzero(is_flat)
+    if len(frow):
+        fs = c["flat_start"][frow]
+        shape = tables.shape[tid[frow]]
+        own, lo, hi = cut_flat_many(fs, c["flat_count"][frow], shape)
+        F = np.empty((len(own), ncol), np.int64)
+        F[:, LO], F[:, HI] = lo, hi
+        F[:, ST] = row_major_strides_many(shape)[own]
+        F[:, BASE] = -fs[own]
+        F[:, ROW] = frow[own]
+        F[:, TEN] = tid[frow][own]
+        B = np.concatenate([B, F])
+    B = B[np.all(B[:, HI] > B[:, LO], axis=1)]  # empty chunks hold nothing to find
+    kd = split_dims(B[:, TEN], B[:, LO], T)
+    k_of = kd[B[:, TEN]]
+    idx = np.arange(len(B))
+    start, stop = B[idx, k_of], B[idx, D + k_of]
+    # each tensor's keys live in [offset, offset + span): span covers its shape along the split
+    # dimension, so a request inside the tensor never reaches the next tensor's keys
+    span = np.maximum(tables.shape[np.arange(T), kd] if T else np.zeros(0, np.int64), 0) + 1
+    if len(B):
+        np.maximum.at(span, B[:, TEN], stop + 1)
+    offset = np.concatenate([[0], np.cumsum(span)[:-1]]).astype(np.int64)
+    if T and int(offset[-1]) + int(span[-1]) >= 1 << 62:
+        raise ValueError("tensor extents too large to index together")
+    keys = offset[B[:, TEN]] + start
+    order = np.argsort(keys, kind="stable")
+    B, keys = B[order], keys[order]
+    reach = np.zeros(T, np.int64)
+    if len(B):
+        np.maximum.at(reach, B[:, TEN], (stop - start)[order])
+    return BoxTable(D, B, keys, offset, kd, reach)
+
+
+def overlapping_chunks(t: BoxTable, batch: int = 1 << 22) -> tuple[int, int] | None:
+    """Chunk rows of two boxes of one tensor that share an element, or None.
+
+    A box can only meet boxes sorted after it whose start lies before its end, so each is compared
+    with that window only, in batches of at most ``batch`` pairs (bounded memory for any input)."""
+    B = t.boxes
+    n = len(B)
+    if n < 2:
+        return None
+    LO, HI, _, _, ROW, TEN = t.cols
+    ten = B[:, TEN]
+    k_of = t.split_dim[ten]
+    stop = B[np.arange(n), t.ndim + k_of]
+    end = np.searchsorted(t.keys, t.offset[ten] + stop, side="left")
+    first = np.arange(1, n + 1)  # sorted box i meets at most boxes [i + 1, end[i])
+    count = np.maximum(end - first, 0)
+    cum = np.cumsum(count)
+    a = 0
+    while a < n:
+        b = max(int(np.searchsorted(cum, (int(cum[a - 1]) if a else 0) + batch, side="right")), a + 1)
+        cnt = count[a:b]
+        i = np.repeat(np.arange(a, b), cnt)
+        j = np.repeat(first[a:b] - np.cumsum(cnt) + cnt, cnt) + np.arange(int(cnt.sum()))
+        meet = np.all(np.minimum(B[i, HI], B[j, HI]) > np.maximum(B[i, LO], B[j, LO]), axis=1)
+        meet &= B[i, ROW] != B[j, ROW]  # pieces of one flat chunk never overlap each other
+        if meet.any():
+            k = int(np.argmax(meet))
+            return int(B[i[k], ROW]), int(B[j[k], ROW])
+        a = b
+    return None

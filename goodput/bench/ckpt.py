@@ -270,6 +270,22 @@ def _fsync_dir(path: Path) -> None:
 # destinations, so each load must really fill them), ``check`` verifies what was loaded.
 
 
+def _fresh(rank, d: Path):
+    """Reset for save phases: every repeat writes into an emptied directory, as a job writes each
+    checkpoint to a new step directory. Without it, DCP and torch.save overwrite their files in
+    place (reusing the pages just freed) while goodput, which never overwrites a committed
+    checkpoint, writes new files beside the old ones: on a RAM-backed file system that measured
+    first-touch page allocation, not the writers. Rank 0 empties it; the barrier that opens each
+    timed repeat keeps the others out until it is done."""
+
+    def reset():
+        if rank == 0:
+            shutil.rmtree(d, ignore_errors=True)
+            d.mkdir(parents=True, exist_ok=True)
+
+    return reset
+
+
 def _raw_write(rank, world, specs, root):
     state = [_local(s, rank, world, "rows", True)[0] for s in specs]
     d = root / "raw"
@@ -286,7 +302,7 @@ def _raw_write(rank, world, specs, root):
             os.close(fd)
         _fsync_dir(d)
 
-    return body, None, None
+    return body, _fresh(rank, d), None
 
 
 def _raw_read(rank, world, specs, root):
@@ -332,7 +348,7 @@ def _torch_save(rank, world, specs, root):
             os.fsync(f.fileno())
         _fsync_dir(d)
 
-    return body, None, None
+    return body, _fresh(rank, d), None
 
 
 def _torch_load(rank, world, specs, root):
@@ -385,7 +401,7 @@ def _dcp_save(rank, world, specs, root):
     def body():
         dcp.save(sd, storage_writer=dcp.FileSystemWriter(path, sync_files=True))
 
-    return body, None, None
+    return body, _fresh(rank, Path(path)), None
 
 
 def _dcp_load_any(rank, world, specs, root, layout):
@@ -424,7 +440,7 @@ def _ours_save(rank, world, specs, root):
     def body():
         return {"timings": save(sd, root / "ours", step=1).timings}
 
-    return body, None, None
+    return body, _fresh(rank, root / "ours"), None
 
 
 def _ours_load_any(rank, world, specs, root, layout):

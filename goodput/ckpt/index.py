@@ -83,9 +83,10 @@ def build_box_table(md: Metadata) -> BoxTable:
     start, stop = B[idx, k_of], B[idx, D + k_of]
     # each tensor's keys live in [offset, offset + span): span covers its shape along the split
     # dimension, so a request inside the tensor never reaches the next tensor's keys
-    span = np.maximum(tables.shape[np.arange(T), kd] if T else np.zeros(0, np.int64), 0) + 1
-    if len(B):
-        np.maximum.at(span, B[:, TEN], stop + 1)
+    extent = tables.shape[np.arange(T), kd] if T else np.zeros(0, np.int64)
+    if np.any(stop > extent[B[:, TEN]]):
+        raise ValueError("a chunk lies outside its tensor")
+    span = extent + 1
     offset = np.concatenate([[0], np.cumsum(span)[:-1]]).astype(np.int64)
     if T and int(offset[-1]) + int(span[-1]) >= 1 << 62:
         raise ValueError("tensor extents too large to index together")
@@ -94,7 +95,9 @@ def build_box_table(md: Metadata) -> BoxTable:
     B, keys = B[order], keys[order]
     reach = np.zeros(T, np.int64)
     if len(B):
-        np.maximum.at(reach, B[:, TEN], (stop - start)[order])
+        ten = B[:, TEN]
+        first = np.flatnonzero(np.concatenate([[True], ten[1:] != ten[:-1]]))
+        reach[ten[first]] = np.maximum.reduceat((stop - start)[order], first)
     return BoxTable(D, B, keys, offset, kd, reach)
 
 

@@ -817,7 +817,7 @@ def render(res: dict, console: Any) -> None:
         return f"{sc['ratios'][ratio_key]:.1f}×" if ratio_key else ""
 
     def secs(v: float) -> str:
-        return f"{v:.3f} s"
+        return f"{v * 1e3:.2f} ms" if v < 0.01 else f"{v:.3f} s"
 
     def count(v: float) -> str:
         return f"{int(v):,}"
@@ -860,6 +860,10 @@ def render(res: dict, console: Any) -> None:
     g.add_column("measured", justify="right")
     g.add_column("result", justify="center")
     for x in res["goals"]:
-        v = f"{x['value']:.1f}×" if x.get("ratio") else f"{x['value']:.3f} s"
+        v = (
+            f"{x['value']:.1f}×"
+            if x.get("ratio")
+            else (f"{x['value'] * 1e3:.2f} ms" if x["value"] < 0.01 else f"{x['value']:.3f} s")
+        )
         g.add_row(x["goal"], v, "[green]PASS[/green]" if x["pass"] else "[red]MISS[/red]")
     console.print(g)

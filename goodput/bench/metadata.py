@@ -607,7 +607,7 @@ def measure_commit(lay: Layout, md: Metadata) -> dict:
                 rec.append(lists[k][row] if k in lists else 0)
         recs[int(c["file"][row])].append(rec)
     # what each rank sends after writing (one data file per writing rank here), as msgpack;
-    # every rank decodes all of them (all_gather_obj)
+    # rank 0, which commits, decodes all of them (gather_obj); the other ranks decode nothing
     import msgspec
 
     msgs = []
@@ -841,7 +841,7 @@ def render(res: dict, console: Any) -> None:
         else:
             console.print(
                 f"goodput @ {cfg['ranks']} ranks through its own save/load code: msgpack decode of every rank's chunk "
-                f"records ({human_bytes(commit['gathered_bytes'])}, done by every rank in all_gather_obj) "
+                f"records ({human_bytes(commit['gathered_bytes'])}, decoded by rank 0 only, after gather_obj) "
                 f"{commit['gather_decode_s']:.3f} s; rank-0 commit (commit.commit: columns from the records, encode, "
                 f"durable write, manifest) {commit['commit_s']:.3f} s; Checkpoint(path) (manifest, metadata, decode, "
                 f"validate) {commit['open_s']:.3f} s; {human_bytes(commit['bytes_on_disk'])} on disk"

@@ -268,7 +268,7 @@ def save(
     rec = {"rank": rank, "error": error, "files": file_records(results)}
     timings["write_s"] = time.perf_counter() - t1
     t2 = time.perf_counter()
-    written = collective.all_gather_obj(rec, group)
+    written = collective.gather_obj(rec, 0, group)  # only rank 0 commits, so only it decodes
 
     def discard() -> None:
         for r in results:
@@ -276,21 +276,22 @@ def save(
 
     outcome = {"ok": True, "error": None}
     stale: list[Path] = []
-    if any(m["error"] for m in written):
-        discard()
-        errs = "; ".join(f"rank {m['rank']}: {m['error']}" for m in written if m["error"])
-        raise SaveError(f"save to {str(path)!r} failed while writing; nothing was committed. {errs}")
     if rank == 0:
-        try:
-            stale = commit(
-                path, prep.save_id, step, prep.world, prep.meta, prep.values, written, block_bytes, user or {}
-            )
-        except Exception as e:
-            outcome = {"ok": False, "error": _err(e)}
+        assert written is not None
+        if any(m["error"] for m in written):
+            errs = "; ".join(f"rank {m['rank']}: {m['error']}" for m in written if m["error"])
+            outcome = {"ok": False, "error": f"failed while writing; nothing was committed. {errs}"}
+        else:
+            try:
+                stale = commit(
+                    path, prep.save_id, step, prep.world, prep.meta, prep.values, written, block_bytes, user or {}
+                )
+            except Exception as e:
+                outcome = {"ok": False, "error": f"failed at commit on rank 0: {_err(e)}"}
     outcome = collective.broadcast_obj(outcome, 0, group)
     if not outcome["ok"]:
         discard()
-        raise SaveError(f"save to {str(path)!r} failed at commit on rank 0: {outcome['error']}")
+        raise SaveError(f"save to {str(path)!r} {outcome['error']}")
     for p in stale:  # after the other ranks were released: not on their critical path
         remove_quietly(p)
     timings["commit_s"] = time.perf_counter() - t2

@@ -45,6 +45,31 @@ def all_gather_bytes(payload: bytes, group: Any = None) -> list[bytes]:
     return [bytes(o[:n].cpu().numpy().tobytes()) for o, n in zip(outs, lens)]
 
 
+def gather_bytes(payload: bytes, dst: int = 0, group: Any = None) -> list[bytes] | None:
+    """Every rank's payload on ``dst`` (None elsewhere): what only one rank needs, only one rank
+    receives and decodes (at 16k ranks the chunk records are megabytes)."""
+    rank, size = world(group)
+    if size == 1:
+        return [payload]
+    dev = _device(group)
+    cap = torch.tensor([len(payload) + 8], dtype=torch.int64, device=dev)
+    dist.all_reduce(cap, op=dist.ReduceOp.MAX, group=group)
+    buf = torch.zeros(int(cap.item()), dtype=torch.uint8, device=dev)
+    head = len(payload).to_bytes(8, "little") + payload
+    buf[: len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8).to(dev)
+    outs = [torch.empty_like(buf) for _ in range(size)] if rank == dst else None
+    global_dst = dist.get_global_rank(group, dst) if group is not None else dst
+    dist.gather(buf, outs, dst=global_dst, group=group)
+    if outs is None:
+        return None
+    got = []
+    for o in outs:
+        raw = o.cpu().numpy().tobytes()
+        n = int.from_bytes(raw[:8], "little")
+        got.append(raw[8 : 8 + n])
+    return got
+
+
 def broadcast_bytes(payload: bytes | None, src: int = 0, group: Any = None) -> bytes:
     rank, size = world(group)
     if size == 1:
@@ -63,6 +88,11 @@ def broadcast_bytes(payload: bytes | None, src: int = 0, group: Any = None) -> b
 
 def all_gather_obj(obj: Any, group: Any = None) -> list[Any]:
     return [msgspec.msgpack.decode(b) for b in all_gather_bytes(msgspec.msgpack.encode(obj), group)]
+
+
+def gather_obj(obj: Any, dst: int = 0, group: Any = None) -> list[Any] | None:
+    got = gather_bytes(msgspec.msgpack.encode(obj), dst, group)
+    return None if got is None else [msgspec.msgpack.decode(b) for b in got]
 
 
 def broadcast_obj(obj: Any, src: int = 0, group: Any = None) -> Any:

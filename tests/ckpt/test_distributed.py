@@ -208,6 +208,32 @@ def test_an_error_on_one_rank_fails_all_without_hanging(tmp_path: Path) -> None:
     assert gc.latest(tmp_path) is None
 
 
+def _save_with_rank1_write_failing(rank: int, world: int, path: str) -> str:
+    import resource
+    import signal
+
+    if rank == 1:  # its data file may not grow past 4 KiB: the write fails with EFBIG
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    t = torch.arange(4 * 8192, dtype=torch.float32).reshape(4, 8192)
+    state = {"w": gc.LocalShard(t[rank * 2 : rank * 2 + 2].clone(), (4, 8192), (rank * 2, 0))}
+    try:
+        gc.save(state, path)
+    except gc.SaveError as e:
+        return str(e)
+    return "no error"
+
+
+def test_a_write_error_on_one_rank_fails_all_and_leaves_no_files(tmp_path: Path) -> None:
+    """Only rank 0 receives the ranks' write reports; every rank still hears the verdict, and
+    the ranks that wrote fine remove their files."""
+    msgs = run_ranks(_save_with_rank1_write_failing, 2, str(tmp_path))
+    for m in msgs:
+        assert "failed while writing; nothing was committed" in m and "rank 1" in m, m
+    assert gc.latest(tmp_path) is None
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(("data-", "metadata-", "MANIFEST"))]
+
+
 # ---------------------------------------------------------------- read only the bytes needed
 def _save_rows(rank: int, world: int, path: str) -> None:
     t = full("big", (256, 4096))

@@ -156,3 +156,21 @@ def test_garbage_manifest_and_metadata(tmp_path: Path) -> None:
     (tmp_path / MANIFEST).write_bytes(b"\x80\x04pickle")
     with pytest.raises(CheckpointError, match="not a valid manifest"):
         gc.open(tmp_path)
+
+
+def test_a_gap_in_a_tensor_fails_verify_and_load(tmp_path: Path) -> None:
+    """Metadata that covers only half of 'a' (consistent otherwise) decodes, but verify names the
+    tensor before reading a byte, and a load of 'a' refuses rather than leaving half unfilled."""
+    make(tmp_path)
+
+    def halve(md):
+        i = int(np.flatnonzero(md.cols["tensor"] == 0)[0])
+        md.cols["sizes"][i, 0] = 32
+        md.cols["length"][i] = 32 * 256 * 4
+
+    tamper(tmp_path, halve)
+    ck = gc.open(tmp_path)
+    with pytest.raises(CheckpointError, match=r"tensor 'a': its chunks do not tile it: .*8192 of the tensor's 16384"):
+        ck.verify()
+    with pytest.raises(CheckpointError, match=r"tensor 'a': cannot fill region \[0:64, 0:256\] \(8192 of 16384"):
+        gc.load(targets(), tmp_path)

@@ -39,7 +39,8 @@ from .format import (
     decode_value,
     encode_value,
 )
-from .geometry import Region, tiling_error
+from .geometry import Region
+from .index import tiling_errors
 from .plan_save import Assignment, Decl, plan_writes
 from .readengine import DEFAULT_READ_BUFFER, ReadStats, Request
 from .reader import Checkpoint
@@ -194,13 +195,16 @@ def prepare(state_dict: dict[str, Any], path: Path, group: Any, block_bytes: int
         for d in ds:
             regions_of.setdefault(d.name, set()).add(d.region)
             holders.setdefault((d.name, d.region), []).append(r)
-    for name, regs in regions_of.items():
-        try:
-            bad = tiling_error(tuple(meta[name][1]), sorted(regs, key=lambda r: (r.flat_start, r.offsets)))
-        except ValueError as e:
-            bad = str(e)
-        if bad:
-            raise SaveError(f"save to {str(path)!r} failed: {name!r}: the ranks' shards do not tile it: {bad}")
+    names = list(regions_of)
+    try:
+        bad = tiling_errors(
+            [tuple(meta[n][1]) for n in names], [(i, r) for i, n in enumerate(names) for r in regions_of[n]]
+        )
+    except ValueError as e:
+        bad = (0, str(e))
+    if bad:
+        name = names[bad[0]] if names else "?"
+        raise SaveError(f"save to {str(path)!r} failed: {name!r}: the ranks' shards do not tile it: {bad[1]}")
     replica_keys = sorted((k for k, hs in holders.items() if len(hs) > 1), key=lambda k: (k[0], _enc_region(k[1])))
     plan = plan_writes(per_rank)
     bytes_per_rank = [0] * world

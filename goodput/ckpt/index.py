@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .geometry import cut_flat_many, row_major_strides_many, split_dims
+from .geometry import Region, cut_flat_many, row_major_strides_many, split_dims
 
 if TYPE_CHECKING:
     from .format import Metadata
@@ -45,19 +45,40 @@ class BoxTable:
 def build_box_table(md: Metadata) -> BoxTable:
     tables = md.tables()
     c = md.cols
-    T = len(md.tensors)
-    D = tables.shape.shape[1]
+    return build_box_table_from(
+        tables.shape,
+        tables.ndim,
+        c["tensor"].astype(np.int64),
+        c["flat_start"],
+        c["flat_count"],
+        c["offsets"],
+        c["sizes"],
+    )
+
+
+def build_box_table_from(
+    shapes: np.ndarray,
+    ndims: np.ndarray,
+    tid: np.ndarray,
+    flat_start: np.ndarray,
+    flat_count: np.ndarray,
+    offsets: np.ndarray,
+    sizes: np.ndarray,
+) -> BoxTable:
+    """The index of regions given as metadata-style columns: ``shapes`` (T × D, padded with 1)
+    and ``ndims`` per tensor; per region its tensor, flat range (start -1 for a box) and box
+    (``offsets``/``sizes``, D wide or 0 wide when every tensor is a scalar)."""
+    T, D = shapes.shape
     ncol = 3 * D + 3
     LO, HI, ST, BASE, ROW, TEN = slice(0, D), slice(D, 2 * D), slice(2 * D, 3 * D), 3 * D, 3 * D + 1, 3 * D + 2
-    tid = c["tensor"].astype(np.int64)
-    is_flat = c["flat_start"] >= 0
+    is_flat = flat_start >= 0
     brow = np.flatnonzero(~is_flat)
     B = np.empty((len(brow), ncol), np.int64)
     B[:, ROW] = brow
     B[:, TEN] = tid[brow]
-    if c["offsets"].shape[1] == D:
-        B[:, LO] = c["offsets"][brow]
-        size = np.where(np.arange(D)[None, :] < tables.ndim[tid[brow]][:, None], c["sizes"][brow], 1)
+    if offsets.shape[1] == D:
+        B[:, LO] = offsets[brow]
+        size = np.where(np.arange(D)[None, :] < ndims[tid[brow]][:, None], sizes[brow], 1)
     else:  # only scalar tensors: no box columns
         B[:, LO] = 0
         size = np.ones((len(brow), D), np.int64)
@@ -66,9 +87,9 @@ def build_box_table(md: Metadata) -> BoxTable:
     B[:, BASE] = -(B[:, LO] * B[:, ST]).sum(axis=1)
     frow = np.flatnonzero(is_flat)
     if len(frow):
-        fs = c["flat_start"][frow]
-        shape = tables.shape[tid[frow]]
-        own, lo, hi = cut_flat_many(fs, c["flat_count"][frow], shape)
+        fs = flat_start[frow]
+        shape = shapes[tid[frow]]
+        own, lo, hi = cut_flat_many(fs, flat_count[frow], shape)
         F = np.empty((len(own), ncol), np.int64)
         F[:, LO], F[:, HI] = lo, hi
         F[:, ST] = row_major_strides_many(shape)[own]
@@ -83,7 +104,7 @@ def build_box_table(md: Metadata) -> BoxTable:
     start, stop = B[idx, k_of], B[idx, D + k_of]
     # each tensor's keys live in [offset, offset + span): span covers its shape along the split
     # dimension, so a request inside the tensor never reaches the next tensor's keys
-    extent = tables.shape[np.arange(T), kd] if T else np.zeros(0, np.int64)
+    extent = shapes[np.arange(T), kd] if T else np.zeros(0, np.int64)
     if np.any(stop > extent[B[:, TEN]]):
         raise ValueError("a chunk lies outside its tensor")
     span = extent + 1
@@ -130,4 +151,54 @@ def overlapping_chunks(t: BoxTable, batch: int = 1 << 22) -> tuple[int, int] | N
             k = int(np.argmax(meet))
             return int(B[i[k], ROW]), int(B[j[k], ROW])
         a = b
+    return None
+
+
+def tiling_errors(shapes: list[tuple[int, ...]], regions: list[tuple[int, Region]]) -> tuple[int, str] | None:
+    """Why the regions do not tile their tensors exactly, as ``(tensor index, reason)``, or None.
+
+    ``regions`` pairs a tensor index with a region of it. All tensors are checked at once (the
+    save path checks every tensor the ranks declared, 16k ranks × thousands of tensors): each
+    region lies inside its tensor, no two share an element, and their elements add up.
+    """
+    T = len(shapes)
+    D = max([len(s) for s in shapes], default=0)
+    Dp = max(D, 1)
+    shape_t = np.ones((T, Dp), np.int64)
+    for i, s in enumerate(shapes):
+        shape_t[i, : len(s)] = s
+    ndims = np.array([len(s) for s in shapes], np.int64)
+    numel = shape_t.prod(axis=1)
+    n = len(regions)
+    tid = np.array([t for t, _ in regions], np.int64)
+    fs = np.array([r.flat_start for _, r in regions], np.int64)
+    fc = np.array([r.flat_count for _, r in regions], np.int64)
+    offs = np.zeros((n, D), np.int64)
+    sizes = np.zeros((n, D), np.int64)
+    for i, (_, r) in enumerate(regions):
+        if not r.is_flat and r.sizes:
+            offs[i, : len(r.offsets)] = r.offsets
+            sizes[i, : len(r.sizes)] = r.sizes
+    real = np.arange(D)[None, :] < ndims[tid][:, None]
+    box = fs < 0
+    outside = np.where(
+        box,
+        np.any(real & ((offs < 0) | (sizes < 0) | (offs > shape_t[tid][:, :D] - sizes)), axis=1),
+        (fc < 0) | (fs > numel[tid] - fc),
+    )
+    if outside.any():
+        i = int(np.argmax(outside))
+        return int(tid[i]), f"{regions[i][1].describe()} lies outside the tensor (shape {tuple(shapes[tid[i]])})"
+    table = build_box_table_from(shape_t, ndims, tid, fs, fc, offs, sizes)
+    pair = overlapping_chunks(table)
+    if pair is not None:
+        a, b = pair
+        return int(tid[a]), f"{regions[a][1].describe()} and {regions[b][1].describe()} overlap"
+    held = np.zeros(T, np.int64)
+    elems = np.where(box, np.where(real, sizes, 1).prod(axis=1) if D else 1, fc)
+    np.add.at(held, tid, elems)
+    short = np.flatnonzero(held != numel)
+    if len(short):
+        t = int(short[0])
+        return t, f"the pieces hold {int(held[t])} of the tensor's {int(numel[t])} elements (shape {tuple(shapes[t])})"
     return None

@@ -334,3 +334,32 @@ def test_planner_on_many_column_shards_stays_linear():
     plan = Planner(md).plan(reqs)
     assert len(plan) == n and len(plan.src) == n
     assert plan.candidates <= 2 * n  # not n * n
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(shapes, min_size=1, max_size=3), st.data())
+def test_tiling_errors_agrees_with_the_per_tensor_check(tensor_shapes, data):
+    """The vectorised all-tensor check (save path) gives the same verdict as the reference
+    per-tensor one, on tilings with a piece dropped or an extra piece added."""
+    from goodput.ckpt.geometry import tiling_error
+    from goodput.ckpt.index import tiling_errors
+
+    regions: list[tuple[int, Region]] = []
+    want = None
+    for t, shape in enumerate(tensor_shapes):
+        regs = data.draw(layouts(shape))
+        edit = data.draw(st.sampled_from(["keep", "drop", "add"]))
+        if edit == "drop" and regs:
+            regs = regs[1:]
+        elif edit == "add":  # an extra piece: usually an overlap
+            regs = regs + [data.draw(queries(shape))]
+        regs = [r for r in regs if r.numel]
+        unique = list(dict.fromkeys(regs))
+        if want is None and tiling_error(shape, unique):
+            want = t
+        regions.extend((t, r) for r in unique)
+    got = tiling_errors(list(tensor_shapes), regions)
+    if want is None:
+        assert got is None, got
+    else:
+        assert got is not None

@@ -7,9 +7,9 @@ a failure on one rank makes every rank raise, never hang:
    every rank then computes the same write plan (replicas once, balanced) on its own;
 2. (only if replicas exist) all-gather of the replicas' checksums: replicas that differ fail
    the save and name the key, where DCP silently keeps one;
-3. all-gather of chunk records after each rank has written and fsynced its data file; rank 0
-   writes the metadata, then the manifest (temp, fsync, rename, fsync directory), then
-   broadcasts the outcome. Files of older saves in the same directory are removed only after.
+3. gather (to rank 0 only) of chunk records after each rank has written and fsynced its data
+   file; rank 0 writes the metadata, then the manifest (temp, fsync, rename, fsync directory),
+   then broadcasts the outcome. Files of older saves in the same directory are removed only after.
 
 A load needs no collective at all: every rank reads the metadata and intersects it with the
 layout of the tensors it was given.

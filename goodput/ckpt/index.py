@@ -21,6 +21,13 @@ if TYPE_CHECKING:
     from .format import Metadata
 
 
+# proving disjointness compares each box with the boxes that start inside it along the chosen
+# dimension: about (boxes sharing a start) per box for real layouts (a 128 x 128 grid: 64);
+# beyond this the metadata is refused rather than spending minutes on it
+MAX_PAIRS_PER_BOX = 256
+MAX_PAIRS = 1 << 25
+
+
 @dataclass(frozen=True)
 class BoxTable:
     """Saved boxes as rows of ``boxes``: lo | hi | strides | base | chunk row | tensor.
@@ -98,19 +105,19 @@ def build_box_table_from(
         F[:, TEN] = tid[frow][own]
         B = np.concatenate([B, F])
     B = B[np.all(B[:, HI] > B[:, LO], axis=1)]  # empty chunks hold nothing to find
-    kd = split_dims(B[:, TEN], B[:, LO], T)
+    if np.any(B[:, LO] < 0) or np.any(B[:, HI] > shapes[B[:, TEN]]):
+        raise ValueError("a chunk lies outside its tensor")
+    # each tensor's keys live in [offset, offset + span) along its split dimension, so a box
+    # inside the tensor never reaches the next tensor's keys; sum the spans in floating point
+    # first so that hostile shapes cannot wrap the int64 offsets
+    if T and float(shapes.max(axis=1).astype(np.float64).sum() + T) >= 2.0**62:
+        raise ValueError("tensor extents too large to index together")
+    kd = _best_dims(B, shapes, T)
     k_of = kd[B[:, TEN]]
     idx = np.arange(len(B))
     start, stop = B[idx, k_of], B[idx, D + k_of]
-    # each tensor's keys live in [offset, offset + span): span covers its shape along the split
-    # dimension, so a request inside the tensor never reaches the next tensor's keys
-    extent = shapes[np.arange(T), kd] if T else np.zeros(0, np.int64)
-    if np.any(stop > extent[B[:, TEN]]):
-        raise ValueError("a chunk lies outside its tensor")
-    span = extent + 1
+    span = (shapes[np.arange(T), kd] if T else np.zeros(0, np.int64)) + 1
     offset = np.concatenate([[0], np.cumsum(span)[:-1]]).astype(np.int64)
-    if T and int(offset[-1]) + int(span[-1]) >= 1 << 62:
-        raise ValueError("tensor extents too large to index together")
     keys = offset[B[:, TEN]] + start
     order = np.argsort(keys, kind="stable")
     B, keys = B[order], keys[order]
@@ -122,7 +129,34 @@ def build_box_table_from(
     return BoxTable(D, B, keys, offset, kd, reach)
 
 
-def overlapping_chunks(t: BoxTable, batch: int = 1 << 22) -> tuple[int, int] | None:
+def _window_pairs(B: np.ndarray, shapes: np.ndarray, T: int, d: int) -> np.ndarray:
+    """Per tensor, how many (box, later box) pairs a scan sorted along dimension ``d`` compares."""
+    D = shapes.shape[1]
+    ten = B[:, 3 * D + 2]
+    span = shapes[:, d] + 1
+    offset = np.concatenate([[0], np.cumsum(span)[:-1]]).astype(np.int64)
+    keys = offset[ten] + B[:, d]
+    order = np.argsort(keys, kind="stable")
+    end = np.searchsorted(keys[order], (offset[ten] + B[:, D + d])[order], side="left")
+    count = np.maximum(end - np.arange(1, len(B) + 1), 0)
+    return np.bincount(ten[order], weights=count, minlength=T)
+
+
+def _best_dims(B: np.ndarray, shapes: np.ndarray, T: int) -> np.ndarray:
+    """Per tensor, the dimension whose sorted scan compares the fewest pairs: the one it is split
+    along for row, column and grid shards, and never a poor one for a layout built to fool a
+    cheaper guess (one counted by :func:`goodput.ckpt.geometry.split_dims`, say)."""
+    D = shapes.shape[1]
+    if D <= 1 or len(B) == 0:
+        return np.zeros(T, np.int64)
+    guess = split_dims(B[:, 3 * D + 2], B[:, :D], T)
+    pairs = np.stack([_window_pairs(B, shapes, T, d) for d in range(D)])  # (D, T)
+    best = np.argmin(pairs, axis=0)
+    # keep the cheap guess where it is as good (ties between dims resolve the same way as before)
+    return np.where(pairs[guess, np.arange(T)] <= pairs[best, np.arange(T)], guess, best)
+
+
+def overlapping_chunks(t: BoxTable, batch: int | None = None) -> tuple[int, int] | None:
     """Chunk rows of two boxes of one tensor that share an element, or None.
 
     A box can only meet boxes sorted after it whose start lies before its end, so each is compared
@@ -139,18 +173,22 @@ def overlapping_chunks(t: BoxTable, batch: int = 1 << 22) -> tuple[int, int] | N
     first = np.arange(1, n + 1)  # sorted box i meets at most boxes [i + 1, end[i])
     count = np.maximum(end - first, 0)
     cum = np.cumsum(count)
-    a = 0
-    while a < n:
-        b = max(int(np.searchsorted(cum, (int(cum[a - 1]) if a else 0) + batch, side="right")), a + 1)
-        cnt = count[a:b]
-        i = np.repeat(np.arange(a, b), cnt)
-        j = np.repeat(first[a:b] - np.cumsum(cnt) + cnt, cnt) + np.arange(int(cnt.sum()))
+    total = int(cum[-1])
+    if total > MAX_PAIRS_PER_BOX * n + MAX_PAIRS:
+        raise ValueError(
+            f"{n} chunk boxes would need {total} comparisons to prove them disjoint: "
+            "not a layout any parallelism produces"
+        )
+    step = batch or max(1 << 12, (1 << 24) // (8 * max(t.ndim, 1)))  # about 16 MiB per gathered array
+    for p0 in range(0, total, step):
+        p = np.arange(p0, min(p0 + step, total), dtype=np.int64)
+        i = np.searchsorted(cum, p, side="right")  # the box whose window holds pair p
+        j = first[i] + (p - (cum[i] - count[i]))
         meet = np.all(np.minimum(B[i, HI], B[j, HI]) > np.maximum(B[i, LO], B[j, LO]), axis=1)
         meet &= B[i, ROW] != B[j, ROW]  # pieces of one flat chunk never overlap each other
         if meet.any():
             k = int(np.argmax(meet))
             return int(B[i[k], ROW]), int(B[j[k], ROW])
-        a = b
     return None
 
 

@@ -363,3 +363,44 @@ def test_tiling_errors_agrees_with_the_per_tensor_check(tensor_shapes, data):
         assert got is None, got
     else:
         assert got is not None
+
+
+def test_index_scans_the_dimension_with_the_fewest_comparisons():
+    """Row 0 one box, row 1 cut into unit cells: counting starts past 0 would pick rows and
+    compare every pair of cells; the index picks columns and compares next to nothing."""
+    from goodput.ckpt.format import validate_metadata
+    from goodput.ckpt.index import overlapping_chunks
+
+    m = 3000
+    regions = [Region.box((0, 0), (1, m))] + [Region.box((1, j), (1, 1)) for j in range(m)]
+    md = metadata_for([("w", (2, m), regions)])
+    validate_metadata(md, "t")
+    table = md.box_table()
+    assert table.split_dim.tolist() == [1]
+    assert overlapping_chunks(table, batch=7) is None  # tiny batches walk the same pairs
+
+
+def test_index_refuses_extents_that_would_wrap_its_keys():
+    import pytest
+
+    from goodput.ckpt.index import build_box_table_from
+
+    T = (1 << 14) + 1  # sum of extents 2**48 each: past 2**62
+    shapes = np.full((T, 1), 1 << 48, np.int64)
+    one = np.array([T - 1], np.int64)
+    with pytest.raises(ValueError, match="too large to index together"):
+        build_box_table_from(
+            shapes, np.ones(T, np.int64), one, np.array([-1]), np.array([0]), np.array([[0]]), np.array([[8]])
+        )
+
+
+def test_index_refuses_layouts_too_irregular_to_check():
+    """Identical chunks need n^2/2 comparisons: refused by the comparison cap, in bounded time."""
+    import pytest
+
+    from goodput.ckpt.format import CheckpointError, validate_metadata
+
+    n = 20000
+    md = metadata_for([("w", (4,), [Region.box((0,), (4,))] * n)])
+    with pytest.raises(CheckpointError, match="comparisons to prove them disjoint"):
+        validate_metadata(md, "t")

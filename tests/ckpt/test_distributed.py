@@ -176,7 +176,11 @@ def test_replicas_written_once_and_balanced(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- errors reach every rank
 def _save_mismatch(rank: int, world: int, path: str) -> str:
-    state = {"ok": torch.ones(3), "w": torch.full((4,), float(rank == 1))}
+    return _save_error({"ok": torch.ones(3), "w": torch.full((4,), float(rank == 1))}, path)
+
+
+def _save_error(state: dict, path: str) -> str:
+    """The SaveError this rank saw, as text ("no error" if the save went through)."""
     try:
         gc.save(state, path)
     except gc.SaveError as e:
@@ -185,12 +189,7 @@ def _save_mismatch(rank: int, world: int, path: str) -> str:
 
 
 def _save_bad_type_on_one_rank(rank: int, world: int, path: str) -> str:
-    state = {"w": torch.ones(3), "x": object() if rank == 1 else 1}
-    try:
-        gc.save(state, path)
-    except gc.SaveError as e:
-        return str(e)
-    return "no error"
+    return _save_error({"w": torch.ones(3), "x": object() if rank == 1 else 1}, path)
 
 
 def test_replicas_that_differ_fail_on_every_rank(tmp_path: Path) -> None:
@@ -216,12 +215,7 @@ def _save_with_rank1_write_failing(rank: int, world: int, path: str) -> str:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
     t = torch.arange(4 * 8192, dtype=torch.float32).reshape(4, 8192)
-    state = {"w": gc.LocalShard(t[rank * 2 : rank * 2 + 2].clone(), (4, 8192), (rank * 2, 0))}
-    try:
-        gc.save(state, path)
-    except gc.SaveError as e:
-        return str(e)
-    return "no error"
+    return _save_error({"w": gc.LocalShard(t[rank * 2 : rank * 2 + 2].clone(), (4, 8192), (rank * 2, 0))}, path)
 
 
 def test_a_write_error_on_one_rank_fails_all_and_leaves_no_files(tmp_path: Path) -> None:

@@ -165,6 +165,39 @@ def prepare(state_dict: dict[str, Any], path: Path, group: Any, block_bytes: int
     _raise_errors(gathered, f"save to {str(path)!r} failed")
     save_id = gathered[0]["save_id"]
 
+    ag = agree(gathered, world, path)
+    by_name = {lf.name: lf for lf in leaves}
+    return Prepared(
+        path,
+        group,
+        rank,
+        world,
+        save_id,
+        leaves,
+        by_name,
+        ag.meta,
+        ag.values,
+        ag.replica_keys,
+        ag.plan,
+        ag.bytes_per_rank,
+    )
+
+
+@dataclass
+class Agreement:
+    """What :func:`agree` decides from the gathered declarations."""
+
+    meta: dict[str, tuple[str, list[int], str]]
+    values: dict[str, Any]
+    replica_keys: list[tuple[str, Region]]
+    plan: list[Assignment]
+    bytes_per_rank: list[int]
+
+
+def agree(gathered: list[dict], world: int, path: Path) -> Agreement:
+    """From every rank's declarations, the verdict every rank reaches on its own: one dtype and
+    shape per tensor, equal values, shards that tile each tensor, and the write plan (replicas
+    once, balanced). Pure: the same input gives the same plan on every rank."""
     # every rank checks the same gathered data and so reaches the same verdict
     meta: dict[str, tuple[str, list[int], str]] = {}
     per_rank: list[list[Decl]] = []
@@ -210,10 +243,7 @@ def prepare(state_dict: dict[str, Any], path: Path, group: Any, block_bytes: int
     bytes_per_rank = [0] * world
     for a in plan:
         bytes_per_rank[a.rank] += a.piece.numel * dtype_info(meta[a.name][0]).itemsize
-    by_name = {lf.name: lf for lf in leaves}
-    return Prepared(
-        path, group, rank, world, save_id, leaves, by_name, meta, values, replica_keys, plan, bytes_per_rank
-    )
+    return Agreement(meta, values, replica_keys, plan, bytes_per_rank)
 
 
 def save(

@@ -110,7 +110,12 @@ def check_block_bytes(block_bytes: int) -> None:
 
 @dataclass
 class Prepared:
-    """What every rank agreed on before any byte is written (the output of collective 1)."""
+    """What this rank was told before any byte is written (the output of collective 1).
+
+    Rank 0 decides for everyone and keeps the whole agreement (it commits); every other rank
+    receives only its own part: the pieces it writes, the replicas it checksums, and the dtype
+    and shape of those tensors. No rank but 0 ever holds the other ranks' declarations.
+    """
 
     path: Path
     group: Any
@@ -119,26 +124,39 @@ class Prepared:
     save_id: str
     leaves: list[TensorLeaf]
     by_name: dict[str, TensorLeaf]
-    meta: dict[str, tuple[str, list[int], str]]
-    values: dict[str, Any]
-    replica_keys: list[tuple[str, Region]]
-    plan: list[Assignment]
+    meta: dict[str, tuple[str, list[int], str]]  # all tensors on rank 0; this rank's elsewhere
+    values: dict[str, Any]  # rank 0 only
+    replica_keys: list[tuple[str, Region]]  # rank 0 only: every replica group, in index order
+    has_replicas: bool  # the same on every rank: whether the replica check runs at all
+    my_replicas: list[tuple[int, str]]  # (replica group index, tensor) this rank checksums
+    plan: list[Assignment]  # every rank's writes on rank 0; this rank's elsewhere
     bytes_per_rank: list[int]
 
     def my_replica_keys(self) -> list[int]:
         """Indices of the replica groups this rank holds (it reports their checksums)."""
-        return [
-            i
-            for i, (name, region) in enumerate(self.replica_keys)
-            if name in self.by_name and self.by_name[name].region == region
-        ]
+        return [i for i, _ in self.my_replicas]
 
     def my_pieces(self) -> list[Assignment]:
         return [a for a in self.plan if a.rank == self.rank]
 
 
+def _orders(ag: Agreement, world: int) -> list[dict]:
+    """Each rank's part of the agreement, for the scatter."""
+    orders: list[dict] = [{"pieces": [], "replicas": [], "meta": {}} for _ in range(world)]
+    for a in ag.plan:
+        o = orders[a.rank]
+        o["pieces"].append([a.name, _enc_region(a.piece), _enc_region(a.source)])
+        o["meta"][a.name] = list(ag.meta[a.name])
+    for i, ((name, _), holders) in enumerate(zip(ag.replica_keys, ag.replica_holders)):
+        for r in holders:
+            orders[r]["replicas"].append([i, name])
+            orders[r]["meta"][name] = list(ag.meta[name])
+    return orders
+
+
 def prepare(state_dict: dict[str, Any], path: Path, group: Any, block_bytes: int) -> Prepared:
-    """Collective 1: declarations and rank 0's save id; then every rank plans the same writes."""
+    """Collective 1: every rank's declarations go to rank 0, which checks them, plans the writes
+    and sends each rank its part; errors anywhere reach every rank as data, never a hang."""
     rank, world = collective.world(group)
     error = None
     leaves: list[TensorLeaf] = []
@@ -154,32 +172,49 @@ def prepare(state_dict: dict[str, Any], path: Path, group: Any, block_bytes: int
             decls.append([lf.name, lf.dtype, list(lf.global_shape), lf.kind, _enc_region(lf.region), nbytes])
     except Exception as e:  # carried to every rank, raised there
         error = _err(e)
-    msg = {
-        "rank": rank,
-        "error": error,
-        "save_id": uuid.uuid4().hex[:16] if rank == 0 else "",
-        "decls": decls,
-        "values": vals,
-    }
-    gathered = collective.all_gather_obj(msg, group)
-    _raise_errors(gathered, f"save to {str(path)!r} failed")
-    save_id = gathered[0]["save_id"]
-
-    ag = agree(gathered, world, path)
+    msg = {"rank": rank, "error": error, "decls": decls, "values": vals}
+    gathered = collective.gather_obj(msg, 0, group)
+    ag: Agreement | None = None
+    orders: list[dict] | None = None
+    common: dict[str, Any] = {"error": None}
+    if rank == 0:
+        assert gathered is not None
+        try:
+            _raise_errors(gathered, f"save to {str(path)!r} failed")
+            ag = agree(gathered, world, path)
+            orders = _orders(ag, world)
+            common = {
+                "error": None,
+                "save_id": uuid.uuid4().hex[:16],
+                "has_replicas": bool(ag.replica_keys),
+                "bytes_per_rank": ag.bytes_per_rank,
+            }
+        except SaveError as e:
+            common = {"error": str(e)}
+        except Exception as e:  # a bug in planning: still every rank hears of it
+            common = {"error": f"save to {str(path)!r} failed on rank 0 while planning: {_err(e)}"}
+    common = collective.broadcast_obj(common, 0, group)
+    if common["error"]:
+        raise SaveError(common["error"])
+    mine = collective.scatter_obj(orders, 0, group)
     by_name = {lf.name: lf for lf in leaves}
+    my_meta = {k: (v[0], v[1], v[2]) for k, v in mine["meta"].items()}
+    my_plan = [Assignment(rank, n, _dec_region(p), _dec_region(src)) for n, p, src in mine["pieces"]]
     return Prepared(
         path,
         group,
         rank,
         world,
-        save_id,
+        common["save_id"],
         leaves,
         by_name,
-        ag.meta,
-        ag.values,
-        ag.replica_keys,
-        ag.plan,
-        ag.bytes_per_rank,
+        ag.meta if ag is not None else my_meta,
+        ag.values if ag is not None else {},
+        ag.replica_keys if ag is not None else [],
+        common["has_replicas"],
+        [(int(i), n) for i, n in mine["replicas"]],
+        ag.plan if ag is not None else my_plan,
+        common["bytes_per_rank"],
     )
 
 
@@ -190,6 +225,7 @@ class Agreement:
     meta: dict[str, tuple[str, list[int], str]]
     values: dict[str, Any]
     replica_keys: list[tuple[str, Region]]
+    replica_holders: list[list[int]]  # the ranks holding each replica group
     plan: list[Assignment]
     bytes_per_rank: list[int]
 
@@ -243,7 +279,7 @@ def agree(gathered: list[dict], world: int, path: Path) -> Agreement:
     bytes_per_rank = [0] * world
     for a in plan:
         bytes_per_rank[a.rank] += a.piece.numel * dtype_info(meta[a.name][0]).itemsize
-    return Agreement(meta, values, replica_keys, plan, bytes_per_rank)
+    return Agreement(meta, values, replica_keys, [holders[k] for k in replica_keys], plan, bytes_per_rank)
 
 
 def save(
@@ -273,19 +309,26 @@ def save(
     rank = prep.rank
 
     # ---- 2. replicas must agree -------------------------------------------------------------
-    if prep.replica_keys and prep.world > 1:  # one process: nothing to compare with
+    if prep.has_replicas and prep.world > 1:  # one process: nothing to compare with
         mine = {}
         error = None
         try:
-            for i in prep.my_replica_keys():
-                mine[str(i)] = crc32c.crc32c(host_bytes(prep.by_name[prep.replica_keys[i][0]].local))
+            for i, name in prep.my_replicas:
+                mine[str(i)] = crc32c.crc32c(host_bytes(prep.by_name[name].local))
         except Exception as e:
             error = _err(e)
-        crcs = collective.all_gather_obj({"rank": rank, "error": error, "crcs": mine}, group)
-        _raise_errors(crcs, f"save to {str(path)!r} failed")
-        bad = replica_mismatch(path, prep.replica_keys, crcs)
-        if bad:
-            raise SaveError(bad)
+        reports = collective.gather_obj({"rank": rank, "error": error, "crcs": mine}, 0, group)
+        verdict = None
+        if rank == 0:
+            assert reports is not None
+            try:
+                _raise_errors(reports, f"save to {str(path)!r} failed")
+                verdict = replica_mismatch(path, prep.replica_keys, reports)
+            except SaveError as e:
+                verdict = str(e)
+        verdict = collective.broadcast_obj(verdict, 0, group)
+        if verdict:
+            raise SaveError(verdict)
     timings["plan_s"] = time.perf_counter() - t0
 
     # ---- 3. write, then commit --------------------------------------------------------------

@@ -160,7 +160,7 @@ class AsyncSaver:
             "timeout": self.timeout,
             "leaves": {n: [s.offset, s.nbytes, list(s.shape), s.itemsize] for n, s in slots.items()},
             "pieces": [[a.name, _enc_region(a.piece), _enc_region(a.source)] for a in prep.my_pieces()],
-            "replicas": [[i, prep.replica_keys[i][0]] for i in prep.my_replica_keys()] if prep.world > 1 else [],
+            "replicas": [[i, name] for i, name in prep.my_replicas] if prep.world > 1 else [],
             "commit": None,
         }
         # the global region/leaf shapes each piece is cut against

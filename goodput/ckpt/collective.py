@@ -70,6 +70,32 @@ def gather_bytes(payload: bytes, dst: int = 0, group: Any = None) -> list[bytes]
     return got
 
 
+def scatter_bytes(payloads: list[bytes] | None, src: int = 0, group: Any = None) -> bytes:
+    """``payloads[r]`` from ``src`` to rank r: each rank receives only its own part."""
+    rank, size = world(group)
+    if size == 1:
+        assert payloads is not None
+        return payloads[0]
+    dev = _device(group)
+    global_src = dist.get_global_rank(group, src) if group is not None else src
+    cap = torch.tensor([max(len(p) for p in payloads) + 8 if rank == src and payloads else 0], dtype=torch.int64)
+    cap = cap.to(dev)
+    dist.broadcast(cap, global_src, group=group)
+    buf = torch.empty(int(cap.item()), dtype=torch.uint8, device=dev)
+    parts = None
+    if rank == src:
+        assert payloads is not None and len(payloads) == size
+        parts = []
+        for p in payloads:
+            t = torch.zeros(int(cap.item()), dtype=torch.uint8, device=dev)
+            head = len(p).to_bytes(8, "little") + p
+            t[: len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8).to(dev)
+            parts.append(t)
+    dist.scatter(buf, parts, src=global_src, group=group)
+    raw = buf.cpu().numpy().tobytes()
+    return raw[8 : 8 + int.from_bytes(raw[:8], "little")]
+
+
 def broadcast_bytes(payload: bytes | None, src: int = 0, group: Any = None) -> bytes:
     rank, size = world(group)
     if size == 1:
@@ -93,6 +119,11 @@ def all_gather_obj(obj: Any, group: Any = None) -> list[Any]:
 def gather_obj(obj: Any, dst: int = 0, group: Any = None) -> list[Any] | None:
     got = gather_bytes(msgspec.msgpack.encode(obj), dst, group)
     return None if got is None else [msgspec.msgpack.decode(b) for b in got]
+
+
+def scatter_obj(objs: list[Any] | None, src: int = 0, group: Any = None) -> Any:
+    payloads = [msgspec.msgpack.encode(o) for o in objs] if objs is not None else None
+    return msgspec.msgpack.decode(scatter_bytes(payloads, src, group))
 
 
 def broadcast_obj(obj: Any, src: int = 0, group: Any = None) -> Any:

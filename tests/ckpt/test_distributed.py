@@ -265,3 +265,36 @@ def _rank0_saves_alone(rank: int, world: int, path: str) -> bool:
 
 def test_no_dist_saves_from_one_rank_inside_a_group(tmp_path: Path) -> None:
     assert run_ranks(_rank0_saves_alone, 2, str(tmp_path)) == [True, True]
+
+
+# ---------------------------------------------------------------- a save on a sub-group
+def _save_on_subgroup(rank: int, world: int, path: str) -> dict:
+    """Global ranks 1 and 2 save as a group of their own (group rank 0 is global rank 1): the
+    declarations, the write orders and the verdict go to and from the group's rank 0."""
+    import torch.distributed as dist
+
+    group = dist.new_group([1, 2])
+    if rank == 0:
+        return {}
+    g = dist.get_rank(group)
+    t = torch.arange(8 * 512, dtype=torch.float32).reshape(8, 512)
+    state = {"w": gc.LocalShard(t[g * 4 : g * 4 + 4].clone(), (8, 512), (g * 4, 0)), "b": torch.ones(4096) * 3}
+    r = gc.save(state, path, process_group=group, step=5)
+    bad = {"b": torch.ones(4096) * (3 + g)}  # replicas that differ: refused on both ranks
+    try:
+        gc.save(bad, path + "-bad", process_group=group)
+        mismatch = "no error"
+    except gc.SaveError as e:
+        mismatch = str(e)
+    return {"bytes": r.bytes_per_rank, "mismatch": mismatch}
+
+
+def test_a_save_on_a_sub_group(tmp_path: Path) -> None:
+    out = run_ranks(_save_on_subgroup, 3, str(tmp_path / "ck"))
+    assert out[1]["bytes"] == out[2]["bytes"] and sum(out[1]["bytes"]) == 8 * 512 * 4 + 4096 * 4
+    for r in (1, 2):
+        assert "replicas of 'b'" in out[r]["mismatch"] and "differ" in out[r]["mismatch"], out[r]
+    ck = gc.open(tmp_path / "ck")
+    assert ck.step == 5
+    np.testing.assert_array_equal(ck.read("w"), np.arange(8 * 512, dtype=np.float32).reshape(8, 512))
+    np.testing.assert_array_equal(ck.read("b"), np.full(4096, 3, np.float32))

@@ -1,12 +1,14 @@
 """save / load: the DCP-shaped entry points, and the commit protocol that makes a save atomic.
 
-A save takes three collectives on the given group, all of them carrying errors as data so that
+A save takes three rounds of collectives on the given group, all carrying errors as data so that
 a failure on one rank makes every rank raise, never hang:
 
-1. all-gather of declarations (what each rank holds, as global regions) and rank 0's save id;
-   every rank then computes the same write plan (replicas once, balanced) on its own;
-2. (only if replicas exist) all-gather of the replicas' checksums: replicas that differ fail
-   the save and name the key, where DCP silently keeps one;
+1. gather (to rank 0) of declarations (what each rank holds, as global regions); rank 0 checks
+   them, plans the writes (replicas once, balanced), broadcasts the verdict, the save id and the
+   bytes per rank, and scatters to each rank only its own orders: no rank but 0 ever decodes the
+   other ranks' declarations (megabytes at 16k ranks);
+2. (only if replicas exist) gather (to rank 0) of the replicas' checksums, verdict broadcast:
+   replicas that differ fail the save and name the key, where DCP silently keeps one;
 3. gather (to rank 0 only) of chunk records after each rank has written and fsynced its data
    file; rank 0 writes the metadata, then the manifest (temp, fsync, rename, fsync directory),
    then broadcasts the outcome. Files of older saves in the same directory are removed only after.

@@ -3,10 +3,13 @@
 A save takes three rounds of collectives on the given group, all carrying errors as data so that
 a failure on one rank makes every rank raise, never hang:
 
-1. gather (to rank 0) of declarations (what each rank holds, as global regions); rank 0 checks
-   them, plans the writes (replicas once, balanced), broadcasts the verdict, the save id and the
-   bytes per rank, and scatters to each rank only its own orders: no rank but 0 ever decodes the
-   other ranks' declarations (megabytes at 16k ranks);
+1. gather (to rank 0) of a 16-byte digest of each rank's declarations and its values. If every
+   digest is the one the last agreement was made from, that agreement is reused (a broadcast
+   says so). Otherwise a second gather brings the declarations themselves (what each rank holds,
+   as global regions, in columns); rank 0 checks them, plans the writes (replicas once,
+   balanced; :mod:`goodput.ckpt.agreement`), broadcasts the verdict, the save id and the bytes
+   per rank, and scatters to each rank only its own orders: no rank but 0 ever decodes the
+   other ranks' declarations (hundreds of megabytes at 16k ranks);
 2. (only if replicas exist) gather (to rank 0) of the replicas' checksums, verdict broadcast:
    replicas that differ fail the save and name the key, where DCP silently keeps one;
 3. gather (to rank 0 only) of chunk records after each rank has written and fsynced its data
@@ -19,6 +22,7 @@ layout of the tensors it was given.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import time
@@ -29,11 +33,13 @@ from pathlib import Path
 from typing import Any
 
 import crc32c
+import msgspec
 import numpy as np
 import torch
 
 from . import collective
-from .commit import _dec_region, _enc_region, commit, file_records, replica_mismatch
+from .agreement import Agreement, CachedPlan, SaveError, agree, agree_values, declare, decode_orders, digest, plan_id
+from .commit import commit, file_records, replica_mismatch
 from .dtypes import dtype as dtype_info
 from .format import (
     DEFAULT_BLOCK,
@@ -42,17 +48,12 @@ from .format import (
     encode_value,
 )
 from .geometry import Region
-from .index import tiling_errors
-from .plan_save import Assignment, Decl, plan_writes
+from .plan_save import Assignment
 from .readengine import DEFAULT_READ_BUFFER, ReadStats, Request
 from .reader import Checkpoint
 from .state import TensorLeaf, dest_bytes, flatten, host_bytes
 from .storage import remove_quietly
 from .writer import FileResult, Piece, write_rank_files
-
-
-class SaveError(CheckpointError):
-    """A save failed; nothing was committed. The message names the rank, key or file at fault."""
 
 
 @dataclass
@@ -64,6 +65,7 @@ class SaveResult:
     total_bytes: int  # by all ranks
     bytes_per_rank: list[int]
     timings: dict[str, float] = field(default_factory=dict)
+    plan_cached: bool = False  # the write plan was the last save's (same declarations on every rank)
 
 
 @dataclass
@@ -114,9 +116,9 @@ def check_block_bytes(block_bytes: int) -> None:
 class Prepared:
     """What this rank was told before any byte is written (the output of collective 1).
 
-    Rank 0 decides for everyone and keeps the whole agreement (it commits); every other rank
-    receives only its own part: the pieces it writes, the replicas it checksums, and the dtype
-    and shape of those tensors. No rank but 0 ever holds the other ranks' declarations.
+    Rank 0 decides for everyone and keeps the whole agreement (it commits); every rank, rank 0
+    included, receives only its own orders: the pieces it writes and the replicas it checksums,
+    by index into its own leaves. No rank but 0 ever holds the other ranks' declarations.
     """
 
     path: Path
@@ -131,8 +133,9 @@ class Prepared:
     replica_keys: list[tuple[str, Region]]  # rank 0 only: every replica group, in index order
     has_replicas: bool  # the same on every rank: whether the replica check runs at all
     my_replicas: list[tuple[int, str]]  # (replica group index, tensor) this rank checksums
-    plan: list[Assignment]  # every rank's writes on rank 0; this rank's elsewhere
+    plan: list[Assignment]  # this rank's writes
     bytes_per_rank: list[int]
+    cached: bool = False  # the agreement was reused from the last save
 
     def my_replica_keys(self) -> list[int]:
         """Indices of the replica groups this rank holds (it reports their checksums)."""
@@ -142,55 +145,66 @@ class Prepared:
         return [a for a in self.plan if a.rank == self.rank]
 
 
-def _orders(ag: Agreement, world: int) -> list[dict]:
-    """Each rank's part of the agreement, for the scatter."""
-    orders: list[dict] = [{"pieces": [], "replicas": [], "meta": {}} for _ in range(world)]
-    for a in ag.plan:
-        o = orders[a.rank]
-        o["pieces"].append([a.name, _enc_region(a.piece), _enc_region(a.source)])
-        o["meta"][a.name] = list(ag.meta[a.name])
-    for i, ((name, _), holders) in enumerate(zip(ag.replica_keys, ag.replica_holders)):
-        for r in holders:
-            orders[r]["replicas"].append([i, name])
-            orders[r]["meta"][name] = list(ag.meta[name])
-    return orders
+_PLAN_CACHE: dict[tuple, CachedPlan] = {}  # (group, world, rank) -> the last agreement's part kept here
 
 
-def prepare(state_dict: dict[str, Any], path: Path, group: Any, block_bytes: int) -> Prepared:
+def clear_plan_cache() -> None:
+    """Forget cached save plans (every rank must do so, or none: a rank that forgot just makes
+    the next save agree afresh)."""
+    _PLAN_CACHE.clear()
+
+
+def _cache_key(group: Any, rank: int, world: int) -> tuple:
+    return (id(group) if group is not None and group is not collective.LOCAL else None, world, rank)
+
+
+def prepare(state_dict: dict[str, Any], path: Path, group: Any, block_bytes: int, cache: bool = True) -> Prepared:
     """Collective 1: every rank's declarations go to rank 0, which checks them, plans the writes
-    and sends each rank its part; errors anywhere reach every rank as data, never a hang."""
+    and sends each rank its part; errors anywhere reach every rank as data, never a hang.
+
+    First every rank sends only a digest of its declarations (16 bytes) and its values; when all
+    digests match the agreement rank 0 made last time, and every rank still holds its part of it,
+    that agreement is reused and no declaration crosses the network. Otherwise the declarations
+    follow in a second gather (columns, see :mod:`goodput.ckpt.agreement`)."""
     rank, world = collective.world(group)
+    key = _cache_key(group, rank, world)
     error = None
     leaves: list[TensorLeaf] = []
-    vals: dict[str, Any] = {}
-    decls: list[list] = []
+    vals = b""
+    decl: dict[str, Any] = {"table": b"", "ndim": 0, "regions": b""}
+    dg = b""
     try:
         check_block_bytes(block_bytes)
         path.mkdir(parents=True, exist_ok=True)
         leaves, value_leaves = flatten(state_dict)
-        vals = {v.name: encode_value(v.value, v.name) for v in value_leaves}
-        for lf in leaves:
-            nbytes = lf.region.numel * dtype_info(lf.dtype).itemsize
-            decls.append([lf.name, lf.dtype, list(lf.global_shape), lf.kind, _enc_region(lf.region), nbytes])
+        vals = msgspec.msgpack.encode({v.name: encode_value(v.value, v.name) for v in value_leaves})
+        decl = declare(leaves)
+        dg = digest(decl)
     except Exception as e:  # carried to every rank, raised there
         error = _err(e)
-    msg = {"rank": rank, "error": error, "decls": decls, "values": vals}
-    gathered = collective.gather_obj(msg, 0, group)
-    ag: Agreement | None = None
-    orders: list[dict] | None = None
+    held = _PLAN_CACHE.get(key) if cache else None
+    held_id = held.plan_id if held is not None and held.digest == dg else b""
+    msg = {"rank": rank, "error": error, "digest": dg, "cached": held_id, "values": vals}
+    first = collective.gather_obj(msg, 0, group)
     common: dict[str, Any] = {"error": None}
     if rank == 0:
-        assert gathered is not None
+        assert first is not None
         try:
-            _raise_errors(gathered, f"save to {str(path)!r} failed")
-            ag = agree(gathered, world, path)
-            orders = _orders(ag, world)
-            common = {
-                "error": None,
-                "save_id": uuid.uuid4().hex[:16],
-                "has_replicas": bool(ag.replica_keys),
-                "bytes_per_rank": ag.bytes_per_rank,
-            }
+            _raise_errors(first, f"save to {str(path)!r} failed")
+            mine = _PLAN_CACHE.get(key) if cache else None
+            digests = [m["digest"] for m in first]
+            hit = (
+                mine is not None
+                and mine.digests == digests
+                and all(m["cached"] == mine.plan_id for m in first)
+                and mine.agreement is not None
+            )
+            if hit:
+                assert mine is not None and mine.agreement is not None
+                values = agree_values(first, mine.agreement.meta)
+                common = {"error": None, "save_id": uuid.uuid4().hex[:16], "cached": True, "values": None}
+            else:
+                common = {"error": None, "cached": False}
         except SaveError as e:
             common = {"error": str(e)}
         except Exception as e:  # a bug in planning: still every rank hears of it
@@ -198,90 +212,71 @@ def prepare(state_dict: dict[str, Any], path: Path, group: Any, block_bytes: int
     common = collective.broadcast_obj(common, 0, group)
     if common["error"]:
         raise SaveError(common["error"])
-    mine = collective.scatter_obj(orders, 0, group)
-    by_name = {lf.name: lf for lf in leaves}
-    my_meta = {k: (v[0], v[1], v[2]) for k, v in mine["meta"].items()}
-    my_plan = [Assignment(rank, n, _dec_region(p), _dec_region(src)) for n, p, src in mine["pieces"]]
+    ag: Agreement | None = None
+    cached = bool(common["cached"])
+    if cached:
+        assert held is not None
+        mine_orders, has_replicas, bytes_per_rank = held.orders, held.has_replicas, held.bytes_per_rank
+        if rank == 0:
+            assert held.agreement is not None
+            ag = dataclasses.replace(held.agreement, values=values)
+        save_id = common["save_id"]
+    else:
+        full = collective.gather_obj({"rank": rank, **decl}, 0, group)
+        orders: list[dict] | None = None
+        common = {"error": None}
+        if rank == 0:
+            assert full is not None and first is not None
+            try:
+                for m, f in zip(full, first):
+                    m["values"] = f["values"]
+                ag = agree(full, world, path)
+                orders = ag.orders
+                pid = plan_id([m["digest"] for m in first])
+                common = {
+                    "error": None,
+                    "save_id": uuid.uuid4().hex[:16],
+                    "has_replicas": ag.has_replicas,
+                    "bytes_per_rank": ag.bytes_per_rank,
+                    "plan_id": pid,
+                }
+            except SaveError as e:
+                common = {"error": str(e)}
+            except Exception as e:  # a bug in planning: still every rank hears of it
+                common = {"error": f"save to {str(path)!r} failed on rank 0 while planning: {_err(e)}"}
+        common = collective.broadcast_obj(common, 0, group)
+        if common["error"]:
+            raise SaveError(common["error"])
+        mine_orders = collective.scatter_obj(orders, 0, group)
+        has_replicas, bytes_per_rank, save_id = common["has_replicas"], common["bytes_per_rank"], common["save_id"]
+        if cache:
+            kept = CachedPlan(common["plan_id"], dg, mine_orders, has_replicas, bytes_per_rank)
+            if rank == 0:
+                assert ag is not None and first is not None
+                kept.digests = [m["digest"] for m in first]
+                kept.agreement = dataclasses.replace(ag, orders=[])
+            _PLAN_CACHE[key] = kept
+    whole, cut, reps = decode_orders(mine_orders)
+    plan = [Assignment(rank, leaves[i].name, leaves[i].region, leaves[i].region) for i in whole]
+    plan += [Assignment(rank, leaves[i].name, p, leaves[i].region) for i, p in cut]
+    my_meta = {lf.name: (lf.dtype, list(lf.global_shape), lf.kind) for lf in leaves}
     return Prepared(
         path,
         group,
         rank,
         world,
-        common["save_id"],
+        save_id,
         leaves,
-        by_name,
+        {lf.name: lf for lf in leaves},
         ag.meta if ag is not None else my_meta,
         ag.values if ag is not None else {},
         ag.replica_keys if ag is not None else [],
-        common["has_replicas"],
-        [(int(i), n) for i, n in mine["replicas"]],
-        ag.plan if ag is not None else my_plan,
-        common["bytes_per_rank"],
+        has_replicas,
+        [(g, leaves[i].name) for g, i in reps],
+        plan,
+        bytes_per_rank,
+        cached,
     )
-
-
-@dataclass
-class Agreement:
-    """What :func:`agree` decides from the gathered declarations."""
-
-    meta: dict[str, tuple[str, list[int], str]]
-    values: dict[str, Any]
-    replica_keys: list[tuple[str, Region]]
-    replica_holders: list[list[int]]  # the ranks holding each replica group
-    plan: list[Assignment]
-    bytes_per_rank: list[int]
-
-
-def agree(gathered: list[dict], world: int, path: Path) -> Agreement:
-    """From every rank's declarations, the verdict every rank reaches on its own: one dtype and
-    shape per tensor, equal values, shards that tile each tensor, and the write plan (replicas
-    once, balanced). Pure: the same input gives the same plan on every rank."""
-    # every rank checks the same gathered data and so reaches the same verdict
-    meta: dict[str, tuple[str, list[int], str]] = {}
-    per_rank: list[list[Decl]] = []
-    values: dict[str, Any] = {}
-    value_src: dict[str, int] = {}
-    for m in gathered:
-        ds = []
-        for name, dt, shape, kind, reg, nbytes in m["decls"]:
-            prev = meta.setdefault(name, (dt, shape, kind))
-            if prev != (dt, shape, kind):
-                raise SaveError(f"{name!r}: rank {m['rank']} holds {dt}{shape}, another rank {prev[0]}{prev[1]}")
-            region = _dec_region(reg)
-            if region.numel:
-                ds.append(Decl(name, region, nbytes))
-        per_rank.append(ds)
-        for k, v in m["values"].items():
-            if k in meta:
-                raise SaveError(f"{k!r} is a tensor on one rank and a value on rank {m['rank']}")
-            if k in values and values[k] != v:
-                raise SaveError(
-                    f"value {k!r} differs across ranks (rank {value_src[k]}: {values[k]!r}, rank {m['rank']}: {v!r})"
-                )
-            values.setdefault(k, v)
-            value_src.setdefault(k, m["rank"])
-    regions_of: dict[str, set[Region]] = {}
-    holders: dict[tuple[str, Region], list[int]] = {}
-    for r, ds in enumerate(per_rank):
-        for d in ds:
-            regions_of.setdefault(d.name, set()).add(d.region)
-            holders.setdefault((d.name, d.region), []).append(r)
-    names = list(regions_of)
-    try:
-        bad = tiling_errors(
-            [tuple(meta[n][1]) for n in names], [(i, r) for i, n in enumerate(names) for r in regions_of[n]]
-        )
-    except ValueError as e:
-        bad = (0, str(e))
-    if bad:
-        name = names[bad[0]] if names else "?"
-        raise SaveError(f"save to {str(path)!r} failed: {name!r}: the ranks' shards do not tile it: {bad[1]}")
-    replica_keys = sorted((k for k, hs in holders.items() if len(hs) > 1), key=lambda k: (k[0], _enc_region(k[1])))
-    plan = plan_writes(per_rank)
-    bytes_per_rank = [0] * world
-    for a in plan:
-        bytes_per_rank[a.rank] += a.piece.numel * dtype_info(meta[a.name][0]).itemsize
-    return Agreement(meta, values, replica_keys, [holders[k] for k in replica_keys], plan, bytes_per_rank)
 
 
 def save(
@@ -376,7 +371,9 @@ def save(
     timings["commit_s"] = time.perf_counter() - t2
     timings["total_s"] = time.perf_counter() - t0
     mine_bytes = sum(r.bytes for r in results)
-    return SaveResult(path, prep.save_id, step, mine_bytes, sum(prep.bytes_per_rank), prep.bytes_per_rank, timings)
+    return SaveResult(
+        path, prep.save_id, step, mine_bytes, sum(prep.bytes_per_rank), prep.bytes_per_rank, timings, prep.cached
+    )
 
 
 def load(

@@ -35,8 +35,9 @@ import torch
 import torch.distributed as dist
 
 from . import collective
-from .api import SaveError, _enc_region, _resolve, check_block_bytes, prepare
+from .api import SaveError, _resolve, check_block_bytes, prepare
 from .background import WriterProcess, report_failure, run_job
+from .commit import _enc_region
 from .format import DEFAULT_BLOCK
 from .staging import StagingPool, layout, sweep_dead_segments
 

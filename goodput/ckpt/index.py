@@ -10,6 +10,7 @@ at once; the torch-free reader uses it too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -195,18 +196,14 @@ def overlapping_chunks(t: BoxTable, batch: int | None = None) -> tuple[int, int]
 def tiling_errors(shapes: list[tuple[int, ...]], regions: list[tuple[int, Region]]) -> tuple[int, str] | None:
     """Why the regions do not tile their tensors exactly, as ``(tensor index, reason)``, or None.
 
-    ``regions`` pairs a tensor index with a region of it. All tensors are checked at once (the
-    save path checks every tensor the ranks declared, 16k ranks × thousands of tensors): each
-    region lies inside its tensor, no two share an element, and their elements add up.
+    ``regions`` pairs a tensor index with a region of it; see :func:`tiling_errors_columns`.
     """
     T = len(shapes)
     D = max([len(s) for s in shapes], default=0)
-    Dp = max(D, 1)
-    shape_t = np.ones((T, Dp), np.int64)
+    shape_t = np.ones((T, max(D, 1)), np.int64)
     for i, s in enumerate(shapes):
         shape_t[i, : len(s)] = s
     ndims = np.array([len(s) for s in shapes], np.int64)
-    numel = shape_t.prod(axis=1)
     n = len(regions)
     tid = np.array([t for t, _ in regions], np.int64)
     fs = np.array([r.flat_start for _, r in regions], np.int64)
@@ -217,6 +214,30 @@ def tiling_errors(shapes: list[tuple[int, ...]], regions: list[tuple[int, Region
         if not r.is_flat and r.sizes:
             offs[i, : len(r.offsets)] = r.offsets
             sizes[i, : len(r.sizes)] = r.sizes
+    return tiling_errors_columns(shape_t, ndims, tid, fs, fc, offs, sizes, lambda i: regions[i][1])
+
+
+def tiling_errors_columns(
+    shape_t: np.ndarray,
+    ndims: np.ndarray,
+    tid: np.ndarray,
+    fs: np.ndarray,
+    fc: np.ndarray,
+    offs: np.ndarray,
+    sizes: np.ndarray,
+    region_at: Callable[[int], Region],
+) -> tuple[int, str] | None:
+    """Why the rows do not tile their tensors exactly, as ``(tensor index, reason)``, or None.
+
+    All tensors are checked at once (the save path checks every tensor the ranks declared, 16k
+    ranks × thousands of tensors): each region lies inside its tensor, no two share an element,
+    and their elements add up to every tensor's. ``shape_t`` is (tensors, D) right-padded with 1,
+    (at least one column), ``offs``/``sizes`` are (rows, D) padded with 0 (D may be 0 when every
+    tensor is a scalar); ``region_at(i)`` names row i in messages.
+    """
+    T = len(shape_t)
+    D = offs.shape[1]
+    numel = shape_t.prod(axis=1)
     real = np.arange(D)[None, :] < ndims[tid][:, None]
     box = fs < 0
     outside = np.where(
@@ -224,19 +245,23 @@ def tiling_errors(shapes: list[tuple[int, ...]], regions: list[tuple[int, Region
         np.any(real & ((offs < 0) | (sizes < 0) | (offs > shape_t[tid][:, :D] - sizes)), axis=1),
         (fc < 0) | (fs > numel[tid] - fc),
     )
+
+    def shape_of(t: int) -> tuple[int, ...]:
+        return tuple(int(x) for x in shape_t[t, : int(ndims[t])])
+
     if outside.any():
         i = int(np.argmax(outside))
-        return int(tid[i]), f"{regions[i][1].describe()} lies outside the tensor (shape {tuple(shapes[tid[i]])})"
+        return int(tid[i]), f"{region_at(i).describe()} lies outside the tensor (shape {shape_of(int(tid[i]))})"
     table = build_box_table_from(shape_t, ndims, tid, fs, fc, offs, sizes)
     pair = overlapping_chunks(table)
     if pair is not None:
         a, b = pair
-        return int(tid[a]), f"{regions[a][1].describe()} and {regions[b][1].describe()} overlap"
+        return int(tid[a]), f"{region_at(a).describe()} and {region_at(b).describe()} overlap"
     held = np.zeros(T, np.int64)
     elems = np.where(box, np.where(real, sizes, 1).prod(axis=1) if D else 1, fc)
     np.add.at(held, tid, elems)
     short = np.flatnonzero(held != numel)
     if len(short):
         t = int(short[0])
-        return t, f"the pieces hold {int(held[t])} of the tensor's {int(numel[t])} elements (shape {tuple(shapes[t])})"
+        return t, f"the pieces hold {int(held[t])} of the tensor's {int(numel[t])} elements (shape {shape_of(t)})"
     return None

@@ -20,6 +20,9 @@ def test_bench_ckpt_metadata_small() -> None:
     assert s["ours"]["chunks"] > 0 and s["dcp"]["chunks"] > 0
     assert s["ours_commit"]["same_chunks"] is True  # the real commit path rebuilt every chunk
     assert {g["goal"].split(" @")[0] for g in out["goals"]} >= {"decode + validate metadata < 2 s"}
+    ag = s["ours_agree"]  # the save's own agreement code planned exactly the bytes the layout holds
+    assert ag["declarations"] > 0 and ag["cache_hit"] is True
+    assert ag["planned_bytes"] == ag["layout_bytes"]
 
 
 def test_bench_async_small() -> None:

@@ -643,6 +643,93 @@ def measure_commit(lay: Layout, md: Metadata) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class _Leaf:
+    """What a save declares of one tensor leaf (the fields ``agreement.declare`` reads)."""
+
+    name: str
+    dtype: str
+    global_shape: tuple[int, ...]
+    region: Region
+    kind: str = "torch"
+
+
+def rank_leaves(lay: Layout, rank: int, _cache: dict | None = None) -> list[_Leaf]:
+    """The tensors rank ``rank`` of the saving job holds: its TP box of every parameter of its
+    stage (replicated over DP) and its DP ranges of the optimizer states (norms' states
+    replicated over TP)."""
+    par = lay.par
+    t, d, s = par.coords(rank)
+    cache = _cache if _cache is not None else {}
+    if s not in cache:
+        stage = [p for p in lay.params if stage_of(p, lay.layers, par.pp) == s]
+        cache[s] = (stage, optim_segments(stage, par.tp, par.dp))
+    stage, (pi, dd, fs, fc) = cache[s]
+    out = [_Leaf(p.name, "bfloat16", p.shape, Region.box(*local_box(p, par.tp, t))) for p in stage]
+    sel = np.flatnonzero(dd == d)
+    for state in STATES:
+        for i in sel:
+            p = stage[int(pi[i])]
+            shape = p.shape if p.dim is None else local_box(p, par.tp, t)[1]
+            out.append(
+                _Leaf(optim_name(state, p, t), "float32", shape, Region.flat(int(fs[i]), int(fc[i]), len(shape)))
+            )
+    return out
+
+
+def measure_agreement(lay: Layout) -> dict:
+    """The save side's planning on rank 0, through the save's own code
+    (``goodput.ckpt.agreement``): every rank's declarations as that rank encodes them, decoded
+    and agreed on by rank 0 (checks, tiling, the replica-once balanced write plan, each rank's
+    orders); and the cached path of a save whose declarations did not change."""
+    try:
+        import msgspec
+
+        from goodput.ckpt.agreement import agree, agree_values, declare, digest
+    except ImportError as e:  # pragma: no cover - torch missing
+        return {"error": str(e)}
+    world = lay.par.world
+    cache: dict = {}
+    t0 = time.perf_counter()
+    leaves = [rank_leaves(lay, r, cache) for r in range(world)]
+    build_s = time.perf_counter() - t0
+    values = msgspec.msgpack.encode({"step": 1000})
+    t0 = time.perf_counter()
+    decl0 = declare(leaves[0])
+    dg0 = digest(decl0)
+    declare_s = time.perf_counter() - t0
+    wire = [msgspec.msgpack.encode({"rank": r, **declare(ls)}) for r, ls in enumerate(leaves)]
+    digests = [dg0] + [b"\0" * 16] * (world - 1)
+    t0 = time.perf_counter()
+    msgs = [msgspec.msgpack.decode(w) for w in wire]  # rank 0's side of gather_obj
+    for m in msgs:
+        m["values"] = values
+    ag = agree(msgs, world, "bench")
+    agree_s = time.perf_counter() - t0
+    first = [{"rank": r, "digest": digests[r], "cached": b"x", "values": values} for r in range(world)]
+    t0 = time.perf_counter()
+    hit = [m["digest"] for m in first] == digests and all(m["cached"] == b"x" for m in first)
+    agree_values(first, ag.meta)
+    cached_s = time.perf_counter() - t0
+    per_rank = np.asarray(ag.bytes_per_rank, np.float64)
+    stage = np.array([lay.par.coords(r)[2] for r in range(world)])
+    in_stage = max(float(x.max() / x.mean()) for x in (per_rank[stage == s] for s in range(lay.par.pp)) if len(x))
+    return {
+        "declarations": sum(len(ls) for ls in leaves),
+        "gathered_bytes": sum(len(w) for w in wire),
+        "fixture_build_s": build_s,
+        "declare_s": declare_s,
+        "agree_s": agree_s,
+        "cached_s": cached_s,
+        "cache_hit": hit,
+        "replica_groups": len(ag.replica_keys),
+        "max_over_mean_bytes": float(per_rank.max() / per_rank.mean()),
+        "max_over_mean_in_stage": in_stage,
+        "planned_bytes": int(per_rank.sum()),
+        "layout_bytes": int(lay.length.sum()),  # what the metadata side of this bench saves
+    }
+
+
 def measure_dcp(lay: Layout, md: Metadata, new: Parallel, repeat: int) -> dict:
     import gc
 
@@ -729,6 +816,8 @@ def run(
         if commit and n == ranks:
             step(f"goodput commit path at {n} ranks")
             res["ours_commit"] = measure_commit(lay, ours["_md"])
+            step(f"goodput save agreement at {n} ranks")
+            res["ours_agree"] = measure_agreement(lay)
         if dcp_ranks and n == dcp_ranks:
             step(f"DCP metadata and plan at {n} ranks")
             dcp = measure_dcp(lay, ours["_md"], new, repeat)
@@ -756,6 +845,14 @@ def run(
         )
     else:
         goals.append(_goal(f"encode metadata < {GOAL_SECONDS:g} s @ {ranks}", ours["encode_s"]))
+    agree_res = full.get("ours_agree") or {}
+    if "agree_s" in agree_res:
+        goals.append(
+            _goal(
+                f"rank-0 save agreement (checks, tiling, write plan, orders), first save < {GOAL_SECONDS:g} s @ {ranks}",
+                agree_res["agree_s"],
+            )
+        )
     goals.append(_goal(f"decode + validate metadata < {GOAL_SECONDS:g} s @ {ranks}", ours["decode_validate_s"]))
     goals.append(_goal(f"plan one rank's resharded load < {GOAL_SECONDS:g} s @ {ranks}", ours["plan_s"]))
     if dcp_ranks:
@@ -845,6 +942,20 @@ def render(res: dict, console: Any) -> None:
                 f"{commit['gather_decode_s']:.3f} s; rank-0 commit (commit.commit: columns from the records, encode, "
                 f"durable write, manifest) {commit['commit_s']:.3f} s; Checkpoint(path) (manifest, metadata, decode, "
                 f"validate) {commit['open_s']:.3f} s; {human_bytes(commit['bytes_on_disk'])} on disk"
+            )
+    ag = full.get("ours_agree")
+    if ag:
+        if "error" in ag:
+            console.print(f"goodput save agreement: not measured ({ag['error']})")
+        else:
+            console.print(
+                f"goodput save agreement @ {cfg['ranks']} ranks through agreement.agree: "
+                f"{ag['declarations']:,} declarations ({human_bytes(ag['gathered_bytes'])} gathered), "
+                f"{ag['replica_groups']:,} replica groups; one rank's declare + digest {ag['declare_s'] * 1e3:.2f} ms; "
+                f"rank 0's decode + agree on a first save {ag['agree_s']:.3f} s; the largest rank writes "
+                f"{ag['max_over_mean_bytes']:.3f} × the mean (stages hold unequal bytes: the embedding, lm_head), and "
+                f"{ag['max_over_mean_in_stage']:.3f} × its pipeline stage's mean (the ranks that share its replicas); a save with unchanged declarations (plan cache hit: "
+                f"digests compared, values checked) {ag['cached_s'] * 1e3:.2f} ms and gathers 16 bytes a rank"
             )
     for n, sc in scales.items():
         if "dcp" in sc:

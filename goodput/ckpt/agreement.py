@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,6 @@ from .dtypes import dtype as dtype_info
 from .format import CheckpointError
 from .geometry import Region
 from .index import tiling_errors_columns
-from .plan_save import split_region
 
 PIECE_FRACTION = 1 / 32  # a replica is cut into pieces of about this share of a rank's bytes
 MIN_PIECE = 1 << 20  # but no smaller than this
@@ -49,10 +48,18 @@ class SaveError(CheckpointError):
 
 
 def declare(leaves: list[Any]) -> dict[str, Any]:
-    """This rank's declarations as sent to rank 0: ``table`` (msgpack of ``[name, dtype, global
-    shape, kind]`` per leaf), ``ndim`` (D, the widest shape here) and ``regions`` (int64 rows of
-    offsets[D], sizes[D], flat_start, flat_count; flat_start -1 for a box)."""
-    table = [[lf.name, lf.dtype, list(lf.global_shape), lf.kind] for lf in leaves]
+    """This rank's declarations as sent to rank 0, as a few byte strings rank 0 decodes in bulk:
+
+    - ``names``: msgpack list of the leaves' names;
+    - ``specs``: msgpack list of the distinct ``[dtype, global shape, kind]`` here, and
+      ``spec_of``: int32 per leaf, its index in ``specs``;
+    - ``ndim`` (D, the widest shape here) and ``regions``: int64 rows of offsets[D], sizes[D],
+      flat_start, flat_count (flat_start -1 for a box).
+    """
+    specs: dict[tuple, int] = {}
+    spec_of = np.empty(len(leaves), np.int32)
+    for i, lf in enumerate(leaves):
+        spec_of[i] = specs.setdefault((lf.dtype, tuple(lf.global_shape), lf.kind), len(specs))
     D = max([len(lf.global_shape) for lf in leaves], default=0)
     rows = np.zeros((len(leaves), 2 * D + 2), np.int64)
     for i, lf in enumerate(leaves):
@@ -64,15 +71,25 @@ def declare(leaves: list[Any]) -> dict[str, Any]:
             rows[i, : len(r.offsets)] = r.offsets
             rows[i, D : D + len(r.sizes)] = r.sizes
             rows[i, 2 * D] = -1
-    return {"table": msgspec.msgpack.encode(table), "ndim": D, "regions": rows.tobytes()}
+    return {
+        "names": msgspec.msgpack.encode([lf.name for lf in leaves]),
+        "specs": msgspec.msgpack.encode([[dt, list(sh), k] for dt, sh, k in specs]),
+        "spec_of": spec_of.astype("<i4").tobytes(),
+        "ndim": D,
+        "regions": rows.astype("<i8").tobytes(),
+    }
+
+
+DECL_FIELDS = ("names", "specs", "spec_of", "ndim", "regions")
 
 
 def digest(decl: dict[str, Any]) -> bytes:
-    """What identifies a rank's declarations (for the plan cache): tables and regions, not values."""
+    """What identifies a rank's declarations (for the plan cache): all of them, not values."""
     h = hashlib.blake2b(digest_size=16)
-    h.update(decl["table"])
-    h.update(int(decl["ndim"]).to_bytes(4, "little"))
-    h.update(decl["regions"])
+    for k in DECL_FIELDS:
+        v = decl[k]
+        h.update(v if isinstance(v, bytes) else int(v).to_bytes(8, "little", signed=True))
+        h.update(b"|")
     return h.digest()
 
 
@@ -94,9 +111,13 @@ class Agreement:
         return bool(self.replica_keys)
 
 
+def _malformed(m: dict, what: str) -> SaveError:
+    return SaveError(f"rank {m['rank']} sent malformed declarations ({what})")
+
+
 @dataclass
 class _Rows:
-    """Every declared non-empty region, one row each, in rank order."""
+    """Every declared region, one row each, in rank order."""
 
     rank: np.ndarray
     local: np.ndarray  # index of the leaf on its rank
@@ -105,6 +126,9 @@ class _Rows:
     fc: np.ndarray
     offs: np.ndarray  # (n, D)
     sizes: np.ndarray  # (n, D)
+
+    def take(self, idx: np.ndarray) -> _Rows:
+        return _Rows(*(getattr(self, f)[idx] for f in ("rank", "local", "tid", "fs", "fc", "offs", "sizes")))
 
     def region(self, i: int, ndim: int) -> Region:
         if self.fs[i] >= 0:
@@ -115,32 +139,87 @@ class _Rows:
         return [self.tid, self.fs, self.fc, *self.offs.T, *self.sizes.T]
 
 
-def _tables(msgs: list[dict]) -> tuple[dict[str, tuple[str, list[int], str]], dict[bytes, list]]:
-    """The tensors all ranks declared (each distinct table decoded once); conflicts name ranks."""
-    meta: dict[str, tuple[str, list[int], str]] = {}
-    first: dict[str, int] = {}
-    blobs: dict[bytes, list] = {}
+def _declared(msgs: list[dict]) -> tuple[list[str], dict[str, tuple[str, list[int], str]], _Rows]:
+    """Every rank's declarations decoded in bulk: the tensors (sorted names, one dtype, shape
+    and kind each, conflicts naming two ranks) and one row per declared region."""
+    names_of: dict[bytes, list[str]] = {}
+    counts = []
     for m in msgs:
-        b = m["table"]
-        if b in blobs:
+        b = m["names"]
+        if b not in names_of:
+            names_of[b] = msgspec.msgpack.decode(b, type=list[str])
+        counts.append(len(names_of[b]))
+    distinct: set[str] = set()
+    for ns in names_of.values():
+        distinct.update(ns)
+    names = sorted(distinct)
+    tid_of = {n: i for i, n in enumerate(names)}
+    tids_of = {b: np.fromiter(map(tid_of.__getitem__, ns), np.int64, len(ns)) for b, ns in names_of.items()}
+    spec_ids: dict[tuple, int] = {}
+    specs: list[tuple[str, list[int], str]] = []
+    spec_map: dict[bytes, np.ndarray] = {}
+    for m in msgs:
+        sb = m["specs"]
+        if sb in spec_map:
             continue
-        entries = msgspec.msgpack.decode(b)
-        blobs[b] = entries
-        for name, dt, shape, kind in entries:
-            cur = (dt, list(shape), kind)
-            prev = meta.get(name)
-            if prev is None:
-                meta[name] = cur
-                first[name] = m["rank"]
-            elif prev != cur:
-                raise SaveError(
-                    f"{name!r}: rank {m['rank']} holds {dt}{list(shape)} ({kind}), "
-                    f"rank {first[name]} {prev[0]}{prev[1]} ({prev[2]})"
-                )
-    return meta, blobs
+        ids = []
+        for dt, shape, kind in msgspec.msgpack.decode(sb):
+            key = (dt, tuple(shape), kind)
+            if key not in spec_ids:
+                spec_ids[key] = len(specs)
+                specs.append((dt, list(shape), kind))
+            ids.append(spec_ids[key])
+        spec_map[sb] = np.asarray(ids, np.int64)
+    dims = [int(m["ndim"]) for m in msgs]
+    for m, c, d in zip(msgs, counts, dims):
+        if d < 0 or len(m["regions"]) != c * (2 * d + 2) * 8 or len(m["spec_of"]) != 4 * c:
+            raise _malformed(m, f"{c} names, {len(m['spec_of'])} bytes of specs, {len(m['regions'])} bytes of regions")
+    n = sum(counts)
+    D = max(dims, default=0)
+    cnt = np.asarray(counts, np.int64)
+    rank = np.repeat(np.asarray([m["rank"] for m in msgs], np.int64), cnt)
+    local = np.arange(n, dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    tid = np.concatenate([tids_of[m["names"]] for m in msgs]) if msgs else np.zeros(0, np.int64)
+    # each rank's spec indices, through its own table into the global one
+    maps = [spec_map[m["specs"]] for m in msgs]
+    allmap = np.concatenate(maps) if maps else np.zeros(0, np.int64)
+    mlen = np.asarray([len(x) for x in maps], np.int64)
+    so = np.frombuffer(b"".join(m["spec_of"] for m in msgs), "<i4").astype(np.int64)
+    out_of_range = (so < 0) | (so >= np.repeat(mlen, cnt))
+    if out_of_range.any():
+        bad = int(np.searchsorted(np.cumsum(cnt), int(np.argmax(out_of_range)), "right"))
+        raise _malformed(msgs[bad], "a spec index out of range")
+    spec = allmap[so + np.repeat(np.cumsum(mlen) - mlen, cnt)]
+    fs = np.empty(n, np.int64)
+    fc = np.empty(n, np.int64)
+    offs = np.zeros((n, D), np.int64)
+    sizes = np.zeros((n, D), np.int64)
+    row_d = np.repeat(np.asarray(dims, np.int64), cnt)
+    for d in sorted(set(dims)):
+        a = np.frombuffer(b"".join(m["regions"] for m, x in zip(msgs, dims) if x == d), "<i8").reshape(-1, 2 * d + 2)
+        at = np.flatnonzero(row_d == d)
+        offs[at, :d] = a[:, :d]
+        sizes[at, :d] = a[:, d : 2 * d]
+        fs[at] = a[:, 2 * d]
+        fc[at] = a[:, 2 * d + 1]
+    # one spec per tensor: compare every row's spec with its tensor's first
+    T = len(names)
+    first_row = np.full(T, n, np.int64)
+    np.minimum.at(first_row, tid, np.arange(n))
+    differ = np.flatnonzero(spec != spec[first_row[tid]])
+    if len(differ):
+        i = int(differ[0])
+        j = int(first_row[tid[i]])
+        a_, b_ = specs[spec[i]], specs[spec[j]]
+        raise SaveError(
+            f"{names[tid[i]]!r}: rank {rank[i]} holds {a_[0]}{a_[1]} ({a_[2]}), rank {rank[j]} {b_[0]}{b_[1]} ({b_[2]})"
+        )
+    meta = {names[t]: specs[spec[first_row[t]]] for t in range(T)}
+    return names, meta, _Rows(rank, local, tid, fs, fc, offs, sizes)
 
 
 def agree_values(msgs: list[dict], meta: dict) -> dict[str, Any]:
+    """The JSON-able values, which every rank that has one must agree on."""
     values: dict[str, Any] = {}
     src: dict[str, int] = {}
     seen: set[bytes] = set()
@@ -159,36 +238,6 @@ def agree_values(msgs: list[dict], meta: dict) -> dict[str, Any]:
             values.setdefault(k, v)
             src.setdefault(k, m["rank"])
     return values
-
-
-def _rows(msgs: list[dict], blobs: dict[bytes, list], tid_of: dict[str, int], D: int) -> _Rows:
-    gids: dict[bytes, np.ndarray] = {b: np.array([tid_of[e[0]] for e in es], np.int64) for b, es in blobs.items()}
-    counts = [len(blobs[m["table"]]) for m in msgs]
-    n = sum(counts)
-    rank = np.empty(n, np.int64)
-    local = np.empty(n, np.int64)
-    tid = np.empty(n, np.int64)
-    fs = np.empty(n, np.int64)
-    fc = np.empty(n, np.int64)
-    offs = np.zeros((n, D), np.int64)
-    sizes = np.zeros((n, D), np.int64)
-    at = 0
-    for m, c in zip(msgs, counts):
-        d = int(m["ndim"])
-        raw = m["regions"]
-        if not 0 <= d <= D or len(raw) != c * (2 * d + 2) * 8:
-            raise SaveError(f"rank {m['rank']} sent malformed declarations ({c} tensors, {len(raw)} bytes of regions)")
-        a = np.frombuffer(raw, np.int64).reshape(c, 2 * d + 2)
-        s = slice(at, at + c)
-        rank[s] = m["rank"]
-        local[s] = np.arange(c)
-        tid[s] = gids[m["table"]]
-        offs[s, :d] = a[:, :d]
-        sizes[s, :d] = a[:, d : 2 * d]
-        fs[s] = a[:, 2 * d]
-        fc[s] = a[:, 2 * d + 1]
-        at += c
-    return _Rows(rank, local, tid, fs, fc, offs, sizes)
 
 
 def _group(keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -222,43 +271,70 @@ def _group(keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return order, starts
 
 
+def _pieces(rows: _Rows, ndims: np.ndarray, nbytes: np.ndarray, numel: np.ndarray, k: np.ndarray) -> _Rows:
+    """Each row cut into ``k[i]`` nearly equal pieces along one dimension (the first of size >= 2;
+    a flat range along itself), as :func:`plan_save.split_region` cuts one region."""
+    n = len(rows.tid)
+    D = rows.offs.shape[1]
+    flat = rows.fs >= 0
+    real = np.arange(D)[None, :] < ndims[rows.tid][:, None]
+    big = real & (rows.sizes >= 2)
+    has = big.any(axis=1) if D else np.zeros(n, bool)
+    j = np.argmax(big, axis=1) if D else np.zeros(n, np.int64)
+    length = np.where(flat, rows.fc, np.where(has, rows.sizes[np.arange(n), j] if D else 0, 1))
+    k = np.where(flat | has, np.minimum(k, np.maximum(length, 1)), 1)
+    k = np.where(numel <= 1, 1, k)
+    src = np.repeat(np.arange(n), k)
+    i = np.arange(len(src)) - np.repeat(np.cumsum(k) - k, k)
+    kk, ln = k[src], length[src]
+    lo, hi = (ln * i) // kk, (ln * (i + 1)) // kk
+    p = rows.take(src)
+    p.offs = p.offs.copy()
+    p.sizes = p.sizes.copy()
+    cut = k[src] > 1
+    fl = cut & flat[src]
+    bx = np.flatnonzero(cut & ~flat[src])
+    p.fs = np.where(fl, p.fs + lo, p.fs)
+    p.fc = np.where(fl, hi - lo, p.fc)
+    if len(bx):
+        jj = j[src[bx]]
+        p.offs[bx, jj] += lo[bx]
+        p.sizes[bx, jj] = hi[bx] - lo[bx]
+    p.local = src  # which row each piece is cut from
+    return p
+
+
 def agree(msgs: list[dict], world: int, path: Path | str) -> Agreement:
     """The verdict and write plan from every rank's message (``declare`` output plus ``rank``
     and ``values``, msgpack bytes). Pure: the same messages give the same agreement."""
-    meta, blobs = _tables(msgs)
+    names, meta, rows = _declared(msgs)
     values = agree_values(msgs, meta)
-    names = sorted(meta)
-    tid_of = {n: i for i, n in enumerate(names)}
     T = len(names)
     ndims = np.array([len(meta[n][1]) for n in names], np.int64)
-    D = int(ndims.max()) if T else 0
+    D = rows.offs.shape[1]
     shape_t = np.ones((T, max(D, 1)), np.int64)
     for i, n in enumerate(names):
+        if len(meta[n][1]) > D:
+            raise SaveError(f"{n!r}: declared with {len(meta[n][1])} dimensions but regions of at most {D}")
         shape_t[i, : ndims[i]] = meta[n][1]
     itemsize = np.array([dtype_info(meta[n][0]).itemsize for n in names], np.int64)
-    rows = _rows(msgs, blobs, tid_of, D)
 
     real = np.arange(D)[None, :] < ndims[rows.tid][:, None]
     numel = np.where(rows.fs >= 0, rows.fc, np.where(real, rows.sizes, 1).prod(axis=1) if D else 1)
     if (numel < 0).any():
         i = int(np.argmax(numel < 0))
         raise SaveError(f"{names[rows.tid[i]]!r}: rank {rows.rank[i]} declared a region of negative size")
-    keep = np.flatnonzero(numel > 0)
-    rows = _Rows(*(getattr(rows, f)[keep] for f in ("rank", "local", "tid", "fs", "fc", "offs", "sizes")))
-    numel = numel[keep]
+    if (numel == 0).any():
+        keep = np.flatnonzero(numel > 0)
+        rows = rows.take(keep)
+        numel = numel[keep]
 
     order, starts = _group(rows.keys())
     first = order[starts[:-1]]  # one row per distinct (tensor, region)
     count = np.diff(starts)
+    u = rows.take(first)
     bad = tiling_errors_columns(
-        shape_t,
-        ndims,
-        rows.tid[first],
-        rows.fs[first],
-        rows.fc[first],
-        rows.offs[first],
-        rows.sizes[first],
-        lambda i: rows.region(int(first[i]), int(ndims[rows.tid[first[i]]])),
+        shape_t, ndims, u.tid, u.fs, u.fc, u.offs, u.sizes, lambda i: u.region(i, int(ndims[u.tid[i]]))
     )
     if bad:
         raise SaveError(f"save to {str(path)!r} failed: {names[bad[0]]!r}: the ranks' shards do not tile it: {bad[1]}")
@@ -267,100 +343,99 @@ def agree(msgs: list[dict], world: int, path: Path | str) -> Agreement:
     load = np.zeros(world, np.int64)
     single = first[count == 1]
     np.add.at(load, rows.rank[single], nbytes[single])
-    whole_r = [rows.rank[single]]
-    whole_l = [rows.local[single]]
 
     # replica groups, in (tensor, region) order: that order names them (index) and breaks ties
     rep = np.flatnonzero(count > 1)
     rf = first[rep]
-    rep = rep[
-        np.lexsort(
-            [rows.sizes[rf, j] for j in range(D - 1, -1, -1)]
-            + [rows.offs[rf, j] for j in range(D - 1, -1, -1)]
-            + [rows.fc[rf], rows.fs[rf], rows.tid[rf]]
-        )
-    ]
-    replica_keys: list[tuple[str, Region]] = []
-    holders: list[np.ndarray] = []
-    locals_: list[np.ndarray] = []
+    sort_keys = [rows.sizes[rf, j] for j in range(D - 1, -1, -1)] + [rows.offs[rf, j] for j in range(D - 1, -1, -1)]
+    rep = rep[np.lexsort([*sort_keys, rows.fc[rf], rows.fs[rf], rows.tid[rf]])]
+    rf = first[rep]
+    g = rows.take(rf)
+    replica_keys = [(names[t], g.region(i, int(ndims[t]))) for i, t in enumerate(g.tid.tolist())]
+    nhold = count[rep]
+    pos_in_rep = np.full(len(count), -1, np.int64)
+    pos_in_rep[rep] = np.arange(len(rep))
+    grp = np.repeat(pos_in_rep, count)  # replica group of each row in ``order`` (-1: a single)
+    sel = np.flatnonzero(grp >= 0)
+    members = order[sel[np.argsort(grp[sel], kind="stable")]]
+    gof = np.repeat(np.arange(len(rep)), nhold)  # replica group of each member row
+    hold_rank = rows.rank[members]
+    hold_local = rows.local[members]
+
     total = int(nbytes[first].sum())
     target = max(MIN_PIECE, int(total / max(world, 1) * PIECE_FRACTION))
-    pieces: list[tuple[int, int, tuple, int, Region]] = []
-    for gi, g in enumerate(rep):
-        members = order[starts[g] : starts[g + 1]]
-        row = int(members[0])
-        t = int(rows.tid[row])
-        region = rows.region(row, int(ndims[t]))
-        replica_keys.append((names[t], region))
-        hs = rows.rank[members]
-        holders.append(hs)
-        locals_.append(rows.local[members])
-        b = int(nbytes[row])
-        k = min(len(hs) * 4, max(1, math.ceil(b / target))) if b > target else 1
-        per_elem = b / max(int(numel[row]), 1)
-        for p in split_region(region, k):
-            key = (p.flat_start, p.flat_count, p.offsets, p.sizes)
-            pieces.append((int(p.numel * per_elem), t, key, gi, p))
-    pieces.sort(key=lambda x: (-x[0], x[1], x[2]))
-    assigned = _lpt(pieces, holders, load)
-
-    cut: list[list[list]] = [[] for _ in range(world)]
-    for (_, _, _, gi, p), r in zip(pieces, assigned):
-        hs = holders[gi]
-        lc = int(locals_[gi][int(np.searchsorted(hs, r))])
-        if p == replica_keys[gi][1]:
-            whole_r.append(np.array([r], np.int64))
-            whole_l.append(np.array([lc], np.int64))
-        else:
-            cut[r].append([lc, [list(p.offsets), list(p.sizes), p.flat_start, p.flat_count]])
-    w_rank = np.concatenate(whole_r)
-    w_local = np.concatenate(whole_l)
-    if holders:
-        rp_rank = np.concatenate(holders)
-        rp_pair = np.stack([np.repeat(np.arange(len(holders)), [len(h) for h in holders]), np.concatenate(locals_)], 1)
-    else:
-        rp_rank = np.zeros(0, np.int64)
-        rp_pair = np.zeros((0, 2), np.int64)
-    whole = _split_by_rank(w_rank, w_local, world)
-    reps = _split_by_rank(rp_rank, rp_pair, world)
+    gb = nbytes[rf]
+    want = np.where(gb > target, np.minimum(nhold * 4, np.maximum(1, -(-gb // target))), 1)
+    pieces = _pieces(g, ndims, gb, numel[rf], want)
+    src = pieces.local
+    per_elem = gb[src] / np.maximum(numel[rf][src], 1)
+    pnumel = np.where(
+        pieces.fs >= 0,
+        pieces.fc,
+        np.where(np.arange(D)[None, :] < ndims[pieces.tid][:, None], pieces.sizes, 1).prod(axis=1) if D else 1,
+    )
+    pbytes = np.floor(pnumel * per_elem).astype(np.int64)
+    pk = [pieces.sizes[:, j] for j in range(D - 1, -1, -1)] + [pieces.offs[:, j] for j in range(D - 1, -1, -1)]
+    porder = np.lexsort([*pk, pieces.fc, pieces.fs, pieces.tid, -pbytes])
+    hstart = np.concatenate([[0], np.cumsum(nhold)])
+    assigned = _lpt(pbytes[porder].tolist(), src[porder].tolist(), hold_rank, hstart, load)
+    prank = np.empty(len(porder), np.int64)
+    prank[porder] = assigned
+    # the writing holder's own leaf: members are sorted by (group, rank)
+    at = np.searchsorted(gof * world + hold_rank, src * world + prank)
+    plocal = hold_local[at]
+    whole = np.bincount(src, minlength=len(rep)) == 1
+    wp = np.flatnonzero(whole[src])
+    cp = np.flatnonzero(~whole[src])
+    w_rank = np.concatenate([rows.rank[single], prank[wp]])
+    w_local = np.concatenate([rows.local[single], plocal[wp]])
+    cut_rows = np.column_stack([plocal[cp], pieces.fs[cp], pieces.fc[cp], pieces.offs[cp], pieces.sizes[cp]])
+    whole_by = _split_by_rank(w_rank, w_local, world)
+    cut_by = _split_by_rank(prank[cp], cut_rows, world)
+    reps_by = _split_by_rank(hold_rank, np.column_stack([gof, hold_local]), world)
     orders = [
-        {"whole": np.sort(whole[r]).astype("<i8").tobytes(), "cut": cut[r], "replicas": reps[r].astype("<i8").tobytes()}
+        {
+            "whole": np.sort(whole_by[r]).astype("<i8").tobytes(),
+            "ndim": D,
+            "cut": cut_by[r].astype("<i8").tobytes(),
+            "replicas": reps_by[r].astype("<i8").tobytes(),
+        }
         for r in range(world)
     ]
     return Agreement(meta, values, replica_keys, orders, load.tolist())
 
 
-def _lpt(pieces: list[tuple], holders: list[np.ndarray], load: np.ndarray) -> list[int]:
-    """Each piece (largest first) onto its least-loaded holder, ties to the lowest rank. When the
-    holder sets are disjoint (DP groups) a heap per set gives the same answer in O(log n)."""
+def _lpt(pbytes: list[int], group: list[int], holders: np.ndarray, hstart: np.ndarray, load: np.ndarray) -> list[int]:
+    """Each piece (largest first) onto its group's least-loaded holder, ties to the lowest rank.
+
+    One heap of ``(load, rank)`` per distinct holder set. A rank in several sets (a norm replicated
+    over TP x DP, a projection over DP) leaves stale entries in the sets it was not loaded
+    through; loads only grow, so a stale entry is found at the top, refreshed and pushed back,
+    and the first fresh top is the true minimum: exactly ``min(holders, key=(load, rank))``."""
     sets: dict[bytes, int] = {}
-    members: list[np.ndarray] = []
-    set_of = []
-    for h in holders:
+    set_of: list[int] = []
+    heaps: list[list[tuple[int, int]]] = []
+    cur = load.tolist()
+    for x in range(len(hstart) - 1):
+        h = holders[hstart[x] : hstart[x + 1]]
         s = sets.setdefault(h.tobytes(), len(sets))
-        if s == len(members):
-            members.append(h)
-        set_of.append(s)
-    disjoint = sum(len(m) for m in members) == len(np.unique(np.concatenate(members))) if members else True
-    out: list[int] = []
-    if disjoint:
-        heaps = [[(int(load[h]), int(h)) for h in m] for m in members]
-        for hp in heaps:
+        if s == len(heaps):
+            hp = [(cur[r], r) for r in h.tolist()]
             heapq.heapify(hp)
-        for b, _, _, gi, _ in pieces:
-            hp = heaps[set_of[gi]]
-            lo, r = heapq.heappop(hp)
-            heapq.heappush(hp, (lo + b, r))
-            out.append(r)
-        for hp in heaps:
-            for lo, r in hp:
-                load[r] = lo
-        return out
-    for b, _, _, gi, _ in pieces:
-        hs = holders[gi]
-        r = int(hs[int(np.argmin(load[hs]))])
-        load[r] += b
+            heaps.append(hp)
+        set_of.append(s)
+    out: list[int] = []
+    pop, push = heapq.heappop, heapq.heappush
+    for b, x in zip(pbytes, group):
+        hp = heaps[set_of[x]]
+        lo, r = pop(hp)
+        while lo != cur[r]:  # stale: loaded through another set since it was pushed
+            push(hp, (cur[r], r))
+            lo, r = pop(hp)
+        cur[r] = lo + b
+        push(hp, (cur[r], r))
         out.append(r)
+    load[:] = cur
     return out
 
 
@@ -373,11 +448,19 @@ def _split_by_rank(rank: np.ndarray, data: np.ndarray, world: int) -> list[np.nd
 # --------------------------------------------------------------------------- orders
 
 
-def decode_orders(o: dict[str, Any]) -> tuple[list[int], list[tuple[int, Region]], list[tuple[int, int]]]:
+def decode_orders(
+    o: dict[str, Any], ndim_of: Callable[[int], int]
+) -> tuple[list[int], list[tuple[int, Region]], list[tuple[int, int]]]:
     """One rank's orders: leaves it writes whole, ``(leaf, piece)`` it writes in part, and
-    ``(replica group, leaf)`` it checksums, leaves named by their index in its own flatten order."""
+    ``(replica group, leaf)`` it checksums, leaves named by their index in its own flatten order
+    (``ndim_of(leaf)``: its number of dimensions, to which a piece's padded columns are cut)."""
     whole = np.frombuffer(o["whole"], "<i8").tolist()
-    cut = [(int(lc), Region(tuple(p[0]), tuple(p[1]), int(p[2]), int(p[3]))) for lc, p in o["cut"]]
+    D = int(o["ndim"])
+    cut = []
+    for row in np.frombuffer(o["cut"], "<i8").reshape(-1, 2 * D + 3).tolist():
+        lc, fs, fc = row[0], row[1], row[2]
+        d = ndim_of(lc)
+        cut.append((lc, Region(tuple(row[3 : 3 + d]), tuple(row[3 + D : 3 + D + d]), fs, fc)))
     reps = np.frombuffer(o["replicas"], "<i8").reshape(-1, 2).tolist()
     return whole, cut, [(int(g), int(lc)) for g, lc in reps]
 

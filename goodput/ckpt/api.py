@@ -171,7 +171,7 @@ def prepare(state_dict: dict[str, Any], path: Path, group: Any, block_bytes: int
     error = None
     leaves: list[TensorLeaf] = []
     vals = b""
-    decl: dict[str, Any] = {"table": b"", "ndim": 0, "regions": b""}
+    decl: dict[str, Any] = declare([])
     dg = b""
     try:
         check_block_bytes(block_bytes)
@@ -256,7 +256,7 @@ def prepare(state_dict: dict[str, Any], path: Path, group: Any, block_bytes: int
                 kept.digests = [m["digest"] for m in first]
                 kept.agreement = dataclasses.replace(ag, orders=[])
             _PLAN_CACHE[key] = kept
-    whole, cut, reps = decode_orders(mine_orders)
+    whole, cut, reps = decode_orders(mine_orders, lambda i: len(leaves[i].global_shape))
     plan = [Assignment(rank, leaves[i].name, leaves[i].region, leaves[i].region) for i in whole]
     plan += [Assignment(rank, leaves[i].name, p, leaves[i].region) for i, p in cut]
     my_meta = {lf.name: (lf.dtype, list(lf.global_shape), lf.kind) for lf in leaves}

@@ -122,7 +122,8 @@ def test_columnar_agreement_matches_the_plain_one(seed: int, world: int, break_i
     assert sorted(new.replica_keys, key=repr) == sorted(old.replica_keys, key=repr)
     assert new.bytes_per_rank == old.bytes_per_rank  # the same pieces, the same LPT, the same ties
     for r in range(world):
-        whole, cut, reps = decode_orders(new.orders[r])
+        mine_leaves = ranks[r]
+        whole, cut, reps = decode_orders(new.orders[r], lambda i, ls=mine_leaves: len(ls[i].global_shape))
         mine = {(ranks[r][i].name, ranks[r][i].region) for i in whole} | {(ranks[r][i].name, p) for i, p in cut}
         assert mine == {(a.name, a.piece) for a in old.plan if a.rank == r}
         # every replica this rank holds is one it checksums, under the group's index

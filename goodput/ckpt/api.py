@@ -307,11 +307,11 @@ def save(
 
     # ---- 2. replicas must agree -------------------------------------------------------------
     if prep.has_replicas and prep.world > 1:  # one process: nothing to compare with
-        mine = {}
+        mine: list[list[int]] = []
         error = None
         try:
             for i, name in prep.my_replicas:
-                mine[str(i)] = crc32c.crc32c(host_bytes(prep.by_name[name].local))
+                mine.append([i, crc32c.crc32c(host_bytes(prep.by_name[name].local))])
         except Exception as e:
             error = _err(e)
         reports = collective.gather_obj({"rank": rank, "error": error, "crcs": mine}, 0, group)

@@ -41,7 +41,7 @@ _OWN_FILE = re.compile(r"^data-[0-9a-f]{16}-r\d{5,}-\d+\.bin$")
 def report_failure(path: Path, save_id: str, rank: int, error: str) -> None:
     """Tell rank 0 at once that this rank will not write (it aborts instead of timing out)."""
     with contextlib.suppress(OSError):
-        _put(path / done_name(save_id, rank), {"rank": rank, "error": error, "files": [], "crcs": {}})
+        _put(path / done_name(save_id, rank), {"rank": rank, "error": error, "files": [], "crcs": []})
 
 
 def done_name(save_id: str, rank: int) -> str:
@@ -91,12 +91,12 @@ def run_job(job: dict[str, Any], buf: np.ndarray) -> dict[str, Any]:
     timings: dict[str, float] = {}
     results = []
     error = None
-    crcs: dict[str, int] = {}
+    crcs: list[list[int]] = []
     try:
         leaves = job["leaves"]
         for idx, name in job["replicas"]:
             off, nbytes = leaves[name][0], leaves[name][1]
-            crcs[str(idx)] = crc32c.crc32c(memoryview(buf[off : off + nbytes]), 0, 1)
+            crcs.append([idx, crc32c.crc32c(memoryview(buf[off : off + nbytes]), 0, 1)])
         pieces = []
         for name, piece_enc, source_enc in job["pieces"]:
             off, _nbytes, shape, item = leaves[name]

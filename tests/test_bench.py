@@ -38,3 +38,15 @@ def test_bench_async_small() -> None:
         "stall >= 10 x smaller than DCP",
         "concurrent slowdown <= 10 %",
     }
+
+
+def test_bench_ckpt_rounds_small() -> None:
+    """Interleaved rounds: every phase runs once per round, goals carry each round's ratio."""
+    args = ["bench", "ckpt", "--size", "8MiB", "--ranks", "2", "--tensors", "2", "--repeat", "1", "--rounds", "2"]
+    r = runner.invoke(app, [*args, "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output[r.output.index("{") :])
+    assert out["config"]["rounds"] == 2 and out["all_verified"] is True
+    for g in out["goals"]:
+        assert len(g["per_round"]) == 2
+    assert all(len(p["seconds_per_repeat"]) == 2 for p in out["phases"].values())

@@ -29,6 +29,9 @@ def ckpt(
     ranks: int = typer.Option(2, "--ranks", help="Rank processes (gloo)."),
     directory: str = typer.Option("", "--dir", help="Where to write (a temporary directory under it; default /tmp)."),
     repeat: int = typer.Option(3, "--repeat", help="Timed repeats of each phase (the median counts)."),
+    rounds: int = typer.Option(
+        1, "--rounds", help="Run all phases this many times in turn; goals use the median of per-round ratios."
+    ),
     ntensors: int = typer.Option(8, "--tensors", help="Tensors in the state (fp32 and bf16 alternating)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with every number."),
     keep: bool = typer.Option(False, "--keep", help="Keep the files written."),
@@ -58,6 +61,7 @@ def ckpt(
                 directory or None,
                 ntensors=ntensors,
                 repeat=repeat,
+                rounds=rounds,
                 keep=keep,
                 profile_dir=profile or None,
                 on_phase=on_phase,

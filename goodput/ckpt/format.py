@@ -346,6 +346,17 @@ def decode_metadata(raw: bytes, where: str, manifest: Manifest | None = None) ->
     return md
 
 
+def shape_error(shape: Any) -> str | None:
+    """Why a global shape cannot be in a checkpoint (the save refuses what a reader would):
+    at most MAX_NDIM dimensions of 0..2^48, at most 2^50 elements, so that every offset and
+    element count stays far inside int64."""
+    if len(shape) > MAX_NDIM or any((not isinstance(s, int)) or s < 0 or s > 1 << 48 for s in shape):
+        return f"has invalid shape {tuple(shape)}"
+    if math.prod(shape) > 1 << 50:
+        return f"is implausibly large {tuple(shape)}"
+    return None
+
+
 def validate_metadata(md: Metadata, where: str) -> None:
     """Reject metadata that could make a reader escape, overflow, or mis-read (before any read)."""
     width = md.cols["offsets"].shape[1] if md.cols["offsets"].ndim == 2 else -1
@@ -356,10 +367,9 @@ def validate_metadata(md: Metadata, where: str) -> None:
     for t in md.tensors:
         if t.dtype not in DTYPES:
             raise CheckpointError(f"{where}: tensor {t.name!r} has unknown dtype {t.dtype!r}")
-        if len(t.shape) > MAX_NDIM or any((not isinstance(s, int)) or s < 0 or s > 1 << 48 for s in t.shape):
-            raise CheckpointError(f"{where}: tensor {t.name!r} has invalid shape {t.shape}")
-        if math.prod(t.shape) > 1 << 50:
-            raise CheckpointError(f"{where}: tensor {t.name!r} is implausibly large {t.shape}")
+        bad = shape_error(t.shape)
+        if bad:
+            raise CheckpointError(f"{where}: tensor {t.name!r} {bad}")
     names = [t.name for t in md.tensors]
     if len(set(names)) != len(names):
         raise CheckpointError(f"{where}: duplicate tensor names")

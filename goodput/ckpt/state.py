@@ -107,6 +107,11 @@ def flatten(state: Any) -> tuple[list[TensorLeaf], list[ValueLeaf]]:
         raise TypeError(f"state_dict must be a dict, got {type(state).__name__}")
     for k, v in state.items():
         _walk(str(k), v, state, k, tensors, values)
+    names = [x.name for x in tensors] + [x.name for x in values]
+    if len(set(names)) != len(names):  # {"a": {"b": x}, "a.b": y}: one would silently replace the other
+        seen: set[str] = set()
+        dup = next(n for n in names if n in seen or seen.add(n))
+        raise ValueError(f"{dup!r}: two entries of the state dict have this dotted name; rename one")
     return tensors, values
 
 

@@ -200,3 +200,39 @@ def test_a_steady_layout_reuses_its_plan_and_still_checks_values(tmp_path: Path)
         assert ck.read("rep").shape == (64, 32)
         assert ck.values["step"] == step
     assert not (tmp_path / "e" / "MANIFEST.json").exists()
+
+
+def test_a_name_twice_on_one_rank_is_refused(tmp_path: Path) -> None:
+    # found by review: {"a": {"b": x}, "a.b": y} flattens both to "a.b"; one was silently lost,
+    # or (as two halves) the checkpoint committed could not be opened
+    w = FakeLeaf("v", "float32", (8,), Region.whole((8,)))
+    with pytest.raises(SaveError, match="'v': rank 1 holds two tensors of that name"):
+        agree(_new_msgs([[w], [w, w]]), 2, "p")
+    halves = {
+        "a": {"b": gc.LocalShard(torch.zeros(2, 4), (4, 4), (0, 0))},
+        "a.b": gc.LocalShard(torch.ones(2, 4), (4, 4), (2, 0)),
+    }
+    for state in ({"a": {"b": torch.zeros(4)}, "a.b": torch.ones(4)}, halves, {"a": {"b": 1}, "a.b": 2}):
+        with pytest.raises(gc.SaveError, match="'a.b': two entries of the state dict have this dotted name"):
+            gc.save(state, tmp_path / "x")
+    assert gc.latest(tmp_path) is None
+
+
+@pytest.mark.parametrize(
+    "shape, why",
+    [
+        ((2**61 + 1, 8), "has invalid shape"),
+        ((2**40, 2**20), "is implausibly large"),
+        ((2**62, 8), "has invalid shape"),
+    ],
+)
+def test_shapes_a_reader_would_refuse_are_refused_at_save(tmp_path: Path, shape: tuple, why: str) -> None:
+    # found by review: 8 * (2**61 + 1) wraps int64 to 8, so one 1x8 box "tiled" the tensor and
+    # the save committed what gc.open then refused
+    ranks = [[FakeLeaf("w", "int8", shape, Region.box((0, 0), (1, 8)))]]
+    with pytest.raises(SaveError, match=f"'w' {why}.*declared by rank 0"):
+        agree(_new_msgs(ranks), 1, "p")
+    st = {"w": gc.LocalShard(torch.ones(1, 8, dtype=torch.int8), shape, (0, 0))}
+    with pytest.raises(gc.SaveError, match=why):
+        gc.save(st, tmp_path / "x")
+    assert gc.latest(tmp_path) is None

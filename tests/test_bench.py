@@ -23,6 +23,8 @@ def test_bench_ckpt_metadata_small() -> None:
     ag = s["ours_agree"]  # the save's own agreement code planned exactly the bytes the layout holds
     assert ag["declarations"] > 0 and ag["cache_hit"] is True
     assert ag["planned_bytes"] == ag["layout_bytes"]
+    d = s["dcp_save"]  # DCP's coordinator planned the same state (replicas deduplicated)
+    assert d["write_items"] > d["items_written"] > 0 and "save_plan" in s["ratios"]
 
 
 def test_bench_async_small() -> None:

@@ -55,12 +55,14 @@ PHASES: list[tuple[str, str]] = [
     ("dcp_load", "DCP load"),
     ("dcp_reshard_load", "DCP load, resharded rows→cols"),
     ("ours_save", "goodput save"),
+    ("ours_save_one_file", "goodput save, files_per_rank=1"),
     ("ours_load", "goodput load"),
     ("ours_reshard_load", "goodput load, resharded rows→cols"),
     ("ours_reshard_load_amp2", "goodput load, resharded, max_amplification=2"),
 ]
 BASELINES = {
     "ours_save": ("raw_write", "dcp_save"),
+    "ours_save_one_file": ("raw_write", "dcp_save"),
     "ours_load": ("raw_read", "dcp_load"),
     "ours_reshard_load": ("raw_read", "dcp_reshard_load"),
     "ours_reshard_load_amp2": ("raw_read", "dcp_reshard_load"),
@@ -434,15 +436,20 @@ def _ours_state(specs, rank, world, layout, fill):
     return sd, locs
 
 
-def _ours_save(rank, world, specs, root):
+def _ours_save(rank, world, specs, root, sub="ours", files=None):
     from goodput.ckpt.api import save  # imported before the clock starts
 
     sd, _ = _ours_state(specs, rank, world, "rows", True)
 
     def body():
-        return {"timings": save(sd, root / "ours", step=1).timings}
+        return {"timings": save(sd, root / sub, step=1, files_per_rank=files).timings}
 
-    return body, _fresh(rank, root / "ours"), None
+    return body, _fresh(rank, root / sub), None
+
+
+def _ours_save_one_file(rank, world, specs, root):
+    """The save with one data file per rank, against the default (two from 256 MiB a rank)."""
+    return _ours_save(rank, world, specs, root, "ours1", 1)
 
 
 def _ours_load_any(rank, world, specs, root, layout, amplification=1.1):
@@ -480,6 +487,7 @@ _SETUP = {
     "dcp_load": _dcp_load,
     "dcp_reshard_load": _dcp_reshard_load,
     "ours_save": _ours_save,
+    "ours_save_one_file": _ours_save_one_file,
     "ours_load": _ours_load,
     "ours_reshard_load": _ours_reshard_load,
     "ours_reshard_load_amp2": _ours_reshard_load_amp2,
@@ -593,7 +601,7 @@ def run(
         disk = shutil.disk_usage(root)
         fs_bytes = {
             sub: sum(p.stat().st_size for p in (root / sub).rglob("*") if p.is_file())
-            for sub in ("raw", "torch", "dcp", "ours")
+            for sub in ("raw", "torch", "dcp", "ours", "ours1")
         }
     finally:
         if not keep:

@@ -305,13 +305,14 @@ def save(
     block_bytes: int = DEFAULT_BLOCK,
     user: dict[str, Any] | None = None,
     no_dist: bool = False,
-    files_per_rank: int = 1,
+    files_per_rank: int | None = None,
     direct: bool = True,
 ) -> SaveResult:
     """Save ``state_dict`` to ``path`` from every rank of ``process_group``; atomic on success.
 
     ``no_dist=True`` saves from this process alone even inside a process group (as DCP's flag).
-    ``files_per_rank > 1`` writes each rank's bytes as that many files in parallel streams.
+    ``files_per_rank > 1`` writes each rank's bytes as that many files in parallel streams; by
+    default a rank writing 256 MiB or more writes two (``writer.auto_files``), 1 keeps one.
     ``direct`` writes with O_DIRECT where the file system allows it (see ``writer.write_data_file``).
     """
     t0 = time.perf_counter()

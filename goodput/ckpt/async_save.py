@@ -82,7 +82,7 @@ class AsyncSaver:
         if_busy: str = "wait",
         timeout: float = 600.0,
         block_bytes: int = DEFAULT_BLOCK,
-        files_per_rank: int = 1,
+        files_per_rank: int | None = None,
         direct: bool = True,
     ):
         if mode not in ("process", "thread"):

@@ -108,7 +108,7 @@ def run_job(job: dict[str, Any], buf: np.ndarray) -> dict[str, Any]:
                 data = staged_piece(buf, off, source, piece, tuple(shape), item)
             pieces.append(Piece(name, piece, data))
         results = write_rank_files(
-            str(path), save_id, rank, pieces, job["block_bytes"], job.get("files_per_rank", 1), job.get("direct", False)
+            str(path), save_id, rank, pieces, job["block_bytes"], job.get("files_per_rank"), job.get("direct", False)
         )
     except BaseException as e:  # noqa: BLE001 - reported to rank 0 and to the caller
         error = f"{type(e).__name__}: {e}"

@@ -191,19 +191,49 @@ def data_file_name(save_id: str, rank: int, index: int) -> str:
     return f"data-{save_id}-r{rank:05d}-{index}.bin"
 
 
+AUTO_FILES_MIN_BYTES = 256 << 20  # a rank writing at least this much writes two files at once
+
+
+def auto_files(nbytes: int) -> int:
+    """Files per rank when the caller did not say: two concurrent streams once a rank writes
+    256 MiB or more (one O_DIRECT stream leaves the device idle between its requests; ``goodput
+    bench ckpt`` times one file against this default), one below that, where a second file is
+    only overhead."""
+    return 2 if nbytes >= AUTO_FILES_MIN_BYTES else 1
+
+
 def write_rank_files(
-    directory: str, save_id: str, rank: int, pieces: list[Piece], block_bytes: int, files: int = 1, direct: bool = False
+    directory: str,
+    save_id: str,
+    rank: int,
+    pieces: list[Piece],
+    block_bytes: int,
+    files: int | None = 1,
+    direct: bool = False,
 ) -> list[FileResult]:
     """Write one rank's pieces into ``files`` data files in parallel (for storage that rewards
-    concurrent streams: NVMe, parallel file systems). Large pieces are cut along their leading
-    dimension, which keeps each cut a contiguous byte range, so the files come out balanced."""
+    concurrent streams: NVMe, parallel file systems); ``None`` chooses (:func:`auto_files`).
+    Pieces are spread largest first over the files; only when that leaves the files more than
+    10 % apart are large pieces cut along their leading dimension (a contiguous byte range each),
+    so the metadata gains chunks only where balance needs them."""
     from .plan_save import split_region
 
     if not pieces:
         return []
-    files = max(1, files)
-    if files > 1:
-        total = sum(len(p.data) for p in pieces)
+    total = sum(len(p.data) for p in pieces)
+    files = auto_files(total) if files is None else max(1, files)
+
+    def spread(ps: list[Piece]) -> tuple[list[list[Piece]], list[int]]:
+        groups: list[list[Piece]] = [[] for _ in range(files)]
+        load = [0] * files
+        for p in sorted(ps, key=lambda p: -len(p.data)):
+            i = load.index(min(load))
+            groups[i].append(p)
+            load[i] += len(p.data)
+        return groups, load
+
+    groups, load = spread(pieces)
+    if files > 1 and max(load) > 1.1 * total / files:
         target = max(1 << 20, total // (files * 4))
         cut: list[Piece] = []
         for p in pieces:
@@ -216,13 +246,7 @@ def write_rank_files(
                 n = sub.numel * item
                 cut.append(Piece(p.name, sub, p.data[pos : pos + n]))
                 pos += n
-        pieces = cut
-    groups: list[list[Piece]] = [[] for _ in range(files)]
-    load = [0] * files
-    for p in sorted(pieces, key=lambda p: -len(p.data)):
-        i = load.index(min(load))
-        groups[i].append(p)
-        load[i] += len(p.data)
+        groups, load = spread(cut)
     groups = [g for g in groups if g]
     paths = [os.path.join(directory, data_file_name(save_id, rank, i)) for i in range(len(groups))]
     try:

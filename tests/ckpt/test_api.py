@@ -223,3 +223,21 @@ def test_shards_that_do_not_tile_the_tensor_fail_the_save(tmp_path: Path) -> Non
     with pytest.raises(gc.SaveError, match=r"'w'.*do not tile.*8 of the tensor's 16 elements"):
         gc.save({"w": gc.LocalShard(torch.zeros(2, 4), (4, 4), (0, 0))}, tmp_path)
     assert gc.latest(tmp_path) is None
+
+
+def test_two_files_by_default_for_large_ranks_and_pieces_cut_only_for_balance(tmp_path: Path) -> None:
+    from goodput.ckpt.writer import AUTO_FILES_MIN_BYTES, auto_files
+
+    assert auto_files(AUTO_FILES_MIN_BYTES - 1) == 1 and auto_files(AUTO_FILES_MIN_BYTES) == 2
+    # four equal tensors over two files: balanced as they are, so no tensor is cut
+    state = {f"w{i}": torch.randn(256, 1024) for i in range(4)}
+    gc.save(state, tmp_path / "even", files_per_rank=2)
+    assert len([p for p in (tmp_path / "even").iterdir() if p.name.startswith("data-")]) == 2
+    ck = gc.open(tmp_path / "even")
+    assert all(len(ck.tensors[k].chunks) == 1 for k in state)
+    # a small state keeps one file by default
+    gc.save(state, tmp_path / "small")
+    assert len([p for p in (tmp_path / "small").iterdir() if p.name.startswith("data-")]) == 1
+    t = {k: torch.zeros_like(v) for k, v in state.items()}
+    gc.load(t, tmp_path / "even")
+    assert all(torch.equal(t[k], state[k]) for k in state)

@@ -768,12 +768,8 @@ def measure_dcp_save(lay: Layout) -> dict:
     items = sum(len(p.items) for p in plans)
     plans = None
     gc.collect()
-    t0 = time.perf_counter()
-    got = [pickle.loads(w) for w in wire]
-    unpickle_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    global_plan, _ = DefaultSavePlanner().create_global_plan(got)
-    plan_s = time.perf_counter() - t0
+    unpickle_s, got = _timed(lambda: [pickle.loads(w) for w in wire], 1)
+    plan_s, (global_plan, _) = _timed(lambda: DefaultSavePlanner().create_global_plan(got), 1)
     return {
         "write_items": items,
         "gathered_bytes": sum(len(w) for w in wire),

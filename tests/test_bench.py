@@ -52,3 +52,6 @@ def test_bench_ckpt_rounds_small() -> None:
     for g in out["goals"]:
         assert len(g["per_round"]) == 2
     assert all(len(p["seconds_per_repeat"]) == 2 for p in out["phases"].values())
+    # the O_DIRECT ceiling writes the same bytes as the plain raw write, and is reported
+    assert out["config"]["files_bytes"]["rawd"] == out["config"]["files_bytes"]["raw"] > 0
+    assert out["ratios"]["ours_save_vs_raw_write_direct"] > 0

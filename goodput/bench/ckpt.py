@@ -6,7 +6,8 @@ The state is a dict of 2-D fp32/bf16 tensors totalling ``--size`` bytes; rank ``
 memory is its own) and is timed from a barrier before to a barrier after, max over ranks:
 
 * raw: each rank writes its shard bytes sequentially to one file and fsyncs it; then reads them
-  back into preallocated buffers (the floor any checkpoint format pays);
+  back into preallocated buffers (the floor any checkpoint format pays); and, for reference,
+  the same bytes written with O_DIRECT from a page-aligned buffer (the device's ceiling);
 * ``torch.save`` of each rank's shards + fsync (and ``torch.load`` of them, for reference);
 * DCP (``torch.distributed.checkpoint``) save and load of DTensors, and a resharded load;
 * ours: ``goodput.ckpt.save`` / ``load`` with ``LocalShard`` row boxes, and a resharded load
@@ -22,6 +23,7 @@ element by element against the pattern that was saved (outside the timed region)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import shutil
@@ -48,6 +50,7 @@ GOALS = (
 # (phase, label) in the order they run; BASELINES: each of our phases -> its raw and DCP baselines
 PHASES: list[tuple[str, str]] = [
     ("raw_write", "raw write + fsync"),
+    ("raw_write_direct", "raw write O_DIRECT + fsync"),
     ("raw_read", "raw read"),
     ("torch_save", "torch.save + fsync"),
     ("torch_load", "torch.load"),
@@ -309,6 +312,57 @@ def _raw_write(rank, world, specs, root):
     return body, _fresh(rank, d), None
 
 
+def _raw_write_direct(rank, world, specs, root):
+    """The device's durable-write ceiling: the same bytes from one page-aligned buffer (filled
+    before the clock starts) in 32 MiB O_DIRECT writes, no page cache. Not a goal's baseline (the
+    issue's raw write is the plain one); printed so that a reader sees how close to the device
+    each writer gets. Buffered where the file system refuses O_DIRECT (tmpfs)."""
+    import mmap
+
+    state = [_local(s, rank, world, "rows", True)[0] for s in specs]
+    n = sum(len(_bytes_of(t)) for t in state)
+    buf = mmap.mmap(-1, max(4096, -(-n // 4096) * 4096))
+    mv = memoryview(buf)
+    at = 0
+    for t in state:
+        b = _bytes_of(t)
+        mv[at : at + len(b)] = b
+        at += len(b)
+    del state
+    d = root / "rawd"
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"raw-r{rank:05d}.bin"
+
+    def body():
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        try:
+            fd = os.open(path, flags | getattr(os, "O_DIRECT", 0), 0o644)
+            direct = hasattr(os, "O_DIRECT")
+        except OSError:
+            fd, direct = os.open(path, flags, 0o644), False
+        try:
+            whole = len(mv) if direct else n  # direct writes whole pages; the tail is trimmed
+            for a in range(0, whole, 32 << 20):
+                _write_all(fd, mv[a : min(whole, a + (32 << 20))])
+            if direct:
+                os.ftruncate(fd, n)
+            os.fsync(fd)
+        except OSError as e:  # EINVAL: the file system refuses O_DIRECT
+            os.close(fd)
+            if not direct or e.errno != 22:
+                raise
+            fd, direct = os.open(path, flags, 0o644), False
+            _write_all(fd, mv[:n])
+            os.fsync(fd)
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        _fsync_dir(d)
+        return {"timings": {"o_direct": float(direct)}}
+
+    return body, _fresh(rank, d), None
+
+
 def _raw_read(rank, world, specs, root):
     dests = [_local(s, rank, world, "rows", False) for s in specs]
     path = root / "raw" / f"raw-r{rank:05d}.bin"
@@ -480,6 +534,7 @@ def _ours_reshard_load_amp2(rank, world, specs, root):
 
 _SETUP = {
     "raw_write": _raw_write,
+    "raw_write_direct": _raw_write_direct,
     "raw_read": _raw_read,
     "torch_save": _torch_save,
     "torch_load": _torch_load,
@@ -601,7 +656,7 @@ def run(
         disk = shutil.disk_usage(root)
         fs_bytes = {
             sub: sum(p.stat().st_size for p in (root / sub).rglob("*") if p.is_file())
-            for sub in ("raw", "torch", "dcp", "ours", "ours1")
+            for sub in ("raw", "rawd", "torch", "dcp", "ours", "ours1")
         }
     finally:
         if not keep:
@@ -619,6 +674,7 @@ def run(
     for ours, (raw, dcp) in BASELINES.items():
         ratios[f"{ours}_vs_{raw}"] = ratio(ours, raw)
         ratios[f"{ours}_vs_{dcp}"] = ratio(ours, dcp)
+    ratios["ours_save_vs_raw_write_direct"] = ratio("ours_save", "raw_write_direct")
     goals = []
     for key, desc, ours, other, target in GOALS:
         per = round_ratios(ours, other)
@@ -698,6 +754,11 @@ def render(res: dict, console: Any) -> None:
             style=style,
         )
     console.print(t)
+    console.print(
+        f"the device's durable-write ceiling here (raw O_DIRECT write): {ph['raw_write_direct']['gbps']:.3f} GB/s; "
+        f"goodput save = {res['ratios']['ours_save_vs_raw_write_direct']:.2f}× that (not a goal: the plain raw "
+        "write is the goals' baseline)"
+    )
     g = Table(title="goals (ratios of throughput, same run, same directory)")
     g.add_column("goal")
     g.add_column("measured", justify="right")

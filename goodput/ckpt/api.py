@@ -52,7 +52,7 @@ from .plan_save import Assignment
 from .readengine import DEFAULT_READ_BUFFER, ReadStats, Request
 from .reader import Checkpoint
 from .state import TensorLeaf, dest_bytes, flatten, host_bytes
-from .storage import remove_quietly
+from .storage import make_dirs, remove_quietly
 from .writer import FileResult, Piece, write_rank_files
 
 
@@ -189,7 +189,7 @@ def prepare(state_dict: dict[str, Any], path: Path, group: Any, block_bytes: int
     dg = b""
     try:
         check_block_bytes(block_bytes)
-        path.mkdir(parents=True, exist_ok=True)
+        make_dirs(path)
         leaves, value_leaves = flatten(state_dict)
         vals = msgspec.msgpack.encode({v.name: encode_value(v.value, v.name) for v in value_leaves})
         decl = declare(leaves)

@@ -56,7 +56,7 @@ from .api import load
 from .async_save import AsyncSave, AsyncSaver, SaveTimings
 from .format import MANIFEST, CheckpointError
 from .reader import Checkpoint, latest, list_checkpoints
-from .storage import publish_atomic
+from .storage import make_dirs, publish_atomic
 
 PREEMPTED_EXIT = 75
 LATEST = "latest"
@@ -134,7 +134,7 @@ class Checkpointer:
         self._preempt_signal: int | None = None
         self._preempt_step: int | None = None
         self._lock = threading.Lock()
-        self.root.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.root)
         self._old_handlers: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in preempt_signals:

@@ -57,6 +57,7 @@ import torch
 from .dtypes import dtype as dtype_info
 from .format import MANIFEST, CheckpointError, encode_value
 from .state import torch_dtype_name
+from .storage import make_dirs
 
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint.filesystem._metadata_fn
 
@@ -327,7 +328,7 @@ def import_dcp(
     if progress:
         progress("total", total)
     created = not dst.exists()
-    dst.mkdir(parents=True, exist_ok=True)
+    make_dirs(dst)
     scratch: _Scratch | None = None
     state: dict[str, Any] = {}
     try:

@@ -207,25 +207,43 @@ def encode_value(v: Any, where: str = "") -> Any:
     if isinstance(v, list):
         return [encode_value(x, where) for x in v]
     if isinstance(v, dict):
-        if not all(isinstance(k, str) for k in v):
+        if not all(isinstance(k, str) for k in v) or (len(v) == 1 and next(iter(v)) in _TAGS):
             return {"__dict__": [[encode_value(k, where), encode_value(x, where)] for k, x in v.items()]}
         return {k: encode_value(x, f"{where}.{k}") for k, x in v.items()}
     raise TypeError(f"{where!r}: cannot checkpoint a value of type {type(v).__name__}")
 
 
-def decode_value(v: Any) -> Any:
+_TAGS = ("__tuple__", "__float__", "__dict__")  # a user dict with one of these as its only key is escaped
+
+
+def decode_value(v: Any, where: str = "value") -> Any:
+    """The inverse of :func:`encode_value`. Values come from storage: a malformed tag is a
+    :class:`CheckpointError` naming the value, never a bare ``ValueError`` from deep inside."""
     if isinstance(v, list):
-        return [decode_value(x) for x in v]
+        return [decode_value(x, f"{where}[{i}]") for i, x in enumerate(v)]
     if isinstance(v, dict):
         if len(v) == 1:
             ((k, x),) = v.items()
             if k == "__tuple__":
-                return tuple(decode_value(y) for y in x)
+                if not isinstance(x, list):
+                    raise CheckpointError(f"{where}: malformed tuple")
+                return tuple(decode_value(y, f"{where}[{i}]") for i, y in enumerate(x))
             if k == "__float__":
+                if x not in ("nan", "inf", "-inf"):
+                    raise CheckpointError(f"{where}: malformed float {x!r}")
                 return float(x)
             if k == "__dict__":
-                return {decode_value(a): decode_value(b) for a, b in x}
-        return {k: decode_value(x) for k, x in v.items()}
+                if not isinstance(x, list) or not all(isinstance(p, list) and len(p) == 2 for p in x):
+                    raise CheckpointError(f"{where}: malformed dict")
+                out = {}
+                for a, b in x:
+                    key = decode_value(a, f"{where} key")
+                    try:
+                        out[key] = decode_value(b, f"{where}[{key!r}]")
+                    except TypeError:  # an unhashable key (a list): never written by a save
+                        raise CheckpointError(f"{where}: unhashable key {key!r}") from None
+                return out
+        return {k: decode_value(x, f"{where}.{k}") for k, x in v.items()}
     return v
 
 
@@ -282,8 +300,16 @@ def decode_manifest(raw: bytes, where: str) -> Manifest:
     if not _SAVE_ID_RE.match(m.save_id):
         raise CheckpointError(f"{where}: malformed save_id {m.save_id!r}")
     check_file_name(m.metadata.name, where)
-    if m.metadata.bytes < 0:
-        raise CheckpointError(f"{where}: negative metadata size")
+    if not (0 <= m.metadata.bytes < 1 << 48):
+        raise CheckpointError(f"{where}: invalid metadata size {m.metadata.bytes}")
+    if not (math.isfinite(m.created) and 0 <= m.created < 1e11):  # seconds since 1970, before year 5138
+        raise CheckpointError(f"{where}: invalid creation time {m.created!r}")
+    if not (1 <= m.world_size <= 1 << 24) or not (0 <= m.data_bytes < 1 << 62):
+        raise CheckpointError(f"{where}: invalid world size {m.world_size} or data size {m.data_bytes}")
+    if not (0 <= m.num_files < 1 << 32) or not (0 <= m.num_tensors < 1 << 32):
+        raise CheckpointError(f"{where}: invalid file or tensor count ({m.num_files}, {m.num_tensors})")
+    if m.step is not None and not (-(1 << 62) < m.step < 1 << 62):
+        raise CheckpointError(f"{where}: invalid step {m.step}")
     return m
 
 
@@ -375,8 +401,17 @@ def validate_metadata(md: Metadata, where: str) -> None:
         raise CheckpointError(f"{where}: duplicate tensor names")
     for f in md.files:
         check_file_name(f.name, where)
-        if f.bytes < 0 or f.crc_offset < 0 or f.crc_count < 0 or f.crc_offset + 4 * f.crc_count > f.bytes:
+        if (
+            not (0 <= f.bytes < 1 << 62)
+            or f.crc_offset < 0
+            or f.crc_count < 0
+            or f.crc_offset + 4 * f.crc_count > f.bytes
+        ):
             raise CheckpointError(f"{where}: file {f.name!r} has an invalid size or checksum table")
+        if not (0 <= f.rank < 1 << 24):
+            raise CheckpointError(f"{where}: file {f.name!r} names an invalid rank {f.rank}")
+    for k, v in md.values.items():
+        decode_value(v, f"{where}: value {k!r}")  # refuse a malformed value before any read
     c = md.cols
     n = md.num_chunks
     if n == 0:

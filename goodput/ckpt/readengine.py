@@ -27,7 +27,7 @@ import numpy as np
 from .crc import combine_blocks
 from .format import CheckpointError, Metadata
 from .geometry import Region, cut_flat_many, expand_runs, row_major_strides_many
-from .storage import pread_into
+from .storage import open_inside, pread_into
 
 DEFAULT_READ_BUFFER = 256 << 20
 PIECE = 16 << 20  # unit of work handed to one I/O thread
@@ -264,10 +264,9 @@ class Files:
             f = self.md.files[fid]
             path = self.dir / f.name
             try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                holders = self._tensors_in(fid)
-                raise CheckpointError(f"data file {str(path)!r} is missing (it holds {holders})") from None
+                fd = open_inside(path, "data file")
+            except CheckpointError as e:
+                raise CheckpointError(f"{e} (it holds {self._tensors_in(fid)})") from None
             size = os.fstat(fd).st_size
             if size != f.bytes:
                 os.close(fd)
@@ -387,7 +386,7 @@ class Executor:
         md = self.md
         ch = o.chunk
         fd = self.files.fd(int(md.cols["file"][ch]))
-        fname = md.files[int(md.cols["file"][ch])].name
+        fname = md.describe_chunk(ch)  # read errors name the file and the tensor
         base = int(md.cols["offset"][ch])
         length = int(md.cols["length"][ch])
         self.stats.add(chunks=1, bytes_needed=int(o.nbytes.sum()))
@@ -464,7 +463,10 @@ class Executor:
             buf = self.scratch(total)
             preadv = os.preadv
             for a, m, at in zip((lo + base).tolist(), n.tolist(), pos[:-1].tolist()):
-                got = preadv(fd, [buf[at : at + m]], a)
+                try:
+                    got = preadv(fd, [buf[at : at + m]], a)
+                except OSError:
+                    got = 0  # pread_into retries and, if it fails again, names the file
                 if got != m:  # short read: finish it, or fail naming the file
                     pread_into(fd, buf[at + max(got, 0) : at + m], a + max(got, 0), fname)
             nv = self._verify_pieces(ch, buf, lo, hi, pos, expect, expect_arr)

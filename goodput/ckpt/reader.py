@@ -27,7 +27,9 @@ from .format import (
 )
 from .geometry import Region
 from .readengine import DEFAULT_READ_BUFFER, Files, Planner, ReadStats, Request, read_requests
-from .storage import pread_into
+from .storage import pread_into, read_inside
+
+MAX_MANIFEST_BYTES = 64 << 20  # a manifest is a few hundred bytes plus the user's own dict
 
 
 @dataclass(frozen=True)
@@ -55,11 +57,9 @@ class TensorInfo:
 
 def read_manifest(path: Path) -> Manifest:
     mpath = path / MANIFEST
-    try:
-        raw = mpath.read_bytes()
-    except FileNotFoundError:
-        raise CheckpointError(f"{str(path)!r} is not a committed checkpoint (no {MANIFEST})") from None
-    return decode_manifest(raw, str(mpath))
+    if not mpath.exists() and not mpath.is_symlink():
+        raise CheckpointError(f"{str(path)!r} is not a committed checkpoint (no {MANIFEST})")
+    return decode_manifest(read_inside(mpath, "manifest", MAX_MANIFEST_BYTES), str(mpath))
 
 
 class Checkpoint:
@@ -70,10 +70,7 @@ class Checkpoint:
         self.manifest = read_manifest(self.path)
         mref = self.manifest.metadata
         mpath = self.path / mref.name
-        try:
-            raw = mpath.read_bytes()
-        except FileNotFoundError:
-            raise CheckpointError(f"metadata file {str(mpath)!r} is missing") from None
+        raw = read_inside(mpath, "metadata file", mref.bytes)
         self.metadata: Metadata = decode_metadata(raw, str(mpath), self.manifest)
         self._planner = Planner(self.metadata)
         self._tensors: dict[str, TensorInfo] | None = None

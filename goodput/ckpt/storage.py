@@ -23,6 +23,60 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def make_dirs(path: str | os.PathLike) -> None:
+    """``mkdir -p`` whose new entries survive a crash: each directory created is fsynced into its
+    parent, so a checkpoint committed inside a new ``root/step_N`` cannot vanish with its name."""
+    path = Path(path)
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        if p.parent == p:
+            break
+        p = p.parent
+    for d in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another rank made it first
+            d.mkdir()
+        fsync_dir(d.parent)
+    if not path.is_dir():
+        raise NotADirectoryError(f"{str(path)!r} is not a directory")
+
+
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def open_inside(path: str | os.PathLike, what: str) -> int:
+    """Open a file named by checkpoint metadata for reading, refusing a symbolic link: a name
+    that passed the plain-name check must not lead out of the checkpoint directory through a
+    link planted there. Any failure is a CheckpointError naming the file and what it holds."""
+    from .format import CheckpointError
+
+    try:
+        return os.open(path, os.O_RDONLY | NOFOLLOW)
+    except FileNotFoundError:
+        raise CheckpointError(f"{what} {str(path)!r} is missing") from None
+    except OSError as e:
+        if NOFOLLOW and os.path.islink(path):
+            raise CheckpointError(f"{what} {str(path)!r} is a symbolic link; refusing to follow it") from None
+        raise CheckpointError(f"{what} {str(path)!r} cannot be opened: {e.strerror or e}") from None
+
+
+def read_inside(path: str | os.PathLike, what: str, limit: int) -> bytes:
+    """The whole file at ``path`` (see :func:`open_inside`), refusing one over ``limit`` bytes."""
+    from .format import CheckpointError
+
+    fd = open_inside(path, what)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise CheckpointError(f"{what} {str(path)!r} is {size} bytes, more than the {limit} it may be")
+        buf = bytearray(size)
+        pread_into(fd, memoryview(buf), 0, f"{what} {str(path)!r}")
+        return bytes(buf)
+    finally:
+        os.close(fd)
+
+
 def write_all(fd: int, data: memoryview | bytes) -> None:
     mv = memoryview(data).cast("B")
     while len(mv):
@@ -33,19 +87,26 @@ def write_all(fd: int, data: memoryview | bytes) -> None:
 def pread_into(fd: int, buf: memoryview, offset: int, what: str) -> None:
     """Fill ``buf`` from ``offset``; a short file is an error that names ``what``."""
     mv = memoryview(buf).cast("B")
-    n = os.preadv(fd, [mv], offset)
-    if n == len(mv):
-        return
-    from .format import CheckpointError
-
-    mv = mv[max(n, 0) :]
-    offset += max(n, 0)
-    while len(mv):
+    try:
         n = os.preadv(fd, [mv], offset)
-        if n <= 0:
-            raise CheckpointError(f"{what}: file ends early at byte {offset} (truncated)")
-        mv = mv[n:]
-        offset += n
+        if n == len(mv):
+            return
+        mv = mv[max(n, 0) :]
+        offset += max(n, 0)
+        while len(mv):
+            n = os.preadv(fd, [mv], offset)
+            if n <= 0:
+                break
+            mv = mv[n:]
+            offset += n
+    except OSError as e:  # EIO and the like: name the file, never a bare traceback
+        from .format import CheckpointError
+
+        raise CheckpointError(f"{what}: read failed at byte {offset}: {e.strerror or e}") from None
+    if len(mv):
+        from .format import CheckpointError
+
+        raise CheckpointError(f"{what}: file ends early at byte {offset} (truncated)")
 
 
 def publish_atomic(directory: str | os.PathLike, name: str, data: bytes) -> None:

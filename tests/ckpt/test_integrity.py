@@ -139,6 +139,17 @@ CASES = {
     "unknown tensor id": (lambda md: md.cols["tensor"].__setitem__(1, 7), r"names tensor #7"),
     "checksum table outside file": (lambda md: md.cols["block0"].__setitem__(0, 10**9), r"tensor 'a'.*block checksums"),
     "unknown dtype": (lambda md: setattr(md.tensors[0], "dtype", "pickle"), r"tensor 'a' has unknown dtype"),
+    "file size past int64": (lambda md: setattr(md.files[0], "bytes", 2**64 - 1), r"invalid size"),
+    "negative writer rank": (lambda md: setattr(md.files[0], "rank", -5), r"invalid rank -5"),
+    "malformed float value": (
+        lambda md: md.values.__setitem__("lr", {"__float__": "x"}),
+        r"value 'lr'.*malformed float",
+    ),
+    "malformed tuple value": (lambda md: md.values.__setitem__("lr", {"__tuple__": 3}), r"value 'lr'.*malformed tuple"),
+    "malformed dict value": (
+        lambda md: md.values.__setitem__("lr", {"__dict__": [[1]]}),
+        r"value 'lr'.*malformed dict",
+    ),
 }
 
 
@@ -203,3 +214,50 @@ def test_any_flipped_byte_is_named_by_its_block(n: int, flip: float, lo: float) 
         first = int(lo * n)  # a read of elements [first, n) skips the bad block if it lies before
         if first * 4 // 512 > at // 512:
             np.testing.assert_array_equal(gc.open(path).read("x", np.s_[first:]), data[first:])
+
+
+def test_hostile_manifest_fields_are_refused_and_ls_lists_the_rest(tmp_path: Path) -> None:
+    """A manifest whose creation time cannot be a date (or whose sizes cannot be) is not a
+    checkpoint: ``open`` names the field, and ``ls`` and ``latest`` skip it and keep the others."""
+    from typer.testing import CliRunner
+
+    from goodput.cli.main import app
+
+    make(tmp_path / "good")
+    make(tmp_path / "bad")
+    m = msgspec.json.decode((tmp_path / "bad" / MANIFEST).read_bytes(), type=Manifest)
+    m.created = 1e300
+    (tmp_path / "bad" / MANIFEST).write_bytes(msgspec.json.encode(m))
+    with pytest.raises(CheckpointError, match="invalid creation time"):
+        gc.open(tmp_path / "bad")
+    assert gc.latest(tmp_path) == tmp_path / "good"
+    r = CliRunner().invoke(app, ["ckpt", "ls", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert "good" in r.output and "bad" not in r.output
+
+
+def test_a_symlinked_data_file_is_refused(tmp_path: Path) -> None:
+    """A link planted under a plain name must not lead a reader out of the checkpoint."""
+    ck = tmp_path / "ck"
+    make(ck)
+    f = data_file(ck)
+    outside = tmp_path / "outside.bin"
+    shutil.move(f, outside)  # the same bytes, CRCs and all: only the link is wrong
+    f.symlink_to(outside)
+    for verify in (True, False):
+        with pytest.raises(CheckpointError, match="symbolic link"):
+            gc.load(targets(), ck, verify=verify)
+    (ck / MANIFEST).rename(tmp_path / "m.json")
+    (ck / MANIFEST).symlink_to(tmp_path / "m.json")
+    with pytest.raises(CheckpointError, match="symbolic link"):
+        gc.open(ck)
+
+
+def test_values_that_look_like_tags_round_trip(tmp_path: Path) -> None:
+    """A user's dict whose only key is one of the format's tags is escaped, not misread."""
+    # dicts inside a list reach the value encoder whole (nested dicts are the state's own tree)
+    vals = {"a": [{"__float__": "nan"}], "b": [{"__tuple__": [1, 2]}], "c": (1, {"__dict__": 3}), "d": float("-inf")}
+    gc.save({"w": torch.zeros(2), **vals}, tmp_path)
+    got = gc.open(tmp_path).values
+    assert got["a"] == [{"__float__": "nan"}] and got["b"] == [{"__tuple__": [1, 2]}]
+    assert got["c"] == (1, {"__dict__": 3}) and got["d"] == float("-inf")

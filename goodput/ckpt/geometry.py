@@ -302,6 +302,70 @@ def cut_flat_many(start: np.ndarray, count: np.ndarray, shape: np.ndarray) -> tu
     return owner, lo, lo + size
 
 
+def run_shape(
+    size: np.ndarray, s_strides: np.ndarray, d_strides: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For boxes of ``size`` copied between two affine layouts: ``(run, j, nruns)``: elements per
+    run (trailing dimensions contiguous in both layouts merged), the first merged dimension, and
+    the number of runs (the product of the extents of the dimensions before ``j``)."""
+    P, D = size.shape
+    if D == 0:
+        one = np.ones(P, np.int64)
+        return one, np.zeros(P, np.int64), one
+    run = size[:, D - 1].copy()
+    j = np.full(P, D - 1, np.int64)
+    active = np.ones(P, bool)
+    for k in range(D - 2, -1, -1):
+        active &= (s_strides[:, k] == run) & (d_strides[:, k] == run)
+        run = np.where(active, run * size[:, k], run)
+        j = np.where(active, k, j)
+    outer = np.where(np.arange(D)[None, :] < j[:, None], size, 1)
+    return run, j, outer.prod(axis=1)
+
+
+def split_by_runs(
+    lo: np.ndarray, hi: np.ndarray, j: np.ndarray, nruns: np.ndarray, budget: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cut the boxes with more than ``budget`` runs along their outer dimensions (those before
+    ``j``, so no run is cut) into boxes of at most ``budget`` runs, or of one index of a dimension
+    where that alone holds more: ``(owner, lo, hi)``, every box that needed no cut first. A column
+    of a tall matrix is millions of one-element runs in one box: expanded whole, its runs alone
+    would outgrow the read buffer a load promises to stay within."""
+    big = np.flatnonzero(nruns > budget)
+    if not len(big):
+        return np.arange(len(lo), dtype=np.int64), lo, hi
+    owners: list[int] = []
+    los: list[np.ndarray] = []
+    his: list[np.ndarray] = []
+
+    def cut(i: int, a: np.ndarray, b: np.ndarray) -> None:
+        ext = b - a
+        outer = [k for k in range(int(j[i])) if ext[k] > 1]
+        n = int(np.prod(ext[: int(j[i])], dtype=np.int64))
+        if n <= budget or not outer:
+            owners.append(i)
+            los.append(a)
+            his.append(b)
+            return
+        k = outer[0]
+        per = n // int(ext[k])  # runs in one index of dimension k
+        step = max(1, budget // per)
+        for s in range(int(a[k]), int(b[k]), step):
+            a2, b2 = a.copy(), b.copy()
+            a2[k], b2[k] = s, min(int(b[k]), s + step)
+            cut(i, a2, b2)
+
+    for i in big.tolist():
+        cut(i, lo[i].copy(), hi[i].copy())
+    small = np.flatnonzero(nruns <= budget)
+    D = lo.shape[1]
+    return (
+        np.concatenate([small, np.asarray(owners, np.int64)]),
+        np.concatenate([lo[small], np.asarray(los, np.int64).reshape(-1, D)]),
+        np.concatenate([hi[small], np.asarray(his, np.int64).reshape(-1, D)]),
+    )
+
+
 def expand_runs(
     lo: np.ndarray,
     hi: np.ndarray,
@@ -322,17 +386,10 @@ def expand_runs(
     if D == 0:
         ones = np.ones(P, np.int64)
         return np.arange(P, dtype=np.int64), s0, d0, ones
-    run = size[:, D - 1].copy()
-    j = np.full(P, D - 1, np.int64)
-    active = np.ones(P, bool)
-    for k in range(D - 2, -1, -1):
-        active &= (s_strides[:, k] == run) & (d_strides[:, k] == run)
-        run = np.where(active, run * size[:, k], run)
-        j = np.where(active, k, j)
-    outer = np.where(np.arange(D)[None, :] < j[:, None], size, 1)
-    nruns = outer.prod(axis=1)
+    run, j, nruns = run_shape(size, s_strides, d_strides)
     if int(nruns.max(initial=1)) <= 1:
         return np.arange(P, dtype=np.int64), s0, d0, run
+    outer = np.where(np.arange(D)[None, :] < j[:, None], size, 1)
     pair = np.repeat(np.arange(P, dtype=np.int64), nruns)
     k_idx = np.arange(len(pair), dtype=np.int64) - np.repeat(np.cumsum(nruns) - nruns, nruns)
     src = s0[pair]

@@ -14,8 +14,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import chain
@@ -26,7 +27,7 @@ import numpy as np
 
 from .crc import combine_blocks
 from .format import CheckpointError, Metadata
-from .geometry import Region, cut_flat_many, expand_runs, row_major_strides_many
+from .geometry import Region, cut_flat_many, expand_runs, row_major_strides_many, run_shape, split_by_runs
 from .storage import open_inside, pread_into
 
 DEFAULT_READ_BUFFER = 256 << 20
@@ -72,25 +73,80 @@ class ChunkOps:
     nbytes: np.ndarray
 
 
+RUN_BUDGET = 1 << 16  # byte runs expanded at a time (about 20 MiB of index arrays)
+
+
 class Plan:
-    """Every run to copy, as columns sorted by (file, chunk offset, source offset).
+    """The intersections of a load's requested boxes with the saved chunks, ordered by (file,
+    chunk offset, first source byte), expanded into byte runs a batch of at most ``budget`` runs
+    at a time: what a plan holds at once is bounded whatever the layouts (a column of a tall
+    row-major chunk is one run per row).
 
-    Iterating yields one :class:`ChunkOps` per saved chunk, in file order, as views."""
+    Iterating yields :class:`ChunkOps` (the runs of one chunk within a batch, sorted by source
+    offset), chunks in file order; a chunk with more runs than a batch comes in several."""
 
-    def __init__(self, chunk: np.ndarray, src: np.ndarray, dst: np.ndarray, req: np.ndarray, nbytes: np.ndarray):
-        self.chunk, self.src, self.dst, self.req, self.nbytes = chunk, src, dst, req, nbytes
-        self.bounds = np.flatnonzero(np.diff(chunk)) + 1 if len(chunk) else np.zeros(0, np.int64)
+    def __init__(
+        self,
+        md: Metadata,
+        P: np.ndarray,
+        Q: np.ndarray,
+        lo: np.ndarray,
+        hi: np.ndarray,
+        item: np.ndarray,
+        budget: int,
+        cols: tuple,
+    ):
+        _, _, ST, BASE, ID, _ = self.cols = cols
+        self.budget = max(1, budget)
+        _, j, nruns = run_shape(hi - lo, P[:, ST], Q[:, ST])
+        owner, lo, hi = split_by_runs(lo, hi, j, nruns, self.budget)
+        if len(owner) != len(P) or not np.array_equal(owner, np.arange(len(P))):
+            P, Q = P[owner], Q[owner]
+            _, _, nruns = run_shape(hi - lo, P[:, ST], Q[:, ST])
+        chunk = P[:, ID]
+        s0 = P[:, BASE] + (lo * P[:, ST]).sum(axis=1)
+        order = np.lexsort((s0, md.cols["offset"][chunk], md.cols["file"][chunk]))
+        self.md = md
+        self.P, self.Q, self.lo, self.hi, self.nruns = P[order], Q[order], lo[order], hi[order], nruns[order]
+        self.item = item
         self.candidates = 0  # (requested box, saved box) pairs the planner looked at
 
+    @property
+    def runs(self) -> int:
+        return int(self.nruns.sum())
+
     def __len__(self) -> int:
-        return len(self.bounds) + 1 if len(self.chunk) else 0
+        """Saved chunks the load reads from."""
+        return len(np.unique(self.P[:, self.cols[4]]))
+
+    def batches(self) -> Iterator[tuple[int, int]]:
+        """Consecutive pair ranges of at most ``budget`` runs (a pair is never cut: the planner
+        already cut every pair to at most ``budget`` runs)."""
+        cum = np.cumsum(self.nruns)
+        a, done = 0, 0
+        while a < len(cum):
+            b = max(a + 1, int(np.searchsorted(cum, done + self.budget, side="right")))
+            yield a, b
+            done = int(cum[b - 1])
+            a = b
 
     def __iter__(self) -> Iterator[ChunkOps]:
-        if not len(self.chunk):
-            return
-        edges = [0, *self.bounds.tolist(), len(self.chunk)]
-        for a, b in zip(edges[:-1], edges[1:]):
-            yield ChunkOps(int(self.chunk[a]), self.src[a:b], self.dst[a:b], self.req[a:b], self.nbytes[a:b])
+        _, _, ST, BASE, ID, _ = self.cols
+        c = self.md.cols
+        for a, b in self.batches():
+            P, Q = self.P[a:b], self.Q[a:b]
+            pair, src, dst, run = expand_runs(self.lo[a:b], self.hi[a:b], P[:, ST], P[:, BASE], Q[:, ST], Q[:, BASE])
+            req = Q[pair, ID]
+            chunk = P[pair, ID]
+            order = np.lexsort((src, c["offset"][chunk], c["file"][chunk]))
+            chunk, req = chunk[order], req[order]
+            it = self.item[req]
+            src, dst, run = src[order] * it, dst[order] * it, run[order] * it
+            del pair, order, it
+            bounds = np.flatnonzero(np.diff(chunk)) + 1
+            edges = [0, *bounds.tolist(), len(chunk)]
+            for x, y in zip(edges[:-1], edges[1:]):
+                yield ChunkOps(int(chunk[x]), src[x:y], dst[x:y], req[x:y], run[x:y])
 
 
 class Planner:
@@ -114,8 +170,8 @@ class Planner:
         except KeyError:
             raise CheckpointError(f"tensor {name!r} is not in the checkpoint") from None
 
-    def plan(self, requests: list[Request]) -> Plan:
-        tb, c = self.tables, self.md.cols
+    def plan(self, requests: list[Request], run_budget: int = RUN_BUDGET) -> Plan:
+        tb = self.tables
         D = tb.shape.shape[1]
         nreq = len(requests)
         by_name = tb.by_name
@@ -237,12 +293,7 @@ class Planner:
                 f"tensor {r.name!r}: cannot fill region {r.region.describe()} "
                 f"({int(covered[i])} of {int(numel[i])} elements found: {what})"
             )
-        pair, src, dst, run = expand_runs(lo, hi, Pp[:, ST], Pp[:, BASE], Qq[:, ST], Qq[:, BASE])
-        req = Qq[pair, ID]
-        chunk = Pp[pair, ID]
-        order = np.lexsort((src, c["offset"][chunk], c["file"][chunk]))
-        it = item[req[order]]
-        plan = Plan(chunk[order], src[order] * it, dst[order] * it, req[order], run[order] * it)
+        plan = Plan(self.md, Pp, Qq, lo, hi, item, run_budget, index.cols)
         plan.candidates = len(pq)
         return plan
 
@@ -290,7 +341,9 @@ class Files:
             self._fds.clear()
 
 
-def chunk_block_crcs(files: Files, md: Metadata, ch: int, stats: ReadStats) -> list[int]:
+def chunk_block_crcs(files: Files, md: Metadata, ch: int, stats: ReadStats) -> np.ndarray:
+    """The chunk's block-checksum table (4 bytes a block: kept as an array, not a list of Python
+    ints, which would cost ten times that for a large chunk), checked against the metadata."""
     fid = int(md.cols["file"][ch])
     f = md.files[fid]
     nblocks = -(-int(md.cols["length"][ch]) // md.block_bytes)
@@ -302,10 +355,10 @@ def chunk_block_crcs(files: Files, md: Metadata, ch: int, stats: ReadStats) -> l
             f"block checksum table of {md.describe_chunk(ch)} does not match the metadata "
             f"(file {f.name!r} is corrupt or from another checkpoint)"
         )
-    return buf.tolist()
+    return buf
 
 
-def check_blocks(md: Metadata, ch: int, data: memoryview, first_block: int, expect: list[int]) -> int:
+def check_blocks(md: Metadata, ch: int, data: memoryview, first_block: int, expect: np.ndarray) -> int:
     """Compare the checksums of whole blocks in ``data`` (starting at ``first_block``).
 
     A run of blocks is checked with one CRC over all its bytes, against the CRC the recorded
@@ -321,7 +374,7 @@ def check_blocks(md: Metadata, ch: int, data: memoryview, first_block: int, expe
             return nb
     k = first_block
     for i in range(0, len(data), B):
-        if crc32c.crc32c(data[i : i + B], 0, 1) != expect[k]:
+        if crc32c.crc32c(data[i : i + B], 0, 1) != int(expect[k]):
             raise _corrupt(md, ch, k, len(data[i : i + B]))
         k += 1
     if nb >= 8:  # the run failed but no block did: the recorded block CRCs disagree with each other
@@ -367,14 +420,21 @@ class Executor:
     def run(self, ops: Iterable[ChunkOps], dests: list[np.ndarray]) -> ReadStats:
         t0 = time.perf_counter()
         try:
-            tasks = [t for o in ops for t in self.chunk_tasks(o, dests)]
-            if self.threads == 1 or len(tasks) <= 1:
+            tasks = (t for o in ops for t in self.chunk_tasks(o, dests))
+            if self.threads == 1:
                 for task in tasks:
                     task()
             else:
+                # tasks are made as the plan is consumed and at most 2 x threads wait at once,
+                # so the runs and checksum tables held stay bounded however large the load
                 with ThreadPoolExecutor(self.threads, thread_name_prefix="goodput-read") as pool:
-                    for fut in [pool.submit(task) for task in tasks]:
-                        fut.result()
+                    pending: deque[Future] = deque()
+                    for task in tasks:
+                        if len(pending) >= 2 * self.threads:
+                            pending.popleft().result()
+                        pending.append(pool.submit(task))
+                    while pending:
+                        pending.popleft().result()
         finally:
             self.files.close()
         self.stats.seconds += time.perf_counter() - t0
@@ -450,7 +510,6 @@ class Executor:
         i0s = np.searchsorted(o.src, p_lo - longest, side="left")
         i1s = np.searchsorted(o.src, p_hi, side="left")
         cuts = np.cumsum([0] + [len(g) for g in groups if g])
-        expect_arr = np.asarray(expect, np.uint32)
 
         def run_group(g0: int, g1: int) -> None:
             """Read a group's pieces back to back into one scratch buffer (one syscall each and
@@ -469,7 +528,7 @@ class Executor:
                     got = 0  # pread_into retries and, if it fails again, names the file
                 if got != m:  # short read: finish it, or fail naming the file
                     pread_into(fd, buf[at + max(got, 0) : at + m], a + max(got, 0), fname)
-            nv = self._verify_pieces(ch, buf, lo, hi, pos, expect, expect_arr)
+            nv = self._verify_pieces(ch, buf, lo, hi, pos, expect)
             # the runs meeting each piece, clipped to it, at their place in the buffer
             c0, c1 = i0s[g0:g1], i1s[g0:g1]
             cnt = c1 - c0
@@ -499,8 +558,7 @@ class Executor:
         lo: np.ndarray,
         hi: np.ndarray,
         pos: np.ndarray,
-        expect: list[int],
-        expect_arr: np.ndarray,
+        expect: np.ndarray,
     ) -> int:
         """Verify pieces laid back to back in ``buf``: one CRC over all of them against the
         combination of their blocks' CRCs (every block but the very last is whole: pieces are
@@ -512,7 +570,7 @@ class Executor:
         total = int(pos[-1])
         if int(nb.sum()) >= 8:
             blocks = np.arange(int(nb.sum())) - np.repeat(np.cumsum(nb) - nb, nb) + np.repeat(b0, nb)
-            if crc32c.crc32c(buf[:total], 0, 1) == combine_blocks(expect_arr[blocks], B, total):
+            if crc32c.crc32c(buf[:total], 0, 1) == combine_blocks(expect[blocks], B, total):
                 return int(nb.sum())
         count = 0
         for a, s, e in zip(b0.tolist(), pos[:-1].tolist(), pos[1:].tolist()):
@@ -592,7 +650,9 @@ def read_requests(
 ) -> ReadStats:
     t0 = time.perf_counter()
     planner = planner or Planner(md)
-    ops = planner.plan(requests)
+    # the runs a batch expands cost about 300 B each while it is consumed: a budget of one run per
+    # 4 KiB of read buffer keeps them within a few percent of it
+    ops = planner.plan(requests, run_budget=max(4096, read_buffer // 4096))
     plan_s = time.perf_counter() - t0
     ex = Executor(
         directory, md, verify=verify, read_buffer=read_buffer, threads=threads, max_amplification=max_amplification

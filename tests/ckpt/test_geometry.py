@@ -245,12 +245,16 @@ def test_planner_fills_many_requests_at_once_like_the_oracle(tensor_shapes, data
     qs = [data.draw(queries(tensor_shapes[t])) for t in asks]
     dests = [np.zeros(q.numel, np.int64) for q in qs]
     reqs = [Request(f"t{t}", q, d.view(np.uint8)) for t, q, d in zip(asks, qs, dests)]
-    plan = Planner(md).plan(reqs)
+    # a small run budget cuts boxes and batches: the plan must still be exact
+    budget = data.draw(st.sampled_from([1, 2, 3, 7, 1 << 18]))
+    plan = Planner(md).plan(reqs, run_budget=budget)
     written = [np.zeros(q.numel, bool) for q in qs]
     last = (-1, -1)
     for ops in plan:
         key = (0, int(md.cols["offset"][ops.chunk]))
-        assert key > last, "chunks come in file order, each once"
+        if budget == 1 << 18:
+            assert key > last, "chunks come in file order, each once"
+        assert len(ops.src) <= max(budget, 1) or budget == 1 << 18, "a batch holds at most the budget"
         last = key
         assert np.all(np.diff(ops.src) >= 0), "runs follow the chunk's byte order"
         for s, d, n, r in zip(ops.src.tolist(), ops.dst.tolist(), ops.nbytes.tolist(), ops.req.tolist()):
@@ -332,7 +336,7 @@ def test_planner_on_many_column_shards_stays_linear():
     md = metadata_for([("c", (2, n), [Region.box((0, i), (2, 1)) for i in range(n)])])
     reqs = [Request("c", Region.box((0, i), (2, 1)), np.zeros(16, np.uint8)) for i in range(n)]
     plan = Planner(md).plan(reqs)
-    assert len(plan) == n and len(plan.src) == n
+    assert len(plan) == n and plan.runs == n
     assert plan.candidates <= 2 * n  # not n * n
 
 
@@ -404,3 +408,21 @@ def test_index_refuses_layouts_too_irregular_to_check():
     md = metadata_for([("w", (4,), [Region.box((0,), (4,))] * n)])
     with pytest.raises(CheckpointError, match="comparisons to prove them disjoint"):
         validate_metadata(md, "t")
+
+
+def test_a_plan_holds_at_most_its_run_budget():
+    """A whole tall matrix saved as 4 column shards, loaded whole: one 8-byte run per row per
+    chunk. Planned with a budget, no batch expands more runs than it, and the runs cover the
+    destination exactly once."""
+    rows = 10_000
+    md = metadata_for([("w", (rows, 4), [Region.box((0, i), (rows, 1)) for i in range(4)])])
+    dest = np.zeros(rows * 4 * 8, np.uint8)
+    plan = Planner(md).plan([Request("w", Region.box((0, 0), (rows, 4)), dest)], run_budget=1000)
+    assert plan.runs == 4 * rows
+    seen = np.zeros(rows * 4, np.int64)
+    batches = list(plan.batches())
+    assert len(batches) == 40
+    for ops in plan:
+        assert len(ops.src) <= 1000
+        np.add.at(seen, ops.dst // 8, 1)
+    assert (seen == 1).all()

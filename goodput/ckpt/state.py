@@ -215,6 +215,8 @@ def host_bytes(x: torch.Tensor | np.ndarray) -> np.ndarray:
         x = pinned
     elif x.device.type != "cpu":
         x = x.cpu()
+    if x.is_conj() or x.is_neg():  # lazy conjugate/negative views: their bytes are not their values
+        x = x.resolve_conj().resolve_neg()
     x = x.contiguous()
     return x.reshape(-1).view(torch.uint8).numpy()
 
@@ -225,8 +227,8 @@ def dest_bytes(x: torch.Tensor | np.ndarray) -> np.ndarray | None:
         if x.flags.c_contiguous and x.flags.writeable:
             return x.reshape(-1).view(np.uint8)
         return None
-    if x.device.type != "cpu" or not x.is_contiguous():
-        return None
+    if x.device.type != "cpu" or not x.is_contiguous() or x.is_conj() or x.is_neg():
+        return None  # staged, then copy_ (which honours the lazy conjugate/negative bit)
     try:
         return x.detach().reshape(-1).view(torch.uint8).numpy()
     except RuntimeError:  # "contiguous" by torch's rule yet odd strides on size-1 dims: stage it

@@ -85,7 +85,7 @@ def agree(gathered: list[dict], world: int, path: Path) -> OldAgreement:
     return OldAgreement(meta, values, replica_keys, [holders[k] for k in replica_keys], plan, bytes_per_rank)
 
 
-def plan_writes(decls: list[list[Decl]], piece_fraction: float = 1 / 32, min_piece: int = 1 << 20) -> list[Assignment]:
+def plan_writes(decls: list[list[Decl]], piece_fraction: float = 1 / 32, min_piece: int = 64 << 10) -> list[Assignment]:
     world = len(decls)
     holders: dict[tuple[str, Region], list[int]] = {}
     nbytes: dict[tuple[str, Region], int] = {}
@@ -107,7 +107,7 @@ def plan_writes(decls: list[list[Decl]], piece_fraction: float = 1 / 32, min_pie
             load[hs[0]] += nbytes[key]
             continue
         b = nbytes[key]
-        k = min(len(hs) * 4, max(1, math.ceil(b / target))) if b > target else 1
+        k = max(1, math.ceil(b / target)) if b > target else 1
         parts = split_region(region, k)
         per_elem = b / max(region.numel, 1)
         for p in parts:

@@ -144,13 +144,36 @@ def test_a_tensor_nobody_holds_any_part_of_is_refused() -> None:
 
 
 def test_ddp_writing_is_spread_over_the_ranks() -> None:
-    world = 16  # 2 MiB a rank: replicas are cut into 1 MiB pieces (no smaller)
+    world = 16  # 2 MiB a rank: replicas are cut into pieces of 1/32 of that, 64 KiB at least
     shapes = [(4096, 1024), (1024,), (8192, 512), (3, 3)]
     ranks = [[FakeLeaf(f"w{i}", "float32", s, Region.whole(s)) for i, s in enumerate(shapes)] for _ in range(world)]
     ag = agree(_new_msgs(ranks), world, "p")
     total = sum(np.prod(s) * 4 for s in shapes)
     assert sum(ag.bytes_per_rank) == total
     assert max(ag.bytes_per_rank) <= 1.1 * total / world
+
+
+@pytest.mark.parametrize(
+    "world, shapes, unique_rows",
+    [
+        (4, [(4096, 4096)], 1300),  # a replica on every rank next to a large tensor only rank 0 holds
+        (4, [(256, 1024)] * 10 + [(768, 1024)], 0),  # DDP: ten 1 MiB tensors and one of 3 MiB
+        (3, [(384, 1024)] * 2, 0),  # DDP: two 1.5 MiB tensors on 3 ranks
+        (2, [(1024, 1024), (7, 5)], 300),
+    ],
+)
+def test_replica_writing_balances_within_1_1(world: int, shapes: list, unique_rows: int) -> None:
+    """No rank writes more than 1.1 x the mean where the state allows it: replicas are cut
+    into pieces small enough to even out what other ranks hold alone (4 pieces a holder, and
+    no piece under 1 MiB, left these 14-50 % over)."""
+    ranks = [[FakeLeaf(f"r{i}", "float32", s, Region.whole(s)) for i, s in enumerate(shapes)] for _ in range(world)]
+    if unique_rows:
+        u = (unique_rows, 4096)
+        ranks[0].append(FakeLeaf("u", "float32", u, Region.whole(u)))
+    ag = agree(_new_msgs(ranks), world, "p")
+    total = sum(np.prod(s) * 4 for s in shapes) + unique_rows * 4096 * 4
+    assert sum(ag.bytes_per_rank) == total
+    assert max(ag.bytes_per_rank) <= 1.1 * total / world, ag.bytes_per_rank
 
 
 def test_groups_found_despite_a_hash_collision_fallback() -> None:

@@ -241,3 +241,13 @@ def test_two_files_by_default_for_large_ranks_and_pieces_cut_only_for_balance(tm
     t = {k: torch.zeros_like(v) for k, v in state.items()}
     gc.load(t, tmp_path / "even")
     assert all(torch.equal(t[k], state[k]) for k in state)
+
+
+def test_lazy_conjugate_and_negative_views_save_their_values(tmp_path: Path) -> None:
+    """``z.conj()`` and ``-z`` on complex tensors are lazy views whose bytes are not their
+    values: saved as values, and loaded into such views through staging."""
+    z = torch.randn(6, dtype=torch.complex64)
+    gc.save({"c": z.conj(), "n": torch._neg_view(z)}, tmp_path)
+    out = {"c": torch.zeros(6, dtype=torch.complex64), "n": torch.zeros(6, dtype=torch.complex64).conj()}
+    gc.load(out, tmp_path)
+    assert torch.equal(out["c"], z.conj()) and torch.equal(out["n"], -z) and out["n"].is_conj()

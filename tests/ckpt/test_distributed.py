@@ -154,6 +154,32 @@ def test_local_and_flat_shards_reshard(tmp_path: Path) -> None:
     assert torch.equal(whole["w"], w) and torch.equal(whole["exp_avg"], m)
 
 
+def _load_megatron_on_3(rank: int, world: int, path: str) -> bool:
+    """3 ranks, each loading its part in a new layout at once: ZeRO over 3 (flat ranges), TP 3
+    over rows for w, and an uneven column block of exp_avg as a box."""
+    a, b = _flat_ranges(G[0] * G[1], 3)[rank]
+    r0, r1 = [(0, 3), (3, 6), (6, 8)][rank]
+    st = {
+        "exp_avg": gc.FlatShard(torch.zeros(b - a), G, a),
+        "w": gc.LocalShard(torch.zeros(r1 - r0, G[1]), G, (r0, 0)),
+    }
+    box = {"exp_avg": gc.LocalShard(torch.zeros(r1 - r0, 5), G, (r0, 7))}
+    gc.load(st, path)
+    gc.load(box, path)
+    w, m = full("w", G), full("m", G)
+    return (
+        torch.equal(st["exp_avg"].tensor, m.reshape(-1)[a:b])
+        and torch.equal(st["w"].tensor, w[r0:r1])
+        and torch.equal(box["exp_avg"].tensor, m[r0:r1, 7:])
+    )
+
+
+def test_local_and_flat_shards_reshard_on_3_ranks(tmp_path: Path) -> None:
+    """The same layout changes as above, loaded by 3 real ranks at once (4 saved them)."""
+    run_ranks(_save_megatron, 4, str(tmp_path))
+    assert run_ranks(_load_megatron_on_3, 3, str(tmp_path)) == [True, True, True]
+
+
 # ---------------------------------------------------------------- replicas: written once, balanced
 DDP = {"emb": (4096, 512), "l0": (512, 512), "l1": (512, 512), "l2": (512, 512), "l3": (512, 512), "b": (512,), "s": ()}
 
@@ -248,10 +274,18 @@ def test_resharded_load_reads_only_needed_bytes(tmp_path: Path, verify: bool) ->
         if not verify:
             assert stats.bytes_read <= 1.1 * stats.bytes_needed
         else:
-            # verification reads whole 4 KiB checksum blocks: at most one partial block each side of a run
+            # verification reads whole 4 KiB checksum blocks: runs that do not start and end on
+            # block boundaries cost at most one partial block each side (up to 2 x for a 4 KiB
+            # run; the issue's 1.1 x holds for verify=False, or for block-aligned runs, below)
             runs = 256
             assert stats.bytes_read <= stats.bytes_needed + runs * 2 * 4096
             assert stats.verified_blocks > 0
+    if verify:  # column shards on 4 KiB boundaries (1024 fp32): verified, and within 1.1 x
+        for a, b in [(0, 1024), (1024, 3072), (3072, 4096)]:
+            st = {"big": gc.LocalShard(torch.zeros(256, b - a), (256, 4096), (0, a))}
+            stats = gc.load(st, tmp_path).stats
+            assert torch.equal(st["big"].tensor, t[:, a:b])
+            assert stats.bytes_read <= 1.1 * stats.bytes_needed and stats.verified_blocks > 0
 
 
 def _rank0_saves_alone(rank: int, world: int, path: str) -> bool:

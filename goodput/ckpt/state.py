@@ -182,19 +182,53 @@ def _dtensor_leaf(name: str, v: Any) -> TensorLeaf:
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+    strided = False
     for p in v.placements:
         if type(p).__name__ == "_StridedShard":
-            raise TypeError(f"{name!r}: strided-shard DTensor placements (FSDP2 x TP) are not supported yet")
-        if not isinstance(p, (Shard, Replicate)):
+            strided = True
+        elif not isinstance(p, (Shard, Replicate)):
             raise TypeError(
                 f"{name!r}: DTensor placement {p} is not supported (reduce Partial placements before saving)"
             )
-    shape, offsets = compute_local_shape_and_global_offset(v.shape, v.device_mesh, v.placements)
+    if strided:
+        offsets, shape = _strided_box(name, v)
+    else:
+        shape, offsets = compute_local_shape_and_global_offset(v.shape, v.device_mesh, v.placements)
     local = v.to_local().detach()
     if tuple(local.shape) != tuple(shape):
         raise ValueError(f"{name!r}: DTensor local shape {tuple(local.shape)} differs from its layout {tuple(shape)}")
     region = Region.box(offsets, shape)
     return TensorLeaf(name, torch_dtype_name(local.dtype, name), tuple(v.shape), region, local, "torch", True, holder=v)
+
+
+def _strided_box(name: str, v: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The global box a DTensor with ``_StridedShard`` placements holds (FSDP2 over TP shards one
+    dimension right to left). Along each dimension the global indices this rank holds are found
+    by splitting an index vector exactly as DTensor splits the data, placement by placement in
+    mesh order (DTensor's own ``_split_tensor``, so uneven shards and split factors follow its
+    rules). FSDP2 x TP gives every rank one contiguous range per dimension: a box. A layout that
+    leaves a rank several separate ranges is refused, naming the key."""
+    mesh = v.device_mesh
+    coord = mesh.get_coordinate()
+    if coord is None:  # this rank is outside the mesh: it holds nothing
+        return (0,) * v.ndim, (0,) * v.ndim
+    offsets, sizes = [], []
+    for d in range(v.ndim):
+        n = int(v.shape[d])
+        idx = torch.arange(n).reshape([n if k == d else 1 for k in range(v.ndim)])
+        for i, p in enumerate(v.placements):
+            if (p.is_shard() or type(p).__name__ == "_StridedShard") and p.dim == d:  # is_shard() is False for it
+                chunks, _ = p._split_tensor(idx, mesh.size(i), with_padding=False, contiguous=True)
+                idx = chunks[coord[i]] if coord[i] < len(chunks) else idx.narrow(d, 0, 0)
+        flat = idx.reshape(-1)
+        if len(flat) and not torch.equal(flat, torch.arange(int(flat[0]), int(flat[0]) + len(flat))):
+            raise TypeError(
+                f"{name!r}: DTensor placements {tuple(v.placements)} leave this rank separate ranges "
+                f"of dimension {d}; only layouts where each rank holds one box can be checkpointed"
+            )
+        offsets.append(int(flat[0]) if len(flat) else 0)
+        sizes.append(len(flat))
+    return tuple(offsets), tuple(sizes)
 
 
 def host_bytes(x: torch.Tensor | np.ndarray) -> np.ndarray:

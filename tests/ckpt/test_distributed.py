@@ -334,3 +334,70 @@ def test_a_save_on_a_sub_group(tmp_path: Path) -> None:
     assert ck.step == 5
     np.testing.assert_array_equal(ck.read("w"), np.arange(8 * 512, dtype=np.float32).reshape(8, 512))
     np.testing.assert_array_equal(ck.read("b"), np.full(4096, 3, np.float32))
+
+
+# ---------------------------------------------------------------- FSDP2 x TP: _StridedShard
+STRIDED = {"wq": (16, 6), "wk": (8, 10)}  # DTensor distributes strided shards evenly only
+
+
+def _strided(mesh2):
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    # FSDP2 over TP: dim 0 sharded by TP first, then by DP (right to left), as torchtitan does
+    return [_StridedShard(0, split_factor=2), Shard(0)]
+
+
+def _save_strided(rank: int, world: int, path: str) -> list:
+    from torch.distributed.tensor import distribute_tensor, init_device_mesh
+
+    mesh2 = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    state = {n: distribute_tensor(full(n, s), mesh2, _strided(mesh2)) for n, s in STRIDED.items()}
+    gc.save(state, path)
+    # the box each rank declared must be what DTensor holds locally
+    return [tuple(state[n].to_local().shape) for n in STRIDED]
+
+
+def _load_strided(rank: int, world: int, path: str) -> bool:
+    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+
+    mesh2 = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    mesh = init_device_mesh("cpu", (world,))
+    ok = True
+    for n, s in STRIDED.items():
+        for m, p in ((mesh2, _strided(mesh2)), (mesh, [Shard(1)])):
+            t = distribute_tensor(torch.zeros(s), m, p)
+            gc.load({n: t}, path)
+            ok &= torch.equal(t.to_local(), distribute_tensor(full(n, s), m, p).to_local())
+    return ok
+
+
+def _strided_apart(rank: int, world: int, path: str) -> str:
+    from torch.distributed.tensor import distribute_tensor, init_device_mesh
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    mesh = init_device_mesh("cpu", (world,))
+    t = distribute_tensor(full("x", (8, 2)), mesh, [_StridedShard(0, split_factor=2)])
+    try:
+        gc.save({"x": t}, path)
+    except gc.CheckpointError as e:
+        return str(e)
+    return "saved"
+
+
+def test_fsdp2_over_tp_strided_shards_save_and_reshard(tmp_path: Path) -> None:
+    """``[_StridedShard(0, sf=2), Shard(0)]`` on a 2 x 2 (dp, tp) mesh: saved,
+    loaded back into the same placements and into Shard(1) on 4 ranks, and whole in one process."""
+    shapes = run_ranks(_save_strided, 4, str(tmp_path))
+    assert sum(sh[0][0] for sh in shapes) == 16 and sum(sh[1][0] for sh in shapes) == 8
+    assert run_ranks(_load_strided, 4, str(tmp_path)) == [True] * 4
+    whole = {n: torch.zeros(s) for n, s in STRIDED.items()}
+    gc.load(whole, tmp_path)
+    for n, s in STRIDED.items():
+        assert torch.equal(whole[n], full(n, s)), n
+
+
+def test_strided_layout_with_separate_ranges_is_refused_by_name(tmp_path: Path) -> None:
+    msgs = run_ranks(_strided_apart, 2, str(tmp_path))
+    for m in msgs:
+        assert "'x'" in m and "separate ranges of dimension 0" in m, m

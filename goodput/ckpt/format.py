@@ -291,7 +291,7 @@ def md_ndim(md: Metadata) -> int:
 def decode_manifest(raw: bytes, where: str) -> Manifest:
     try:
         m = msgspec.json.decode(raw, type=Manifest)
-    except msgspec.DecodeError as e:
+    except (msgspec.DecodeError, RecursionError) as e:
         raise CheckpointError(f"{where}: not a valid manifest ({e})") from None
     if m.format != FORMAT_NAME:
         raise CheckpointError(f"{where}: format {m.format!r} is not {FORMAT_NAME!r}")
@@ -337,7 +337,7 @@ def decode_metadata(raw: bytes, where: str, manifest: Manifest | None = None) ->
         raise CheckpointError(f"{where}: header length {hlen} exceeds the file")
     try:
         h = msgspec.json.decode(raw[16 : 16 + hlen], type=Header)
-    except msgspec.DecodeError as e:
+    except (msgspec.DecodeError, RecursionError) as e:
         raise CheckpointError(f"{where}: malformed metadata header ({e})") from None
     if h.version > FORMAT_VERSION or h.version < 1:
         raise CheckpointError(f"{where}: metadata version {h.version} is not supported")
@@ -411,7 +411,10 @@ def validate_metadata(md: Metadata, where: str) -> None:
         if not (0 <= f.rank < 1 << 24):
             raise CheckpointError(f"{where}: file {f.name!r} names an invalid rank {f.rank}")
     for k, v in md.values.items():
-        decode_value(v, f"{where}: value {k!r}")  # refuse a malformed value before any read
+        try:
+            decode_value(v, f"{where}: value {k!r}")  # refuse a malformed value before any read
+        except RecursionError:
+            raise CheckpointError(f"{where}: value {k!r} is nested too deeply") from None
     c = md.cols
     n = md.num_chunks
     if n == 0:

@@ -327,8 +327,9 @@ def split_by_runs(
     lo: np.ndarray, hi: np.ndarray, j: np.ndarray, nruns: np.ndarray, budget: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Cut the boxes with more than ``budget`` runs along their outer dimensions (those before
-    ``j``, so no run is cut) into boxes of at most ``budget`` runs, or of one index of a dimension
-    where that alone holds more: ``(owner, lo, hi)``, every box that needed no cut first. A column
+    ``j``, so no run is cut) into boxes of at most ``budget`` runs (recursing into inner outer
+    dimensions where one index of a dimension alone holds more): ``(owner, lo, hi)``, every box
+    that needed no cut first. A column
     of a tall matrix is millions of one-element runs in one box: expanded whole, its runs alone
     would outgrow the read buffer a load promises to stay within."""
     big = np.flatnonzero(nruns > budget)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from pathlib import Path
 
 
@@ -52,13 +53,20 @@ def open_inside(path: str | os.PathLike, what: str) -> int:
     from .format import CheckpointError
 
     try:
-        return os.open(path, os.O_RDONLY | NOFOLLOW)
+        # O_NONBLOCK: a FIFO planted under the name must not hang the open; only files are read
+        fd = os.open(path, os.O_RDONLY | NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         raise CheckpointError(f"{what} {str(path)!r} is missing") from None
     except OSError as e:
         if NOFOLLOW and os.path.islink(path):
             raise CheckpointError(f"{what} {str(path)!r} is a symbolic link; refusing to follow it") from None
         raise CheckpointError(f"{what} {str(path)!r} cannot be opened: {e.strerror or e}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CheckpointError(f"{what} {str(path)!r} is not a regular file; refusing to read it")
+    if hasattr(os, "O_NONBLOCK"):
+        os.set_blocking(fd, True)
+    return fd
 
 
 def read_inside(path: str | os.PathLike, what: str, limit: int) -> bytes:

@@ -261,3 +261,36 @@ def test_values_that_look_like_tags_round_trip(tmp_path: Path) -> None:
     got = gc.open(tmp_path).values
     assert got["a"] == [{"__float__": "nan"}] and got["b"] == [{"__tuple__": [1, 2]}]
     assert got["c"] == (1, {"__dict__": 3}) and got["d"] == float("-inf")
+
+
+def test_a_fifo_under_a_data_file_name_is_refused_not_waited_on(tmp_path: Path) -> None:
+    import os
+
+    ck = tmp_path / "ck"
+    make(ck)
+    f = data_file(ck)
+    f.unlink()
+    os.mkfifo(f)  # opening it for reading would block until a writer came
+    with pytest.raises(CheckpointError, match="not a regular file"):
+        gc.load(targets(), ck)
+
+
+def test_values_nested_past_the_recursion_limit_are_refused(tmp_path: Path) -> None:
+    make(tmp_path)
+    deep: list = []
+    for _ in range(5000):
+        deep = [deep]
+
+    def nest(md):
+        md.values["deep"] = deep
+
+    import sys
+
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(20000)  # only so that the tamper can encode it
+    try:
+        tamper(tmp_path, nest)
+    finally:
+        sys.setrecursionlimit(old)
+    with pytest.raises(CheckpointError, match="nested too deeply|malformed metadata header|recursion"):
+        gc.open(tmp_path)

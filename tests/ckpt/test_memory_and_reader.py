@@ -95,3 +95,15 @@ def test_reader_needs_numpy_only(tmp_path: Path) -> None:
     np.testing.assert_array_equal(np.array(r["w"], np.float32), w.numpy())
     np.testing.assert_array_equal(np.array(r["h"], np.float32), w.to(torch.bfloat16)[1:3].float().numpy())
     assert r["latest"] == str(tmp_path) and r["checked"] > 0
+
+
+def test_a_chunk_read_in_parts_reads_its_checksum_table_once(tmp_path: Path) -> None:
+    """A column of a tall chunk is more runs than one batch: the chunk comes in parts, yet its
+    block-checksum table is read (and counted) once, and the chunk once."""
+    n = 300_000
+    gc.save({"w": torch.arange(n * 4, dtype=torch.float32).reshape(n, 4)}, tmp_path)
+    target = torch.zeros(n, 1)
+    stats = gc.load({"w": gc.LocalShard(target, (n, 4), (0, 2))}, tmp_path, read_buffer=4 << 20).stats
+    assert torch.equal(target[:, 0], torch.arange(n, dtype=torch.float32) * 4 + 2)
+    blocks = -(-(n * 16) // 4096)
+    assert stats.chunks == 1 and stats.checksum_bytes_read == 4 * blocks

@@ -85,7 +85,7 @@ def agree(gathered: list[dict], world: int, path: Path) -> OldAgreement:
     return OldAgreement(meta, values, replica_keys, [holders[k] for k in replica_keys], plan, bytes_per_rank)
 
 
-def plan_writes(decls: list[list[Decl]], piece_fraction: float = 1 / 32, min_piece: int = 64 << 10) -> list[Assignment]:
+def plan_writes(decls: list[list[Decl]], piece_fraction: float = 1 / 32, min_piece: int = 4 << 10) -> list[Assignment]:
     world = len(decls)
     holders: dict[tuple[str, Region], list[int]] = {}
     nbytes: dict[tuple[str, Region], int] = {}

@@ -55,3 +55,12 @@ def test_bench_ckpt_rounds_small() -> None:
     # the O_DIRECT ceiling writes the same bytes as the plain raw write, and is reported
     assert out["config"]["files_bytes"]["rawd"] == out["config"]["files_bytes"]["raw"] > 0
     assert out["ratios"]["ours_save_vs_raw_write_direct"] > 0
+
+
+def test_bench_crc_small() -> None:
+    """Every block size is timed against one whole-buffer call; finer blocks cost more calls."""
+    r = runner.invoke(app, ["bench", "crc", "--size", "4MiB", "--repeat", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output[r.output.index("{") :])
+    sizes = [row["block_bytes"] for row in out["rows"]]
+    assert sizes[0] == 0 and sizes[1:] == sorted(sizes[1:]) and all(row["gbps"] > 0 for row in out["rows"])

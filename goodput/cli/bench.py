@@ -138,3 +138,24 @@ def async_cmd(
         print(json.dumps(out, indent=2))
         return
     render(out, _console())
+
+
+@app.command("crc")
+def crc_cmd(
+    size: str = typer.Option("256MiB", "--size", help="Bytes to checksum."),
+    repeat: int = typer.Option(3, "--repeat"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Checksum throughput per core by block size (what finer ``block_bytes`` costs a save)."""
+    from goodput.bench import parse_size
+    from goodput.bench.crc import render, run
+
+    try:
+        nbytes = parse_size(size)
+    except ValueError as e:
+        _fail(e)
+    out = run(nbytes, repeat)
+    if as_json:
+        print(json.dumps(out, indent=2))
+        return
+    render(out, _console())

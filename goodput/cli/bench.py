@@ -23,6 +23,23 @@ def _fail(e: Exception) -> None:
     raise typer.Exit(1)
 
 
+def _size(text: str) -> int:
+    from goodput.bench import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        _fail(e)
+        raise  # unreachable: _fail exits
+
+
+def _emit(out: dict, as_json: bool, render) -> None:  # noqa: ANN001
+    if as_json:
+        print(json.dumps(out, indent=2))
+        return
+    render(out, _console())
+
+
 @app.command("ckpt")
 def ckpt(
     size: str = typer.Option("2GiB", "--size", help="Total state bytes (2GiB, 512MiB, 1GB, ...)."),
@@ -125,19 +142,12 @@ def async_cmd(
     """Training-loop stall per async save vs memcpy and DCP; slowdown of a concurrent loop."""
     from rich.console import Console
 
-    from goodput.bench import parse_size
     from goodput.bench.asyncsave import render, run
 
-    try:
-        nbytes = parse_size(size)
-    except ValueError as e:
-        _fail(e)
+    nbytes = _size(size)
     with Console(stderr=True).status("starting") as status:
         out = run(nbytes, directory or None, repeat=repeat, loop_steps=loop_steps, gen=pcie_gen, progress=status.update)
-    if as_json:
-        print(json.dumps(out, indent=2))
-        return
-    render(out, _console())
+    _emit(out, as_json, render)
 
 
 @app.command("crc")
@@ -147,15 +157,6 @@ def crc_cmd(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Checksum throughput per core by block size (what finer ``block_bytes`` costs a save)."""
-    from goodput.bench import parse_size
     from goodput.bench.crc import render, run
 
-    try:
-        nbytes = parse_size(size)
-    except ValueError as e:
-        _fail(e)
-    out = run(nbytes, repeat)
-    if as_json:
-        print(json.dumps(out, indent=2))
-        return
-    render(out, _console())
+    _emit(run(_size(size), repeat), as_json, render)

@@ -160,6 +160,7 @@ def test_ddp_writing_is_spread_over_the_ranks() -> None:
         (4, [(256, 1024)] * 10 + [(768, 1024)], 0),  # DDP: ten 1 MiB tensors and one of 3 MiB
         (3, [(384, 1024)] * 2, 0),  # DDP: two 1.5 MiB tensors on 3 ranks
         (2, [(1024, 1024), (7, 5)], 300),
+        (256, [(16384, 16384)], 192),  # 1 GiB on 256 ranks beside 3 MiB on one (a 4-a-holder cap: 1.25)
     ],
 )
 def test_replica_writing_balances_within_1_1(world: int, shapes: list, unique_rows: int) -> None:

@@ -1,0 +1,142 @@
+"""Where free GPUs are: nodes bucketed by free count per pool, so a gang is placed without a scan.
+
+Every pool keeps, for each free-GPU count, the sorted indices of its offerable nodes (up, not
+claimed by a preemptor waiting for its victims). Placing ``n`` nodes of ``g`` GPUs walks the
+buckets from ``g`` upward (best fit: the fullest node that still fits, which keeps whole nodes
+whole for large gangs) and takes nodes in index order, so a placement depends only on the state,
+never on the history of the structure (a scheduler rebuilt from its store places identically).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from sortedcontainers import SortedList
+
+from .model import Health, Node, Pool
+
+
+class Capacity:
+    __slots__ = ("pools", "nodes", "index", "names", "pool_nodes", "_buckets", "claimed", "_max_gpus")
+
+    def __init__(self, pools: Iterable[Pool], nodes: Iterable[Node]) -> None:
+        self.pools: dict[str, Pool] = {p.name: p for p in pools}
+        self.nodes: dict[str, Node] = {}
+        self.index: dict[str, int] = {}
+        self.names: list[str] = []
+        self.pool_nodes: dict[str, list[str]] = {p: [] for p in self.pools}
+        self.claimed: dict[str, str] = {}  # node -> the job waiting for it
+        self._max_gpus: dict[str, int] = {p.name: p.gpus_per_node for p in self.pools.values()}
+        self._buckets: dict[str, list[SortedList]] = {
+            p.name: [SortedList() for _ in range(p.gpus_per_node + 1)] for p in self.pools.values()
+        }
+        for node in nodes:
+            if node.pool not in self.pools:
+                raise ValueError(f"node {node.name!r}: unknown pool {node.pool!r}")
+            self.index[node.name] = len(self.names)
+            self.names.append(node.name)
+            self.nodes[node.name] = node
+            self.pool_nodes[node.pool].append(node.name)
+            self._max_gpus[node.pool] = max(self._max_gpus[node.pool], node.gpus)
+            if len(self._buckets[node.pool]) <= node.gpus:
+                self._buckets[node.pool] += [SortedList() for _ in range(node.gpus + 1 - len(self._buckets[node.pool]))]
+        for node in self.nodes.values():
+            self._file(node)
+
+    @staticmethod
+    def build_nodes(pools: Iterable[Pool]) -> list[Node]:
+        """Node records for pools given as counts: ``pool-00000``, ``pool-00001``, ..."""
+        return [
+            Node(name=f"{p.name}-{i:05d}", pool=p.name, kind=p.kind, gpus=p.gpus_per_node)
+            for p in pools
+            for i in range(p.nodes)
+        ]
+
+    # the buckets hold exactly the offerable nodes, under their current free count
+
+    def _offerable(self, node: Node) -> bool:
+        return node.health is Health.UP and node.name not in self.claimed
+
+    def _file(self, node: Node) -> None:
+        if self._offerable(node):
+            self._buckets[node.pool][node.free].add(self.index[node.name])
+
+    def _unfile(self, node: Node) -> None:
+        if self._offerable(node):
+            self._buckets[node.pool][node.free].discard(self.index[node.name])
+
+    def bind(self, job_id: str, names: Iterable[str], gpus_per_node: int) -> None:
+        for name in names:
+            node = self.nodes[name]
+            self._unfile(node)
+            node.alloc[job_id] = node.alloc.get(job_id, 0) + gpus_per_node
+            if node.used > node.gpus:
+                raise RuntimeError(f"node {name!r}: {node.used} GPUs bound of {node.gpus} (job {job_id!r})")
+            self._file(node)
+
+    def unbind(self, job_id: str, names: Iterable[str]) -> None:
+        for name in names:
+            node = self.nodes[name]
+            if job_id not in node.alloc:
+                continue
+            self._unfile(node)
+            node.alloc.pop(job_id)
+            self._file(node)
+
+    def set_health(self, name: str, health: Health) -> None:
+        node = self.nodes[name]
+        self._unfile(node)
+        node.health = health
+        self._file(node)
+
+    def claim(self, job_id: str, names: Iterable[str]) -> None:
+        for name in names:
+            node = self.nodes[name]
+            self._unfile(node)
+            self.claimed[name] = job_id
+
+    def unclaim(self, names: Iterable[str]) -> None:
+        for name in names:
+            if self.claimed.pop(name, None) is not None:
+                self._file(self.nodes[name])
+
+    # queries
+
+    def count_fitting(self, pool: str, gpus: int, exclude: set[str] | frozenset[str] = frozenset()) -> int:
+        buckets = self._buckets[pool]
+        n = sum(len(buckets[f]) for f in range(gpus, len(buckets)))
+        for name in exclude:
+            node = self.nodes[name]
+            if node.pool == pool and self._offerable(node) and node.free >= gpus:
+                n -= 1
+        return n
+
+    def find(
+        self, pool: str, nodes: int, gpus: int, exclude: set[str] | frozenset[str] = frozenset()
+    ) -> tuple[str, ...] | None:
+        """``nodes`` distinct offerable nodes with ``gpus`` free each, best fit, or None."""
+        if gpus > self._max_gpus.get(pool, 0):
+            return None
+        if self.count_fitting(pool, gpus, exclude) < nodes:
+            return None
+        out: list[str] = []
+        buckets = self._buckets[pool]
+        for f in range(gpus, len(buckets)):
+            for i in buckets[f]:
+                name = self.names[i]
+                if name in exclude:
+                    continue
+                out.append(name)
+                if len(out) == nodes:
+                    return tuple(out)
+        return None  # pragma: no cover - count_fitting said there were enough
+
+    def free_gpus(self, pool: str | None = None) -> int:
+        pools = [pool] if pool else list(self.pools)
+        return sum(f * len(b[f]) for p in pools for b in [self._buckets[p]] for f in range(len(b)))
+
+    def capacity_gpus(self) -> int:
+        return sum(n.gpus for n in self.nodes.values() if n.health is not Health.LOST)
+
+    def offerable(self, name: str) -> bool:
+        return self._offerable(self.nodes[name])

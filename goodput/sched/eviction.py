@@ -1,0 +1,109 @@
+"""Choosing victims: the set of whole gangs that frees a need at the least expected lost work.
+
+A victim's price is GPU-seconds: its GPUs × (work since its last commit that it will lose + its
+restart + the time it will hold its GPUs while leaving). A victim whose grace period fits its
+checkpoint write is asked to checkpoint first and loses no work, only the write and the restart;
+one that cannot loses everything since its last commit. Kueue's rule (lowest priority, then the
+shortest running) is kept as the baseline and ignores all of that.
+
+Exact for up to ``EXACT_MAX`` candidates (every subset is tried); greedy beyond that (cheapest per
+GPU first until the need fits, then drop the costliest ones that are not needed), which is what
+Kueue does with its own order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import combinations
+
+EXACT_MAX = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    job: str
+    priority: int
+    started_s: float
+    gpus: int
+    per_node: tuple[tuple[str, int], ...]  # (node, GPUs it holds there)
+    lost_s: float  # work it will lose
+    drain_s: float  # how long it will hold its GPUs while leaving
+    restart_s: float
+    checkpoint: bool  # asked to checkpoint first
+
+    @property
+    def cost(self) -> float:
+        return self.gpus * (self.lost_s + self.restart_s + self.drain_s)
+
+
+def _fits(need_nodes: int, need_gpus: int, free: dict[str, int], chosen: Sequence[Candidate], base_ok: int) -> bool:
+    freed: dict[str, int] = {}
+    for c in chosen:
+        for node, g in c.per_node:
+            freed[node] = freed.get(node, 0) + g
+    ok = base_ok + sum(1 for node, f in free.items() if f >= need_gpus and node not in freed)
+    ok += sum(1 for node, g in freed.items() if free.get(node, -(10**9)) + g >= need_gpus)
+    return ok >= need_nodes
+
+
+def choose(
+    need_nodes: int,
+    need_gpus: int,
+    free: dict[str, int],
+    candidates: Sequence[Candidate],
+    rule: str = "checkpoint-aware",
+    base_ok: int = 0,
+) -> list[Candidate] | None:
+    """Victims whose going lets ``need_nodes`` nodes with ``need_gpus`` free each appear, or None.
+
+    ``free`` maps every node the need may use (offerable or held by candidates) to its free GPUs
+    now; a node absent from it cannot be used even if freed. ``base_ok`` counts the nodes outside
+    ``free`` that already fit the need.
+    """
+    if not candidates:
+        return None
+    if rule == "oblivious":
+        order = sorted(candidates, key=lambda c: (c.priority, -c.started_s, c.job))
+    elif rule == "checkpoint-aware":
+        order = sorted(candidates, key=lambda c: (c.cost / max(c.gpus, 1), c.cost, c.job))
+        if len(order) <= EXACT_MAX:
+            return _exact(need_nodes, need_gpus, free, order, base_ok)
+    else:
+        raise ValueError(f"unknown victim rule {rule!r}")
+    chosen: list[Candidate] = []
+    freed: dict[str, int] = {}
+    ok = base_ok + sum(1 for f in free.values() if f >= need_gpus)
+    for c in order:
+        chosen.append(c)
+        for node, g in c.per_node:
+            if node not in free:
+                continue
+            before = free[node] + freed.get(node, 0) >= need_gpus
+            freed[node] = freed.get(node, 0) + g
+            ok += (not before) and free[node] + freed[node] >= need_gpus
+        if ok >= need_nodes:
+            break
+    else:
+        return None
+    # drop any victim the need can do without, costliest (or, for Kueue, latest in its order) first
+    drop_order = sorted(chosen, key=lambda c: -c.cost) if rule == "checkpoint-aware" else list(reversed(chosen))
+    for c in drop_order:
+        rest = [x for x in chosen if x is not c]
+        if _fits(need_nodes, need_gpus, free, rest, base_ok):
+            chosen = rest
+    return chosen
+
+
+def _exact(
+    need_nodes: int, need_gpus: int, free: dict[str, int], cands: list[Candidate], base_ok: int
+) -> list[Candidate] | None:
+    best: tuple[float, int, list[Candidate]] | None = None
+    for k in range(1, len(cands) + 1):
+        for combo in combinations(cands, k):
+            cost = sum(c.cost for c in combo)
+            if best is not None and cost >= best[0]:
+                continue
+            if _fits(need_nodes, need_gpus, free, combo, base_ok):
+                best = (cost, k, list(combo))
+    return best[2] if best else None

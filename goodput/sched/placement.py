@@ -1,0 +1,49 @@
+"""Which pools a gang may go to, and in what order: goodput.plan's spot arithmetic per job.
+
+A gang of N nodes on a spot pool with per-node reclaim rate λ is interrupted at Λ = N·λ (an upper
+bound: reclaims come in bursts). Each interruption costs half an interval of work plus the
+restart (a job that never checkpoints loses half its run), so its useful fraction on spot is
+Daly's exact u(τ) with M = 1/Λ. Spot costs price/u per useful GPU-hour; a pool whose cost per
+useful GPU-hour is not below the cheapest on-demand one is never offered (the expected loss eats
+the discount), and the offered pools are tried cheapest first, so a cheap-to-interrupt job
+prefers spot and a large or rarely-checkpointing gang stays on on-demand.
+"""
+
+from __future__ import annotations
+
+import math
+
+from goodput.plan.interval import useful_fraction
+
+from .model import Job, Pool, PoolKind
+
+
+def useful_on(job: Job, pool: Pool) -> float:
+    """Expected useful fraction of ``job`` on ``pool`` (1.0 where nothing reclaims)."""
+    if pool.kind is not PoolKind.SPOT or pool.reclaim_per_node_hour <= 0:
+        return 1.0
+    rate = job.nodes * pool.reclaim_per_node_hour / 3600.0
+    c = job.ckpt
+    tau = c.interval_s if c.interval_s > 0 else max(job.limit_s, job.duration_s, 1.0)
+    return useful_fraction(tau, c.stall_s if c.interval_s > 0 else 0.0, 1.0 / rate, c.restart_s)
+
+
+def cost_per_useful_gpu_hour(job: Job, pool: Pool) -> float:
+    u = useful_on(job, pool)
+    return pool.price_per_gpu_hour / u if u > 0 else math.inf
+
+
+def pools_for(job: Job, pools: dict[str, Pool], rule: str = "arithmetic") -> tuple[str, ...]:
+    """The pools ``job`` may be placed on, most preferred first (empty: it fits nowhere)."""
+    fits = [p for p in pools.values() if p.gpus_per_node >= job.gpus_per_node and p.nodes >= job.nodes]
+    on_demand = [p for p in fits if p.kind is PoolKind.ON_DEMAND]
+    spot = [p for p in fits if p.kind is PoolKind.SPOT and job.spot]
+    if rule == "price":
+        ranked = sorted(on_demand + spot, key=lambda p: (p.price_per_gpu_hour, p.name))
+        return tuple(p.name for p in ranked)
+    if rule != "arithmetic":
+        raise ValueError(f"unknown spot rule {rule!r}")
+    best_od = min((cost_per_useful_gpu_hour(job, p) for p in on_demand), default=math.inf)
+    offered = on_demand + [p for p in spot if cost_per_useful_gpu_hour(job, p) < best_od]
+    ranked = sorted(offered, key=lambda p: (cost_per_useful_gpu_hour(job, p), p.name))
+    return tuple(p.name for p in ranked)

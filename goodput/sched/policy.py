@@ -1,0 +1,45 @@
+"""Policies: ours and the baselines everyone ships, each differing from ours in one named rule.
+
+The simulator runs them on the same workload and the same cluster events, so every difference in
+the results comes from the rule a baseline changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str = "goodput"
+    victims: str = "checkpoint-aware"  # | "oblivious": lowest priority, then shortest running (Kueue)
+    ask_checkpoint: bool = True  # the notice asks for a checkpoint when the grace fits the write
+    release: str = "observed"  # | "decision": GPUs handed on when the preemption is decided
+    backfill: bool = True  # False: the blocked head blocks everyone behind it
+    spot_rule: str = "arithmetic"  # | "price": any spot-allowed job goes to the cheapest pool first
+    preemption: bool = True
+
+    def describe(self) -> str:
+        return {
+            "goodput": "checkpoint-aware victims, release when gone, backfill, spot by expected loss",
+            "kueue-victims": "victims by lowest priority then shortest running; plain stop, no checkpoint asked",
+            "release-at-decision": "GPUs handed to the preemptor when the preemption is decided",
+            "fifo-no-backfill": "priority order; the blocked head blocks every job behind it",
+            "spot-by-price": "spot-allowed jobs go to the cheapest pool whatever their expected loss",
+        }.get(self.name, self.name)
+
+
+POLICIES: dict[str, Policy] = {
+    "goodput": Policy(),
+    "kueue-victims": Policy(name="kueue-victims", victims="oblivious", ask_checkpoint=False),
+    "release-at-decision": Policy(name="release-at-decision", release="decision"),
+    "fifo-no-backfill": Policy(name="fifo-no-backfill", backfill=False),
+    "spot-by-price": Policy(name="spot-by-price", spot_rule="price"),
+}
+
+
+def policy(name: str) -> Policy:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})") from None

@@ -1,0 +1,115 @@
+"""The pending queue, indexed so that a pass never scans it.
+
+Jobs live in one heap per (priority, tenant, class), where a class is a gang shape and the pools
+it may go to: everything in a class fits or fails to fit together, so one failure blocks the class
+for the rest of a pass without touching its other jobs. Each heap orders by the ORIGINAL submit
+time then submission order, and a second heap per class orders by declared limit, which is how
+backfill finds the shortest job of a blocked class in O(log n). Removal is lazy: an entry whose
+token no longer matches the job's membership is dropped when it reaches the top.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+Class = tuple[int, int, tuple[str, ...]]  # (nodes, gpus per node, pools in preference order)
+Key = tuple[int, str, Class]  # (priority, tenant, class)
+
+
+@dataclass(slots=True)
+class _Entry:
+    key: Key
+    token: int
+
+
+class PendingQueue:
+    __slots__ = ("_fifo", "_short", "_count", "_member", "_levels", "_token", "_prios")
+
+    def __init__(self) -> None:
+        self._fifo: dict[Key, list[tuple[float, int, str, int]]] = {}
+        self._short: dict[Key, list[tuple[float, float, int, str, int]]] = {}
+        self._count: dict[Key, int] = {}
+        self._member: dict[str, _Entry] = {}
+        self._levels: dict[int, dict[str, set[Class]]] = {}  # priority -> tenant -> non-empty classes
+        self._prios: list[int] = []  # sorted descending
+        self._token = 0
+
+    def __len__(self) -> int:
+        return len(self._member)
+
+    def __contains__(self, job_id: str) -> bool:
+        return job_id in self._member
+
+    def push(self, job_id: str, priority: int, tenant: str, cls: Class, submit_s: float, seq: int, limit_s: float):
+        if job_id in self._member:
+            raise RuntimeError(f"job {job_id!r} is queued twice")
+        key = (priority, tenant, cls)
+        self._token += 1
+        self._member[job_id] = _Entry(key, self._token)
+        if key not in self._fifo:
+            self._fifo[key], self._short[key], self._count[key] = [], [], 0
+        heapq.heappush(self._fifo[key], (submit_s, seq, job_id, self._token))
+        heapq.heappush(self._short[key], (limit_s, submit_s, seq, job_id, self._token))
+        self._count[key] += 1
+        if self._count[key] == 1:
+            level = self._levels.get(priority)
+            if level is None:
+                level = self._levels[priority] = {}
+                self._prios = sorted(self._levels, reverse=True)
+            level.setdefault(tenant, set()).add(cls)
+
+    def remove(self, job_id: str) -> bool:
+        entry = self._member.pop(job_id, None)
+        if entry is None:
+            return False
+        key = entry.key
+        self._count[key] -= 1
+        if self._count[key] == 0:
+            prio, tenant, cls = key
+            del self._fifo[key], self._short[key], self._count[key]
+            level = self._levels[prio]
+            level[tenant].discard(cls)
+            if not level[tenant]:
+                del level[tenant]
+            if not level:
+                del self._levels[prio]
+                self._prios = sorted(self._levels, reverse=True)
+        return True
+
+    def _live(self, job_id: str, token: int) -> bool:
+        e = self._member.get(job_id)
+        return e is not None and e.token == token
+
+    def head(self, key: Key) -> tuple[float, int, str] | None:
+        """(submit_s, seq, job id) of the class's first job in queue order."""
+        heap = self._fifo.get(key)
+        while heap:
+            submit_s, seq, job_id, token = heap[0]
+            if self._live(job_id, token):
+                return submit_s, seq, job_id
+            heapq.heappop(heap)
+        return None
+
+    def shortest(self, key: Key) -> tuple[float, str] | None:
+        """(limit_s, job id) of the class's job with the shortest declared limit."""
+        heap = self._short.get(key)
+        while heap:
+            limit_s, _, _, job_id, token = heap[0]
+            if self._live(job_id, token):
+                return limit_s, job_id
+            heapq.heappop(heap)
+        return None
+
+    def priorities(self) -> list[int]:
+        return list(self._prios)
+
+    def tenants(self, priority: int) -> dict[str, set[Class]]:
+        return self._levels.get(priority, {})
+
+    def jobs(self) -> Iterator[str]:
+        return iter(self._member)
+
+    def classes(self) -> int:
+        return len(self._count)

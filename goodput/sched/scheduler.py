@@ -1,0 +1,827 @@
+"""The scheduler core: inputs in, decisions out, the same code under a simulated or a wall clock.
+
+Inputs are events (submit, commit report, observed exit, node loss, reclaim notice, node up,
+cancel) and timers (a preemption's hard deadline, a failure's backoff). Each input updates the
+records, marks the queue for a pass when it could change some job's fate, and persists what it
+changed in one store transaction. ``tick`` runs the pass: it walks the queue by exact priority,
+fair share between tenants at one priority (the tenant holding the fewest GPUs per unit of weight
+goes first), then the original submit time, and never scans it: one heap per (priority, tenant,
+class) and a class is skipped for the rest of the pass once one of its jobs fails to fit.
+
+The first job that fails to fit is the head. It may preempt lower-priority gangs (eviction picks
+the cheapest set by expected lost work; the freed nodes are claimed for it and handed over only
+when the victims are observed gone), and otherwise gets a reservation: the earliest time the
+running jobs' declared limits free enough nodes for it, and which nodes. Backfill then starts a
+later job only where it cannot delay that start: on nodes outside the reservation, or anywhere if
+its own declared limit ends before the reserved time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sortedcontainers import SortedList
+
+from . import events as ev
+from .capacity import Capacity
+from .eviction import Candidate, choose
+from .executor import Clock, Executor
+from .model import TERMINAL, Health, Job, JobState, Node, Pool, Tenant
+from .placement import pools_for
+from .policy import Policy
+from .queue import Class, PendingQueue
+from .transitions import apply
+
+LOGGED_CANDIDATES = 8  # a preemption's record lists this many of the cheapest candidates
+STOP_S = 10.0  # what a plain stop (no checkpoint) is expected to take, for pricing a victim
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    job: str
+    pool: str
+    t: float
+    nodes: frozenset[str]
+
+
+class SchedulerError(ValueError):
+    """A bad input (a job spec, an unknown job or node): the message names it."""
+
+
+class Scheduler:
+    def __init__(
+        self,
+        pools: Iterable[Pool],
+        *,
+        clock: Clock,
+        executor: Executor,
+        policy: Policy | None = None,
+        nodes: Iterable[Node] | None = None,
+        tenants: Iterable[Tenant] = (),
+        store: Any = None,
+        log: ev.EventLog | None = None,
+    ) -> None:
+        pools = list(pools)
+        self.policy = policy or Policy()
+        self.clock = clock
+        self.executor = executor
+        self.cap = Capacity(pools, nodes if nodes is not None else Capacity.build_nodes(pools))
+        self.jobs: dict[str, Job] = {}
+        self.tenants: dict[str, Tenant] = {t.name: t for t in tenants}
+        self.queue = PendingQueue()
+        self.log = log if log is not None else ev.EventLog()
+        self.store = store
+        self._seq = 0
+        self._classes: dict[str, Class] = {}
+        self._ends: dict[str, SortedList] = {p: SortedList() for p in self.cap.pools}
+        self._end_of: dict[str, tuple[str, float]] = {}
+        self._running: dict[str, dict[int, dict[str, None]]] = {p: {} for p in self.cap.pools}
+        self._held: dict[str, dict[int, int]] = {p: {} for p in self.cap.pools}
+        self._claimants: dict[str, None] = {}
+        self._timers: list[tuple[float, str, str, int]] = []
+        self._dirty = True
+        self._touched_jobs: dict[str, Job] = {}
+        self._touched_nodes: set[str] = set()
+        self._touched_tenants: set[str] = set()
+        self._unflushed: list[dict[str, Any]] = []
+        self.reservation: Reservation | None = None
+        self.passes = 0
+
+    # ------------------------------------------------------------------ persistence
+
+    def _touch(self, job: Job) -> None:
+        self._touched_jobs[job.id] = job
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        rec = self.log.emit(self.clock.now(), event, **fields)
+        if self.store is not None:
+            self._unflushed.append(rec)
+
+    def _flush(self) -> None:
+        if self.store is None:
+            self._touched_jobs.clear()
+            self._touched_nodes.clear()
+            self._touched_tenants.clear()
+            return
+        self.store.commit(
+            jobs=list(self._touched_jobs.values()),
+            nodes=[self.cap.nodes[n] for n in sorted(self._touched_nodes)],
+            tenants=[self.tenants[t] for t in sorted(self._touched_tenants)],
+            meta={"seq": self._seq, "policy": self.policy.name},
+            events=self._unflushed,
+        )
+        self._touched_jobs.clear()
+        self._touched_nodes.clear()
+        self._touched_tenants.clear()
+        self._unflushed = []
+
+    @classmethod
+    def restore(
+        cls,
+        store: Any,
+        pools: Iterable[Pool],
+        *,
+        clock: Clock,
+        executor: Executor,
+        policy: Policy | None = None,
+        log: ev.EventLog | None = None,
+    ) -> Scheduler:
+        """A scheduler rebuilt from its store after a crash: every index derived from the records."""
+        snap = store.load()
+        pools = list(pools)
+        order = {n.name: i for i, n in enumerate(Capacity.build_nodes(pools))}
+        nodes = sorted(snap.nodes.values(), key=lambda n: (order.get(n.name, math.inf), n.name))
+        if log is None:
+            log = ev.EventLog()
+            log.records.extend(snap.events)
+        s = cls(
+            pools,
+            clock=clock,
+            executor=executor,
+            policy=policy,
+            nodes=nodes or None,
+            tenants=snap.tenants.values(),
+            store=store,
+            log=log,
+        )
+        s._seq = int(snap.meta.get("seq", 0))
+        for job in sorted(snap.jobs.values(), key=lambda j: j.seq):
+            s.jobs[job.id] = job
+            s._classes[job.id] = s._class_of(job)
+            if job.state is JobState.PENDING:
+                if job.claim:
+                    s.cap.claim(job.id, job.claim)
+                    s._claimants[job.id] = None
+                elif job.substate == "backoff":
+                    s._timer(job.eligible_s, "eligible", job)
+                else:
+                    s._enqueue(job)
+            elif job.state in (JobState.RUNNING, JobState.PREEMPTING):
+                s._index_run(job)
+                if job.state is JobState.PREEMPTING and math.isfinite(job.deadline_s):
+                    s._timer(job.deadline_s, "deadline", job)
+        return s
+
+    def save_all(self) -> None:
+        """Write every record (the first commit of a new store)."""
+        if self.store is None:
+            return
+        self.store.commit(
+            jobs=list(self.jobs.values()),
+            nodes=list(self.cap.nodes.values()),
+            tenants=list(self.tenants.values()),
+            meta={"seq": self._seq, "policy": self.policy.name},
+            events=self._unflushed,
+        )
+        self._unflushed = []
+
+    # ------------------------------------------------------------------ indices
+
+    def _class_of(self, job: Job) -> Class:
+        return (job.nodes, job.gpus_per_node, pools_for(job, self.cap.pools, self.policy.spot_rule))
+
+    def _enqueue(self, job: Job) -> None:
+        limit = job.backfill_limit()
+        self.queue.push(job.id, job.priority, job.tenant, self._classes[job.id], job.submit_s, job.seq, limit)
+        self._dirty = True
+
+    def _index_run(self, job: Job) -> None:
+        """Count a running or leaving job in the per-pool indices (its GPUs are bound already)."""
+        if job.state is JobState.RUNNING:
+            self._running[job.pool].setdefault(job.priority, {})[job.id] = None
+            held = self._held[job.pool]
+            held[job.priority] = held.get(job.priority, 0) + job.gpus
+            end = job.started_s + job.run_limit_s
+        else:
+            end = job.deadline_s if math.isfinite(job.deadline_s) else self.clock.now() + STOP_S
+        self._set_end(job, end)
+
+    def _unindex_candidate(self, job: Job) -> None:
+        level = self._running[job.pool].get(job.priority)
+        if level is not None and level.pop(job.id, 0) is None:
+            self._held[job.pool][job.priority] -= job.gpus
+            if not level:
+                del self._running[job.pool][job.priority]
+
+    def _set_end(self, job: Job, end: float) -> None:
+        old = self._end_of.pop(job.id, None)
+        if old is not None:
+            self._ends[old[0]].discard((old[1], job.id))
+        if end is not None:
+            self._ends[job.pool].add((end, job.id))
+            self._end_of[job.id] = (job.pool, end)
+
+    def _drop_end(self, job: Job) -> None:
+        old = self._end_of.pop(job.id, None)
+        if old is not None:
+            self._ends[old[0]].discard((old[1], job.id))
+
+    def _tenant(self, name: str) -> Tenant:
+        t = self.tenants.get(name)
+        if t is None:
+            t = self.tenants[name] = Tenant(name)
+            self._touched_tenants.add(name)
+        return t
+
+    def _timer(self, t: float, kind: str, job: Job) -> None:
+        heapq.heappush(self._timers, (t, kind, job.id, job.epoch))
+
+    # ------------------------------------------------------------------ inputs
+
+    def submit(self, job: Job) -> Job:
+        """Queue a new job; a spec that cannot be valid is refused naming the job and the field."""
+        if job.id in self.jobs:
+            raise SchedulerError(f"job {job.id!r} already exists")
+        for name in ("nodes", "gpus_per_node"):
+            if not isinstance(getattr(job, name), int) or getattr(job, name) < 1:
+                raise SchedulerError(f"job {job.id!r}: {name} must be an integer >= 1, got {getattr(job, name)!r}")
+        if job.state is not JobState.PENDING or job.epoch != 0:
+            raise SchedulerError(f"job {job.id!r}: a submitted job must be new (pending, epoch 0)")
+        cls = self._class_of(job)
+        if not cls[2]:
+            raise SchedulerError(
+                f"job {job.id!r}: no pool offers {job.nodes} nodes x {job.gpus_per_node} GPUs"
+                + (" on on-demand (spot not allowed)" if not job.spot else "")
+            )
+        job.seq = self._seq
+        self._seq += 1
+        job.eligible_s = max(job.eligible_s, job.submit_s)
+        self.jobs[job.id] = job
+        self._classes[job.id] = cls
+        self._tenant(job.tenant)
+        self._touch(job)
+        self._emit(
+            ev.SUBMITTED,
+            job=job.id,
+            tenant=job.tenant,
+            priority=job.priority,
+            nodes=job.nodes,
+            gpus_per_node=job.gpus_per_node,
+            submit_s=job.submit_s,
+        )
+        if job.eligible_s > self.clock.now():
+            job.substate = "backoff"
+            self._timer(job.eligible_s, "eligible", job)
+        else:
+            self._enqueue(job)
+        self._flush()
+        return job
+
+    def report_commit(self, job_id: str, epoch: int, progress_s: float) -> bool:
+        """A job's checkpoint committed: its resume point advances, if the report is current."""
+        job = self.jobs.get(job_id)
+        reason = ""
+        if job is None:
+            reason = "unknown job"
+        elif job.state not in (JobState.RUNNING, JobState.PREEMPTING):
+            reason = f"job is {job.state.value}"
+        elif epoch != job.epoch:
+            reason = f"stale epoch {epoch} (current {job.epoch})"
+        elif not math.isfinite(progress_s) or progress_s < job.committed_s:
+            reason = f"progress {progress_s} is behind the committed {job.committed_s}"
+        if reason:
+            self._emit(ev.COMMIT_REJECTED, job=job_id, epoch=epoch, progress_s=progress_s, reason=reason)
+            self._flush()
+            return False
+        job.committed_s = progress_s
+        job.committed_at = self.clock.now()
+        self._touch(job)
+        self._emit(ev.CHECKPOINT_COMMITTED, job=job_id, epoch=epoch, progress_s=progress_s)
+        self._flush()
+        return True
+
+    def report_exit(self, job_id: str, epoch: int, status: str) -> None:
+        """The job's processes are observed gone with ``status``: finished, preempted, failed, killed."""
+        job = self.jobs.get(job_id)
+        if job is None or epoch != job.epoch or job.state not in (JobState.RUNNING, JobState.PREEMPTING):
+            return  # an exit of a run already accounted for: nothing is bound to it any more
+        if status not in ("finished", "preempted", "failed", "killed"):
+            raise SchedulerError(f"job {job_id!r}: unknown exit status {status!r}")
+        now = self.clock.now()
+        self._emit(ev.EXITED, job=job_id, epoch=epoch, status=status)
+        was = job.state
+        self._unindex_candidate(job)
+        self._release(job)
+        job.end_s = now
+        if status == "finished":
+            apply(job, "finish")
+            self._emit(ev.FINISHED, job=job_id)
+        elif was is JobState.PREEMPTING:
+            if job.victim_of == "cancel":
+                apply(job, "gone_cancelled")
+                self._emit(ev.CANCELLED, job=job_id)
+            else:
+                apply(job, "gone", "queued")
+                infra = job.victim_of == "node_loss"
+                if infra:
+                    job.infra_losses += 1
+                else:
+                    job.preemptions += 1
+                self._requeue(job, "infrastructure" if infra else "preempted")
+        elif status == "preempted":
+            apply(job, "left", "queued")
+            job.preemptions += 1
+            self._requeue(job, "preempted")
+        else:
+            job.failures += 1
+            if job.failures > job.retry.max_failures:
+                apply(job, "fail_final")
+                self._emit(ev.FAILED, job=job_id, failures=job.failures)
+            else:
+                apply(job, "fail_retry", "backoff")
+                job.eligible_s = now + job.retry.delay(job.failures)
+                self._requeue(job, "failure")
+        self._touch(job)
+        self._flush()
+
+    def _requeue(self, job: Job, reason: str) -> None:
+        job.deadline_s = math.inf
+        job.victim_of = ""
+        job.ckpt_requested = False
+        job.placement = ()
+        self._emit(ev.REQUEUED, job=job.id, reason=reason, resume_from_s=job.committed_s)
+        if job.eligible_s > self.clock.now():
+            job.substate = "backoff"
+            self._timer(job.eligible_s, "eligible", job)
+        else:
+            self._enqueue(job)
+
+    def node_lost(self, names: Iterable[str]) -> None:
+        """Nodes died: their jobs are killed (and requeued as infrastructure losses once gone)."""
+        for name in names:
+            node = self._node(name)
+            if node.health is Health.LOST:
+                continue
+            self.cap.set_health(name, Health.LOST)
+            self._touched_nodes.add(name)
+            self._emit(ev.NODE_LOST, node=name)
+            self._drop_claims_on(name)
+            for jid in sorted(node.alloc):
+                job = self.jobs[jid]
+                if job.state is JobState.RUNNING:
+                    self._preempt(job, "node_loss", self.clock.now(), checkpoint=False, candidates=None)
+                if job.state is JobState.PREEMPTING and job.substate != "killed":
+                    if job.victim_of not in ("cancel",):
+                        job.victim_of = "node_loss"
+                    self._kill(job)
+        self._dirty = True
+        self._flush()
+
+    def reclaim_notice(self, names: Iterable[str], deadline_s: float, *, why: str = "reclaim") -> None:
+        """Nodes will go at ``deadline_s`` (a spot reclaim, or a drain with ``why="node_loss"``)."""
+        now = self.clock.now()
+        for name in names:
+            node = self._node(name)
+            if node.health is not Health.UP:
+                continue
+            self.cap.set_health(name, Health.RECLAIMING)
+            self._touched_nodes.add(name)
+            self._emit(ev.NODE_RECLAIM_NOTICE, node=name, deadline_s=deadline_s)
+            self._drop_claims_on(name)
+            for jid in sorted(node.alloc):
+                job = self.jobs[jid]
+                if job.state is JobState.RUNNING:
+                    ask = self.policy.ask_checkpoint and job.ckpt.fits_grace(deadline_s - now)
+                    self._preempt(job, why, deadline_s, checkpoint=ask, candidates=None)
+                elif job.state is JobState.PREEMPTING and deadline_s < job.deadline_s:
+                    job.deadline_s = deadline_s
+                    self._set_end(job, deadline_s)
+                    self._timer(deadline_s, "deadline", job)
+                    self._touch(job)
+        self._flush()
+
+    def node_up(self, names: Iterable[str]) -> None:
+        for name in names:
+            node = self._node(name)
+            if node.health is Health.UP:
+                continue
+            self.cap.set_health(name, Health.UP)
+            self._touched_nodes.add(name)
+            self._emit(ev.NODE_UP, node=name)
+        self._dirty = True
+        self._flush()
+
+    def cancel(self, job_id: str) -> None:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise SchedulerError(f"no job {job_id!r}")
+        if job.state in TERMINAL:
+            return
+        if job.state is JobState.PENDING:
+            self.queue.remove(job.id)
+            if job.claim:
+                self._drop_claim(job, requeue=False)
+            apply(job, "cancel")
+            job.end_s = self.clock.now()
+            self._emit(ev.CANCELLED, job=job.id)
+        elif job.state is JobState.RUNNING:
+            self._preempt(job, "cancel", self.clock.now() + job.ckpt.grace_s, checkpoint=False, candidates=None)
+        else:
+            job.victim_of = "cancel"
+        self._touch(job)
+        self._flush()
+
+    def advance(self) -> None:
+        """Fire the timers that are due: hard deadlines kill, backoffs end."""
+        now = self.clock.now()
+        while self._timers and self._timers[0][0] <= now:
+            _, kind, jid, epoch = heapq.heappop(self._timers)
+            job = self.jobs.get(jid)
+            if job is None or job.epoch != epoch:
+                continue
+            if kind == "deadline" and job.state is JobState.PREEMPTING and job.substate != "killed":
+                if job.deadline_s <= now:
+                    self._kill(job)
+            elif (
+                kind == "eligible"
+                and job.state is JobState.PENDING
+                and job.substate == "backoff"
+                and job.eligible_s <= now
+            ):
+                job.substate = "queued"
+                self._touch(job)
+                self._enqueue(job)
+        self._flush()
+
+    def next_timer(self) -> float:
+        while self._timers:
+            t, kind, jid, epoch = self._timers[0]
+            job = self.jobs.get(jid)
+            live = (
+                job is not None
+                and job.epoch == epoch
+                and (
+                    (kind == "deadline" and job.state is JobState.PREEMPTING and job.substate != "killed")
+                    or (kind == "eligible" and job.state is JobState.PENDING and job.substate == "backoff")
+                )
+            )
+            if live:
+                return t
+            heapq.heappop(self._timers)
+        return math.inf
+
+    # ------------------------------------------------------------------ the pass
+
+    def tick(self) -> int:
+        """One scheduling pass, if anything happened that could change a pending job's fate."""
+        if not self._dirty:
+            return 0
+        self._dirty = False
+        self.passes += 1
+        now = self.clock.now()
+        started = 0
+        for jid in sorted(self._claimants, key=lambda j: (-self.jobs[j].priority, self.jobs[j].seq)):
+            started += self._try_claim(self.jobs[jid])
+        blocked: set[Class] = set()
+        quota_blocked: set[tuple[str, Class]] = set()
+        reservation: Reservation | None = None
+        halted = False
+        for prio in self.queue.priorities():
+            if halted:
+                break
+            level = self.queue.tenants(prio)
+            heap = [(self.tenants[t].share(), t) for t in level]
+            heapq.heapify(heap)
+            while heap and not halted:
+                share, tn = heapq.heappop(heap)
+                tenant = self.tenants[tn]
+                if share != tenant.share():
+                    heapq.heappush(heap, (tenant.share(), tn))
+                    continue
+                best = None
+                for cls in level.get(tn, ()):
+                    if cls in blocked or (tn, cls) in quota_blocked:
+                        continue
+                    h = self.queue.head((prio, tn, cls))
+                    if h is not None and (best is None or h < best[0]):
+                        best = (h, cls)
+                if best is None:
+                    continue
+                (_, _, jid), cls = best
+                job = self.jobs[jid]
+                if tenant.quota_gpus and tenant.usage_gpus + job.gpus > tenant.quota_gpus:
+                    quota_blocked.add((tn, cls))
+                    heapq.heappush(heap, (tenant.share(), tn))
+                    continue
+                if self._try_place(job, cls, reservation, now):
+                    started += 1
+                elif reservation is None:
+                    if self.policy.preemption and self._preempt_for(job, cls, now, None):
+                        started += job.state is JobState.RUNNING
+                    else:
+                        reservation = self._reserve(job, cls, now)
+                        blocked.add(cls)
+                        if not self.policy.backfill:
+                            halted = True
+                else:
+                    if self.policy.preemption and self._preempt_for(job, cls, now, reservation):
+                        started += job.state is JobState.RUNNING
+                    else:
+                        started += self._backfill_short(prio, tn, cls, reservation, now)
+                        blocked.add(cls)
+                heapq.heappush(heap, (tenant.share(), tn))
+        self.reservation = reservation
+        self._flush()
+        return started
+
+    def _try_place(self, job: Job, cls: Class, reservation: Reservation | None, now: float) -> bool:
+        for pool in cls[2]:
+            exclude: frozenset[str] = frozenset()
+            if reservation is not None and reservation.pool == pool and now + job.backfill_limit() > reservation.t:
+                exclude = reservation.nodes
+            nodes = self.cap.find(pool, job.nodes, job.gpus_per_node, exclude)
+            if nodes is not None:
+                self._start(job, pool, nodes)
+                return True
+        return False
+
+    def _backfill_short(self, prio: int, tn: str, cls: Class, reservation: Reservation, now: float) -> int:
+        """A blocked class may still hold a job short enough to finish before the reserved start."""
+        short = self.queue.shortest((prio, tn, cls))
+        if short is None or now + short[0] > reservation.t:
+            return 0
+        job = self.jobs[short[1]]
+        for pool in cls[2]:
+            nodes = self.cap.find(pool, job.nodes, job.gpus_per_node)
+            if nodes is not None:
+                self._start(job, pool, nodes)
+                return 1
+        return 0
+
+    def _start(self, job: Job, pool: str, nodes: tuple[str, ...]) -> None:
+        now = self.clock.now()
+        self.queue.remove(job.id)
+        limit = job.backfill_limit()
+        apply(job, "start", "running")
+        job.epoch += 1
+        job.started_s = now
+        job.pool = pool
+        job.placement = nodes
+        job.claim, job.claim_pool = (), ""
+        if job.first_start_s < 0:
+            job.first_start_s = now
+        job.run_limit_s = limit
+        self.cap.bind(job.id, nodes, job.gpus_per_node)
+        self._touched_nodes.update(nodes)
+        tenant = self._tenant(job.tenant)
+        tenant.usage_gpus += job.gpus
+        self._touched_tenants.add(tenant.name)
+        self._index_run(job)
+        self._touch(job)
+        self._emit(
+            ev.STARTED,
+            job=job.id,
+            epoch=job.epoch,
+            pool=pool,
+            nodes=list(nodes),
+            gpus_per_node=job.gpus_per_node,
+            resume_from_s=job.committed_s,
+        )
+        self.executor.start(job, nodes, job.committed_s)
+
+    def _release(self, job: Job) -> None:
+        """Hand the job's GPUs back: called when it is observed gone (or, in one baseline, at the decision)."""
+        self._drop_end(job)
+        if not job.placement:
+            return
+        for name in job.placement:
+            node = self.cap.nodes[name]
+            if job.state is JobState.PREEMPTING:
+                node.draining = max(0, node.draining - job.gpus_per_node)
+        self.cap.unbind(job.id, job.placement)
+        self._touched_nodes.update(job.placement)
+        tenant = self._tenant(job.tenant)
+        tenant.usage_gpus -= job.gpus
+        tenant.used_gpu_s += job.gpus * max(0.0, self.clock.now() - job.started_s)
+        self._touched_tenants.add(tenant.name)
+        self._emit(ev.RELEASED, job=job.id, epoch=job.epoch, nodes=list(job.placement), gpus=job.gpus)
+        job.placement = ()
+        self._touch(job)
+        self._dirty = True
+        claimant = self.jobs.get(job.victim_of)
+        if claimant is not None and claimant.id in self._claimants:
+            self._try_claim(claimant)
+
+    # ------------------------------------------------------------------ preemption
+
+    def _uncommitted(self, job: Job, now: float) -> float:
+        """Work the job has done since its last commit (what a kill now would lose)."""
+        progress_from = job.started_s + (job.ckpt.restart_s if job.epoch > 1 else 0.0)
+        since = max(progress_from, job.committed_at if job.committed_at >= job.started_s else progress_from)
+        return max(0.0, now - since)
+
+    def _price(self, job: Job, now: float, notice_s: float) -> Candidate:
+        ask = self.policy.ask_checkpoint and job.ckpt.fits_grace(notice_s)
+        lost = 0.0 if ask else self._uncommitted(job, now)
+        drain = job.ckpt.stall_s + job.ckpt.write_s if ask else min(STOP_S, notice_s)
+        return Candidate(
+            job=job.id,
+            priority=job.priority,
+            started_s=job.started_s,
+            gpus=job.gpus,
+            per_node=tuple((n, job.gpus_per_node) for n in job.placement),
+            lost_s=lost,
+            drain_s=drain,
+            restart_s=job.ckpt.restart_s,
+            checkpoint=ask,
+        )
+
+    def _preempt_for(self, job: Job, cls: Class, now: float, reservation: Reservation | None) -> bool:
+        """Free room for ``job`` by evicting lower-priority gangs, if some set of them is enough."""
+        for pool in cls[2]:
+            held = sum(g for p, g in self._held[pool].items() if p < job.priority)
+            if held == 0 or held + self.cap.free_gpus(pool) < job.gpus:
+                continue
+            excluded = reservation.nodes if reservation is not None and reservation.pool == pool else frozenset()
+            cands: list[Candidate] = []
+            free: dict[str, int] = {}
+            for p, ids in self._running[pool].items():
+                if p >= job.priority:
+                    continue
+                for vid in ids:
+                    v = self.jobs[vid]
+                    if any(not self.cap.offerable(n) or n in excluded for n in v.placement):
+                        continue  # a victim on a claimed, reserved or leaving node frees nothing usable
+                    cands.append(self._price(v, now, v.ckpt.grace_s))
+                    for n in v.placement:
+                        free[n] = self.cap.nodes[n].free
+            if not cands:
+                continue
+            base_ok = self.cap.count_fitting(pool, job.gpus_per_node, excluded) - sum(
+                1 for f in free.values() if f >= job.gpus_per_node
+            )
+            victims = choose(job.nodes, job.gpus_per_node, free, cands, self.policy.victims, base_ok=base_ok)
+            if victims is None:
+                continue
+            freed: dict[str, int] = {}
+            for c in victims:
+                for n, g in c.per_node:
+                    freed[n] = freed.get(n, 0) + g
+            target = [
+                n for n in sorted(freed, key=self.cap.index.__getitem__) if free[n] + freed[n] >= job.gpus_per_node
+            ]
+            target = target[: job.nodes]
+            if len(target) < job.nodes:
+                more = self.cap.find(pool, job.nodes - len(target), job.gpus_per_node, excluded | set(target))
+                if more is None:
+                    continue
+                target += list(more)
+            ranked = sorted(cands, key=lambda c: (c.cost, c.job))[:LOGGED_CANDIDATES]
+            logged = [
+                {"job": c.job, "lost_gpu_s": round(c.cost, 3), "lost_s": round(c.lost_s, 3), "checkpoint": c.checkpoint}
+                for c in ranked
+            ]
+            self.queue.remove(job.id)
+            if self.policy.release == "decision":
+                for c in victims:
+                    self._preempt(self.jobs[c.job], job.id, now + self.jobs[c.job].ckpt.grace_s, c.checkpoint, logged)
+                    self._release(self.jobs[c.job])
+                self._start(job, pool, tuple(sorted(target, key=self.cap.index.__getitem__)))
+                return True
+            job.claim = tuple(sorted(target, key=self.cap.index.__getitem__))
+            job.claim_pool = pool
+            job.substate = "awaiting victims"
+            self.cap.claim(job.id, job.claim)
+            self._claimants[job.id] = None
+            self._touch(job)
+            for c in victims:
+                self._preempt(self.jobs[c.job], job.id, now + self.jobs[c.job].ckpt.grace_s, c.checkpoint, logged)
+            self._try_claim(job)
+            return True
+        return False
+
+    def _preempt(self, job: Job, victim_of: str, deadline_s: float, checkpoint: bool, candidates) -> None:
+        now = self.clock.now()
+        lost = 0.0 if checkpoint else self._uncommitted(job, now)
+        self._unindex_candidate(job)
+        apply(job, "preempt", "checkpointing" if checkpoint else "stopping")
+        job.deadline_s = deadline_s
+        job.victim_of = victim_of
+        job.ckpt_requested = checkpoint
+        for name in job.placement:
+            self.cap.nodes[name].draining += job.gpus_per_node
+        self._touched_nodes.update(job.placement)
+        self._set_end(job, deadline_s)
+        self._touch(job)
+        fields: dict[str, Any] = {}
+        if candidates is not None:
+            fields["candidates"] = candidates
+        self._emit(
+            ev.PREEMPT_REQUESTED,
+            job=job.id,
+            epoch=job.epoch,
+            victim_of=victim_of,
+            lost_s=lost,
+            deadline_s=deadline_s,
+            checkpoint=checkpoint,
+            **fields,
+        )
+        self._timer(deadline_s, "deadline", job)
+        self.executor.notify(job, checkpoint=checkpoint, deadline_s=deadline_s)
+
+    def _kill(self, job: Job) -> None:
+        job.substate = "killed"
+        self._touch(job)
+        self.executor.kill(job)
+
+    def _try_claim(self, job: Job) -> int:
+        """Start a claimant once every node it claimed has room (its victims are gone)."""
+        if job.id not in self._claimants:
+            return 0
+        nodes = [self.cap.nodes[n] for n in job.claim]
+        if any(n.health is not Health.UP for n in nodes):
+            self._drop_claim(job, requeue=True)
+            return 0
+        if any(n.gpus - n.used < job.gpus_per_node for n in nodes):
+            return 0
+        del self._claimants[job.id]
+        claim = job.claim
+        self.cap.unclaim(claim)
+        self._start(job, job.claim_pool, claim)
+        return 1
+
+    def _drop_claim(self, job: Job, *, requeue: bool) -> None:
+        self._claimants.pop(job.id, None)
+        self.cap.unclaim(job.claim)
+        job.claim, job.claim_pool = (), ""
+        job.substate = "queued"
+        self._touch(job)
+        if requeue and job.state is JobState.PENDING:
+            self._enqueue(job)
+
+    def _drop_claims_on(self, name: str) -> None:
+        owner = self.cap.claimed.get(name)
+        if owner is not None:
+            self._drop_claim(self.jobs[owner], requeue=True)
+
+    # ------------------------------------------------------------------ reservations
+
+    def _reserve(self, job: Job, cls: Class, now: float) -> Reservation | None:
+        """When, at the earliest by declared limits, and where the head could start."""
+        best: Reservation | None = None
+        for pool in cls[2]:
+            r = self._shadow(job, pool, now)
+            if r is not None and (best is None or r.t < best.t):
+                best = r
+        return best
+
+    def _shadow(self, job: Job, pool: str, now: float) -> Reservation | None:
+        g, n = job.gpus_per_node, job.nodes
+        ok = self.cap.count_fitting(pool, g)
+        freed: dict[str, int] = {}
+        new: list[str] = []
+        t = now
+        for end, jid in self._ends[pool]:
+            if ok >= n:
+                break
+            other = self.jobs[jid]
+            for name in other.placement:
+                node = self.cap.nodes[name]
+                if node.health is not Health.UP or name in self.cap.claimed:
+                    continue
+                before = node.free + freed.get(name, 0)
+                freed[name] = freed.get(name, 0) + other.gpus_per_node
+                if before < g <= before + other.gpus_per_node:
+                    new.append(name)
+                    ok += 1
+            t = max(now, end)
+        if ok < n:
+            return None
+        new = new[:n]
+        rest = self.cap.find(pool, n - len(new), g, frozenset(new)) if len(new) < n else ()
+        if rest is None:
+            return None
+        return Reservation(job.id, pool, t, frozenset(new) | frozenset(rest))
+
+    # ------------------------------------------------------------------ helpers
+
+    def _node(self, name: str) -> Node:
+        node = self.cap.nodes.get(name)
+        if node is None:
+            raise SchedulerError(f"no node {name!r}")
+        return node
+
+    def pending(self) -> int:
+        return sum(1 for j in self.jobs.values() if j.state is JobState.PENDING)
+
+    def summary(self) -> dict[str, Any]:
+        by_state: dict[str, int] = {}
+        for j in self.jobs.values():
+            by_state[j.state.value] = by_state.get(j.state.value, 0) + 1
+        nodes = self.cap.nodes.values()
+        return {
+            "jobs": by_state,
+            "queued": len(self.queue),
+            "classes": self.queue.classes(),
+            "gpus": sum(n.gpus for n in nodes if n.health is not Health.LOST),
+            "gpus_bound": sum(n.used for n in nodes),
+            "gpus_draining": sum(n.draining for n in nodes),
+            "nodes_lost": sum(1 for n in nodes if n.health is Health.LOST),
+            "reservation": None
+            if self.reservation is None
+            else {"job": self.reservation.job, "pool": self.reservation.pool, "t": self.reservation.t},
+        }

@@ -1,0 +1,567 @@
+"""The scheduler's persistence: its records, a little metadata and the event log, in SQLite or PostgreSQL.
+
+The scheduler keeps nothing else (its indices are rebuilt from the records on restart), so the store's one
+promise is that a SIGKILL at any instant loses or doubles nothing: each scheduler step hands its changed
+records, metadata and events to :meth:`Store.commit`, which writes them in ONE transaction that is durable
+when it returns (SQLite: WAL with synchronous=FULL; PostgreSQL: its own commit). A restart therefore reads
+the state after some whole number of steps, never a torn one.
+
+Bodies are JSON text, never pickles, because storage is not trusted: a row that does not decode into its
+record is an error naming the table and key, not code run. Records go through msgspec, which is what makes a
+100,000-job first commit take a second rather than minutes. JSON has no infinity and msgspec writes one as
+``null``, which would lose a preempting job's ``deadline_s``; a non-finite float is therefore stored as the
+string ``"inf"``, ``"-inf"`` or ``"nan"`` and turned back into a float where the record's type says a float
+goes (nowhere else, so a string field that happens to read "inf" stays a string). Events and metadata are
+free-form, so they use the event log's own encoding (:func:`json.dumps` with ``Infinity`` tokens): a stored
+event is byte for byte the line :mod:`goodput.sched.events` writes to JSONL. For the same reason bodies are
+TEXT in PostgreSQL too, not JSONB, which would reorder keys and refuse ``Infinity``.
+
+URLs follow SQLAlchemy's spelling: ``sqlite:///relative.db``, ``sqlite:////abs/path.db`` (so
+``f"sqlite:///{path}"`` works for either), ``sqlite://:memory:``, a bare file path, or
+``postgresql://user@host:port/db``. psycopg is imported only for the latter, so SQLite users need not
+install it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import msgspec
+import msgspec.inspect as mi
+
+from goodput.sched.model import Job, Node, Tenant
+
+SCHEMA_VERSION = 1
+_VERSION_KEY = "schema_version"
+# pg_advisory_xact_lock key: serialises writers so that "next seq = max + 1" cannot race
+_PG_LOCK_KEY = 0x676F6F64707574  # "goodput"
+
+
+class StoreError(Exception):
+    """What a store refuses to do, as opposed to a bug in the caller (TypeError / ValueError)."""
+
+
+class CorruptRecord(StoreError):
+    """A stored row does not decode: storage was damaged or written by something else."""
+
+    def __init__(self, table: str, key: Any, reason: str) -> None:
+        self.table = table
+        self.key = key
+        super().__init__(f"corrupt row in {table!r} at key {key!r}: {reason}")
+
+
+class SchemaError(StoreError):
+    """The store was written by a goodput this code cannot read safely."""
+
+
+@dataclass
+class Snapshot:
+    """Everything a restarting scheduler needs; ``events`` in commit order, without their seq numbers."""
+
+    jobs: dict[str, Job] = field(default_factory=dict)
+    nodes: dict[str, Node] = field(default_factory=dict)
+    tenants: dict[str, Tenant] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# encoding
+
+_NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+_ENCODER = msgspec.json.Encoder()
+
+
+def _spell_nonfinite(v: Any) -> Any:
+    if isinstance(v, float):
+        if math.isfinite(v):
+            return v
+        return "nan" if v != v else ("inf" if v > 0 else "-inf")
+    if isinstance(v, dict):
+        return {k: _spell_nonfinite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_spell_nonfinite(x) for x in v]
+    return v
+
+
+def _restore_float(v: Any) -> Any:
+    return _NONFINITE.get(v, v) if isinstance(v, str) else v
+
+
+def _restorer(t: mi.Type) -> Callable[[Any], Any] | None:
+    """Undo :func:`_spell_nonfinite` on a decoded value, guided by type, so only float slots are touched."""
+    if isinstance(t, mi.FloatType):
+        return _restore_float
+    if isinstance(t, (mi.DataclassType, mi.StructType, mi.TypedDictType)):
+        subs = {f.encode_name: r for f in t.fields if (r := _restorer(f.type)) is not None}
+        if not subs:
+            return None
+
+        def fields(v: Any) -> Any:
+            if isinstance(v, dict):
+                for name, r in subs.items():
+                    if name in v:
+                        v[name] = r(v[name])
+            return v
+
+        return fields
+    if isinstance(t, (mi.ListType, mi.VarTupleType, mi.SetType, mi.FrozenSetType)):
+        item = _restorer(t.item_type)
+        if item is None:
+            return None
+        return lambda v: [item(x) for x in v] if isinstance(v, list) else v
+    if isinstance(t, mi.TupleType):
+        items = [_restorer(x) for x in t.item_types]
+        if not any(items):
+            return None
+        return lambda v: [r(x) if r else x for r, x in zip(items, v)] if isinstance(v, list) else v
+    if isinstance(t, mi.DictType):
+        value = _restorer(t.value_type)
+        if value is None:
+            return None
+        return lambda v: {k: value(x) for k, x in v.items()} if isinstance(v, dict) else v
+    if isinstance(t, mi.UnionType):
+        if any(isinstance(x, mi.StrType) for x in t.types):
+            return None  # "inf" may be a real string there
+        rs = [r for x in t.types if (r := _restorer(x)) is not None]
+        return rs[0] if len(rs) == 1 else None
+    return None
+
+
+class _RecordCodec:
+    """One record type's body <-> object, with the table and key named in every complaint."""
+
+    def __init__(self, typ: type, table: str, key_attr: str) -> None:
+        self.type = typ
+        self.table = table
+        self.key_attr = key_attr
+        self._typed = msgspec.json.Decoder(typ)
+        self._untyped = msgspec.json.Decoder()
+        self._restore = _restorer(mi.type_info(typ))
+
+    def encode(self, rec: Any) -> str:
+        if not isinstance(rec, self.type):
+            raise TypeError(f"{self.table}: expected a {self.type.__name__}, got {type(rec).__name__}")
+        body = _ENCODER.encode(rec)
+        # msgspec writes a non-finite float as null; only then (or on a string holding "null": harmless)
+        # take the slow path that spells it out
+        if b"null" in body:
+            body = _ENCODER.encode(_spell_nonfinite(msgspec.to_builtins(rec)))
+        return body.decode()
+
+    def decode(self, key: Any, body: Any) -> Any:
+        if not isinstance(body, (str, bytes)):
+            raise CorruptRecord(self.table, key, f"body is {type(body).__name__}, not JSON text")
+        try:
+            rec = self._typed.decode(body)
+        except msgspec.ValidationError as e:
+            # a spelled-out infinity fails the strict float check; anything else fails again below
+            if self._restore is None:
+                raise CorruptRecord(self.table, key, f"does not decode as {self.type.__name__}: {e}") from None
+            try:
+                rec = msgspec.convert(self._restore(self._untyped.decode(body)), self.type)
+            except msgspec.MsgspecError:
+                raise CorruptRecord(self.table, key, f"does not decode as {self.type.__name__}: {e}") from None
+        except msgspec.DecodeError as e:
+            raise CorruptRecord(self.table, key, f"not JSON: {e}") from None
+        if getattr(rec, self.key_attr) != key:
+            raise CorruptRecord(
+                self.table, key, f"body is for {self.key_attr} {getattr(rec, self.key_attr)!r}, not the row's key"
+            )
+        return rec
+
+
+_JOBS = _RecordCodec(Job, "jobs", "id")
+_NODES = _RecordCodec(Node, "nodes", "name")
+_TENANTS = _RecordCodec(Tenant, "tenants", "name")
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, Enum):
+        return o.value
+    return msgspec.to_builtins(o)  # dataclasses, structs...; TypeError for what JSON cannot hold
+
+
+def _dumps(v: Any) -> str:
+    # the event log's own spelling (events.py), so a stored event is its JSONL line
+    return json.dumps(v, separators=(",", ":"), default=_json_default)
+
+
+def _loads(table: str, key: Any, body: Any) -> Any:
+    if not isinstance(body, (str, bytes)):
+        raise CorruptRecord(table, key, f"body is {type(body).__name__}, not JSON text")
+    try:
+        return json.loads(body)
+    except ValueError as e:
+        raise CorruptRecord(table, key, f"not JSON: {e}") from None
+
+
+def _enum_value(v: Any) -> Any:
+    return v.value if isinstance(v, Enum) else v
+
+
+def _redact(url: str) -> str:
+    """The URL minus its password, for messages that may end up in logs."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the store
+
+
+class Store:
+    """The SQL both backends share; a dialect subclass supplies connection, transactions and types.
+
+    Safe to share between threads (one lock around the one connection): a service may stream
+    :meth:`events_since` from one thread while the scheduler commits from another.
+    """
+
+    # dialect knobs
+    dialect = "?"
+    seq_type = "INTEGER"
+    text_order = ""  # collation clause that makes key order byte order, as in SQLite and Python
+
+    def __init__(self, url: str, conn: Any) -> None:
+        self.url = url
+        self._conn = conn
+        self._lock = threading.RLock()
+        self._closed = False
+        try:
+            self._prepare()
+        except BaseException:
+            self._conn.close()
+            self._closed = True
+            raise
+
+    # -- dialect hooks -------------------------------------------------------------------------------------
+
+    def _sql(self, sql: str) -> str:
+        return sql
+
+    @contextmanager
+    def _transaction(self, write: bool) -> Iterator[Any]:
+        raise NotImplementedError
+        yield
+
+    def _table_exists(self, cur: Any, name: str) -> bool:
+        raise NotImplementedError
+
+    # -- schema --------------------------------------------------------------------------------------------
+
+    def _ddl(self) -> list[str]:
+        return [
+            "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, state TEXT NOT NULL, tenant TEXT NOT NULL,"
+            " body TEXT NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS nodes (name TEXT PRIMARY KEY, body TEXT NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS tenants (name TEXT PRIMARY KEY, body TEXT NOT NULL)",
+            f"CREATE TABLE IF NOT EXISTS events (seq {self.seq_type} PRIMARY KEY, body TEXT NOT NULL)",
+        ]
+
+    def _prepare(self) -> None:
+        """Create what is missing; refuse, before touching anything, a schema from a newer goodput."""
+        with self._transaction(write=True) as cur:
+            if self._table_exists(cur, "meta"):
+                cur.execute(self._sql("SELECT value FROM meta WHERE key = ?"), (_VERSION_KEY,))
+                row = cur.fetchone()
+                if row is not None:
+                    self._check_version(row[0])
+            for ddl in self._ddl():
+                cur.execute(ddl)
+            cur.execute(
+                self._sql("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO NOTHING"),
+                (_VERSION_KEY, json.dumps(SCHEMA_VERSION)),
+            )
+
+    def _check_version(self, raw: Any) -> None:
+        try:
+            version = json.loads(raw)
+        except (TypeError, ValueError):
+            version = None
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise SchemaError(f"{_redact(self.url)}: schema_version {raw!r} is not a positive integer")
+        if version > SCHEMA_VERSION:
+            raise SchemaError(
+                f"{_redact(self.url)}: schema_version {version} is newer than this goodput knows "
+                f"({SCHEMA_VERSION}); upgrade goodput to open this store"
+            )
+        if version < SCHEMA_VERSION:  # no older schema exists yet: a migration goes here when one does
+            raise SchemaError(f"{_redact(self.url)}: schema_version {version} has no migration to {SCHEMA_VERSION}")
+
+    # -- reading -------------------------------------------------------------------------------------------
+
+    def load(self) -> Snapshot:
+        """All state, read in one transaction so that a concurrent commit is either wholly in it or not."""
+        snap = Snapshot()
+        with self._use(), self._transaction(write=False) as cur:
+            order = self.text_order
+            cur.execute(f"SELECT id, body FROM jobs ORDER BY id{order}")
+            snap.jobs = {k: _JOBS.decode(k, b) for k, b in cur.fetchall()}
+            cur.execute(f"SELECT name, body FROM nodes ORDER BY name{order}")
+            snap.nodes = {k: _NODES.decode(k, b) for k, b in cur.fetchall()}
+            cur.execute(f"SELECT name, body FROM tenants ORDER BY name{order}")
+            snap.tenants = {k: _TENANTS.decode(k, b) for k, b in cur.fetchall()}
+            cur.execute(f"SELECT key, value FROM meta ORDER BY key{order}")
+            snap.meta = {k: _loads("meta", k, v) for k, v in cur.fetchall() if k != _VERSION_KEY}
+            cur.execute("SELECT seq, body FROM events ORDER BY seq")
+            rows = cur.fetchall()
+        snap.events = [self._event(expect, seq, body) for expect, (seq, body) in enumerate(rows, 1)]
+        return snap
+
+    @staticmethod
+    def _event(expect: int, seq: int, body: Any) -> dict[str, Any]:
+        # commits append 1, 2, 3, ... with no gaps; a gap means rows were removed behind our back
+        if seq != expect:
+            raise CorruptRecord("events", seq, f"sequence gap: expected seq {expect}")
+        ev = _loads("events", seq, body)
+        if not isinstance(ev, dict):
+            raise CorruptRecord("events", seq, f"not a JSON object but {type(ev).__name__}")
+        return ev
+
+    def events_since(self, seq: int, limit: int) -> list[tuple[int, dict[str, Any]]]:
+        """Up to ``limit`` events with a sequence number above ``seq``: pass the last one seen to resume."""
+        if limit <= 0:
+            raise ValueError(f"limit must be positive, got {limit}")
+        with self._use(), self._transaction(write=False) as cur:
+            cur.execute(self._sql("SELECT seq, body FROM events WHERE seq > ? ORDER BY seq LIMIT ?"), (seq, limit))
+            rows = cur.fetchall()
+        out = []
+        for s, body in rows:
+            ev = _loads("events", s, body)
+            if not isinstance(ev, dict):
+                raise CorruptRecord("events", s, f"not a JSON object but {type(ev).__name__}")
+            out.append((s, ev))
+        return out
+
+    def event_count(self) -> int:
+        """The last sequence number, which is the count since the log is append-only from 1."""
+        with self._use(), self._transaction(write=False) as cur:
+            cur.execute("SELECT COALESCE(MAX(seq), 0) FROM events")
+            return int(cur.fetchone()[0])
+
+    # -- writing -------------------------------------------------------------------------------------------
+
+    def commit(
+        self,
+        *,
+        jobs: Iterable[Job] = (),
+        nodes: Iterable[Node] = (),
+        tenants: Iterable[Tenant] = (),
+        meta: dict[str, Any] | None = None,
+        events: Iterable[dict[str, Any]] = (),
+        delete_jobs: Iterable[str] = (),
+    ) -> None:
+        """One scheduler step, all or nothing, durable on return.
+
+        Records are upserted (a record given twice: the last wins), meta keys are upserted, events get the
+        next sequence numbers in order. Deletions apply after the upserts, so a job both changed and deleted
+        in the step ends up deleted. Everything is encoded before the transaction opens, so an unencodable
+        record fails the call without holding the write lock.
+        """
+        if isinstance(delete_jobs, str):
+            raise TypeError("delete_jobs takes job ids, not one string")
+        job_rows = []
+        for j in jobs:
+            body = _JOBS.encode(j)
+            job_rows.append((j.id, _enum_value(j.state), j.tenant, body))
+        node_rows = [(n.name, _NODES.encode(n)) for n in self._records(nodes, Node)]
+        tenant_rows = [(t.name, _TENANTS.encode(t)) for t in self._records(tenants, Tenant)]
+        meta_rows = []
+        for k, v in (meta or {}).items():
+            if not isinstance(k, str):
+                raise TypeError(f"meta keys are strings, got {k!r}")
+            if k == _VERSION_KEY:
+                raise ValueError(f"meta key {_VERSION_KEY!r} belongs to the store")
+            meta_rows.append((k, _dumps(v)))
+        event_bodies = []
+        for ev in events:
+            if not isinstance(ev, dict):
+                raise TypeError(f"an event is a dict, got {type(ev).__name__}")
+            event_bodies.append(_dumps(ev))
+        dels = []
+        for k in delete_jobs:
+            if not isinstance(k, str):
+                raise TypeError(f"delete_jobs takes job ids (str), got {k!r}")
+            dels.append((k,))
+        if not (job_rows or node_rows or tenant_rows or meta_rows or event_bodies or dels):
+            return
+        with self._use(), self._transaction(write=True) as cur:
+            self._upsert(cur, "jobs", ("id", "state", "tenant", "body"), job_rows)
+            self._upsert(cur, "nodes", ("name", "body"), node_rows)
+            self._upsert(cur, "tenants", ("name", "body"), tenant_rows)
+            self._upsert(cur, "meta", ("key", "value"), meta_rows)
+            if dels:
+                cur.executemany(self._sql("DELETE FROM jobs WHERE id = ?"), dels)
+            self._append_events(cur, event_bodies)
+
+    @staticmethod
+    def _records(records: Iterable[Any], typ: type) -> Iterator[Any]:
+        for r in records:
+            if not isinstance(r, typ):  # before reading the key attribute, for a clear message
+                raise TypeError(f"expected a {typ.__name__}, got {type(r).__name__}")
+            yield r
+
+    def _upsert(self, cur: Any, table: str, cols: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
+        if not rows:
+            return
+        key, rest = cols[0], cols[1:]
+        sql = (
+            f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+            f" ON CONFLICT ({key}) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in rest)}"
+        )
+        cur.executemany(self._sql(sql), rows)
+
+    def _append_events(self, cur: Any, bodies: list[str]) -> None:
+        if not bodies:
+            return
+        # inside the write transaction (which serialises writers), so max + 1 is ours
+        cur.execute("SELECT COALESCE(MAX(seq), 0) FROM events")
+        start = int(cur.fetchone()[0]) + 1
+        cur.executemany(self._sql("INSERT INTO events (seq, body) VALUES (?, ?)"), list(enumerate(bodies, start)))
+
+    # -- lifecycle -----------------------------------------------------------------------------------------
+
+    @contextmanager
+    def _use(self) -> Iterator[None]:
+        with self._lock:
+            if self._closed:
+                raise StoreError(f"store {_redact(self.url)} is closed")
+            yield
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({_redact(self.url)!r}{', closed' if self._closed else ''})"
+
+
+class SQLiteStore(Store):
+    dialect = "sqlite"
+
+    @classmethod
+    def open(cls, url: str, path: str, busy_timeout_s: float = 30.0) -> SQLiteStore:
+        try:
+            # isolation_level=None: we issue BEGIN/COMMIT ourselves, so a transaction is exactly commit()'s
+            conn = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot open SQLite store {path!r}: {e}") from None
+        try:
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if path != ":memory:" and str(mode).lower() != "wal":
+                raise StoreError(f"SQLite store {path!r} refused WAL mode (got {mode!r})")
+            # FULL: in WAL mode NORMAL may lose the last commits on power loss; FULL makes commit durable
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+        except sqlite3.DatabaseError as e:
+            conn.close()
+            raise StoreError(f"cannot open SQLite store {path!r}: {e}") from None
+        except BaseException:
+            conn.close()
+            raise
+        return cls(url, conn)
+
+    @contextmanager
+    def _transaction(self, write: bool) -> Iterator[Any]:
+        cur = self._conn.cursor()
+        try:
+            # IMMEDIATE takes the write lock up front, so two writers queue instead of deadlocking
+            cur.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            yield cur
+            cur.execute("COMMIT")
+        except BaseException:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            raise
+        finally:
+            cur.close()
+
+    def _table_exists(self, cur: Any, name: str) -> bool:
+        cur.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
+        return cur.fetchone() is not None
+
+
+class PostgresStore(Store):
+    dialect = "postgresql"
+    seq_type = "BIGINT"
+    text_order = ' COLLATE "C"'
+
+    @classmethod
+    def open(cls, url: str) -> PostgresStore:
+        try:
+            import psycopg
+        except ImportError as e:
+            raise ImportError(
+                f'a PostgreSQL store needs psycopg 3, which is not installed: pip install "goodput[pg]" ({e})'
+            ) from None
+        # autocommit: transactions are exactly those _transaction opens
+        conn = psycopg.connect(url, autocommit=True)
+        return cls(url, conn)
+
+    def _sql(self, sql: str) -> str:
+        return sql.replace("?", "%s")
+
+    @contextmanager
+    def _transaction(self, write: bool) -> Iterator[Any]:
+        with self._conn.transaction(), self._conn.cursor() as cur:
+            if write:
+                cur.execute("SELECT pg_advisory_xact_lock(%s)", (_PG_LOCK_KEY,))
+            else:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            yield cur
+
+    def _table_exists(self, cur: Any, name: str) -> bool:
+        cur.execute("SELECT to_regclass(%s) IS NOT NULL", (name,))
+        return bool(cur.fetchone()[0])
+
+
+def _sqlite_path(url: str) -> str:
+    rest = url[len("sqlite:") :]
+    if not rest.startswith("//"):
+        raise ValueError(f"bad SQLite store URL {url!r}: expected sqlite:///relative.db or sqlite:////abs/path.db")
+    rest = rest[2:]
+    if rest in (":memory:", "/:memory:"):
+        return ":memory:"
+    if not rest.startswith("/") or len(rest) < 2:
+        raise ValueError(f"bad SQLite store URL {url!r}: expected sqlite:///relative.db or sqlite:////abs/path.db")
+    return os.path.abspath(rest[1:])
+
+
+def open_store(url: str, *, busy_timeout_s: float = 30.0) -> Store:
+    """Open (creating if absent) the store a URL names; see the module docstring for the spellings."""
+    if not isinstance(url, str) or not url:
+        raise ValueError(f"a store URL is a non-empty string, got {url!r}")
+    if url.startswith(("postgresql://", "postgres://")):
+        return PostgresStore.open(url)
+    if url.startswith("sqlite:"):
+        return SQLiteStore.open(url, _sqlite_path(url), busy_timeout_s)
+    if "://" in url:
+        raise ValueError(f"unknown store URL {_redact(url)!r}: expected sqlite:///PATH, postgresql://... or a path")
+    path = url if url == ":memory:" else os.path.abspath(url)
+    return SQLiteStore.open(url, path, busy_timeout_s)

@@ -17,7 +17,7 @@ from .model import Health, Node, Pool
 
 
 class Capacity:
-    __slots__ = ("pools", "nodes", "index", "names", "pool_nodes", "_buckets", "claimed", "_max_gpus")
+    __slots__ = ("pools", "nodes", "index", "names", "pool_nodes", "_buckets", "claimed", "_max_gpus", "_held_back")
 
     def __init__(self, pools: Iterable[Pool], nodes: Iterable[Node]) -> None:
         self.pools: dict[str, Pool] = {p.name: p for p in pools}
@@ -26,6 +26,7 @@ class Capacity:
         self.names: list[str] = []
         self.pool_nodes: dict[str, list[str]] = {p: [] for p in self.pools}
         self.claimed: dict[str, str] = {}  # node -> the job waiting for it
+        self._held_back: dict[str, int] = {}  # pool -> nodes claimed or under a reclaim notice
         self._max_gpus: dict[str, int] = {p.name: p.gpus_per_node for p in self.pools.values()}
         self._buckets: dict[str, list[SortedList]] = {
             p.name: [SortedList() for _ in range(p.gpus_per_node + 1)] for p in self.pools.values()
@@ -41,6 +42,8 @@ class Capacity:
             if len(self._buckets[node.pool]) <= node.gpus:
                 self._buckets[node.pool] += [SortedList() for _ in range(node.gpus + 1 - len(self._buckets[node.pool]))]
         for node in self.nodes.values():
+            node.used = sum(node.alloc.values())
+            self._count_held(node, +1)
             self._file(node)
 
     @staticmethod
@@ -70,6 +73,7 @@ class Capacity:
             node = self.nodes[name]
             self._unfile(node)
             node.alloc[job_id] = node.alloc.get(job_id, 0) + gpus_per_node
+            node.used += gpus_per_node
             if node.used > node.gpus:
                 raise RuntimeError(f"node {name!r}: {node.used} GPUs bound of {node.gpus} (job {job_id!r})")
             self._file(node)
@@ -80,25 +84,40 @@ class Capacity:
             if job_id not in node.alloc:
                 continue
             self._unfile(node)
-            node.alloc.pop(job_id)
+            node.used -= node.alloc.pop(job_id)
             self._file(node)
+
+    def _held(self, node: Node) -> bool:
+        return node.health is Health.RECLAIMING or node.name in self.claimed
+
+    def _count_held(self, node: Node, sign: int) -> None:
+        if self._held(node):
+            self._held_back[node.pool] = self._held_back.get(node.pool, 0) + sign
 
     def set_health(self, name: str, health: Health) -> None:
         node = self.nodes[name]
         self._unfile(node)
+        self._count_held(node, -1)
         node.health = health
+        self._count_held(node, +1)
         self._file(node)
 
     def claim(self, job_id: str, names: Iterable[str]) -> None:
         for name in names:
             node = self.nodes[name]
             self._unfile(node)
+            self._count_held(node, -1)
             self.claimed[name] = job_id
+            self._count_held(node, +1)
 
     def unclaim(self, names: Iterable[str]) -> None:
         for name in names:
-            if self.claimed.pop(name, None) is not None:
-                self._file(self.nodes[name])
+            node = self.nodes[name]
+            if name in self.claimed:
+                self._count_held(node, -1)
+                del self.claimed[name]
+                self._count_held(node, +1)
+                self._file(node)
 
     # queries
 
@@ -137,6 +156,10 @@ class Capacity:
 
     def capacity_gpus(self) -> int:
         return sum(n.gpus for n in self.nodes.values() if n.health is not Health.LOST)
+
+    def unofferable_up(self, pool: str) -> bool:
+        """Does the pool hold a node that is up but not offerable (claimed or being reclaimed)?"""
+        return self._held_back.get(pool, 0) > 0
 
     def offerable(self, name: str) -> bool:
         return self._offerable(self.nodes[name])

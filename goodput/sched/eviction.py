@@ -6,7 +6,9 @@ checkpoint write is asked to checkpoint first and loses no work, only the write 
 one that cannot loses everything since its last commit. Kueue's rule (lowest priority, then the
 shortest running) is kept as the baseline and ignores all of that.
 
-Exact for up to ``EXACT_MAX`` candidates (every subset is tried); greedy beyond that (cheapest per
+Victims come from the lowest priority tier that can free the need (as Slurm and Kueue do: a
+higher-priority victim would come back and evict the lower one); within the tiers allowed, the
+set is the cheapest. Exact for up to ``EXACT_MAX`` candidates (every subset is tried); greedy beyond that (cheapest per
 GPU first until the need fits, then drop the costliest ones that are not needed), which is what
 Kueue does with its own order.
 """
@@ -14,14 +16,13 @@ Kueue does with its own order.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from itertools import combinations
+from typing import NamedTuple
 
 EXACT_MAX = 10
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
+class Candidate(NamedTuple):
     job: str
     priority: int
     started_s: float
@@ -66,11 +67,31 @@ def choose(
     if rule == "oblivious":
         order = sorted(candidates, key=lambda c: (c.priority, -c.started_s, c.job))
     elif rule == "checkpoint-aware":
-        order = sorted(candidates, key=lambda c: (c.cost / max(c.gpus, 1), c.cost, c.job))
-        if len(order) <= EXACT_MAX:
-            return _exact(need_nodes, need_gpus, free, order, base_ok)
+        # lowest priority tier first: a victim of a higher tier would come back and evict the
+        # lower one, a cascade that pays every restart twice
+        for tier in sorted({c.priority for c in candidates}):
+            allowed = [c for c in candidates if c.priority <= tier]
+            got = _cheapest(need_nodes, need_gpus, free, allowed, base_ok)
+            if got is not None:
+                return got
+        return None
     else:
         raise ValueError(f"unknown victim rule {rule!r}")
+    return _greedy(need_nodes, need_gpus, free, order, base_ok, rule)
+
+
+def _cheapest(
+    need_nodes: int, need_gpus: int, free: dict[str, int], candidates: Sequence[Candidate], base_ok: int
+) -> list[Candidate] | None:
+    order = sorted(candidates, key=lambda c: (c.cost / max(c.gpus, 1), -c.started_s, c.job))
+    if len(order) <= EXACT_MAX:
+        return _exact(need_nodes, need_gpus, free, order, base_ok)
+    return _greedy(need_nodes, need_gpus, free, order, base_ok, "checkpoint-aware")
+
+
+def _greedy(
+    need_nodes: int, need_gpus: int, free: dict[str, int], order: list[Candidate], base_ok: int, rule: str
+) -> list[Candidate] | None:
     chosen: list[Candidate] = []
     freed: dict[str, int] = {}
     ok = base_ok + sum(1 for f in free.values() if f >= need_gpus)
@@ -88,10 +109,20 @@ def choose(
         return None
     # drop any victim the need can do without, costliest (or, for Kueue, latest in its order) first
     drop_order = sorted(chosen, key=lambda c: -c.cost) if rule == "checkpoint-aware" else list(reversed(chosen))
+    keep = {id(c) for c in chosen}
     for c in drop_order:
-        rest = [x for x in chosen if x is not c]
-        if _fits(need_nodes, need_gpus, free, rest, base_ok):
-            chosen = rest
+        lose = 0
+        for node, g in c.per_node:
+            if node in free:
+                f = free[node] + freed[node]
+                lose += f >= need_gpus > f - g
+        if ok - lose >= need_nodes:
+            ok -= lose
+            for node, g in c.per_node:
+                if node in free:
+                    freed[node] -= g
+            keep.discard(id(c))
+    chosen = [c for c in chosen if id(c) in keep]
     return chosen
 
 

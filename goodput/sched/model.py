@@ -144,10 +144,7 @@ class Node:
     health: Health = Health.UP
     alloc: dict[str, int] = field(default_factory=dict)  # job id -> GPUs bound (running or draining)
     draining: int = 0  # GPUs of alloc held by jobs that are leaving
-
-    @property
-    def used(self) -> int:
-        return sum(self.alloc.values())
+    used: int = 0  # sum of alloc, kept by goodput.sched.capacity
 
     @property
     def free(self) -> int:

@@ -90,6 +90,12 @@ class Scheduler:
         self._unflushed: list[dict[str, Any]] = []
         self.reservation: Reservation | None = None
         self.passes = 0
+        self.terminal = 0  # jobs finished, failed or cancelled
+        # a preemption that failed stays failed until GPUs are freed in its pool: free plus
+        # evictable capacity only grows when GPUs are released, nodes return or claims drop
+        self._freed: dict[str, int] = dict.fromkeys(self.cap.pools, 0)
+        self._no_victims: dict[tuple, int] = {}
+        self._per_node_cache: dict[str, tuple[int, tuple[tuple[str, int], ...]]] = {}
 
     # ------------------------------------------------------------------ persistence
 
@@ -111,7 +117,7 @@ class Scheduler:
             jobs=list(self._touched_jobs.values()),
             nodes=[self.cap.nodes[n] for n in sorted(self._touched_nodes)],
             tenants=[self.tenants[t] for t in sorted(self._touched_tenants)],
-            meta={"seq": self._seq, "policy": self.policy.name},
+            meta={"seq": self._seq, "policy": self.policy.name, "dirty": self._dirty},
             events=self._unflushed,
         )
         self._touched_jobs.clear()
@@ -149,8 +155,10 @@ class Scheduler:
             log=log,
         )
         s._seq = int(snap.meta.get("seq", 0))
+        s._dirty = bool(snap.meta.get("dirty", True))
         for job in sorted(snap.jobs.values(), key=lambda j: j.seq):
             s.jobs[job.id] = job
+            s.terminal += job.state in TERMINAL
             s._classes[job.id] = s._class_of(job)
             if job.state is JobState.PENDING:
                 if job.claim:
@@ -174,7 +182,7 @@ class Scheduler:
             jobs=list(self.jobs.values()),
             nodes=list(self.cap.nodes.values()),
             tenants=list(self.tenants.values()),
-            meta={"seq": self._seq, "policy": self.policy.name},
+            meta={"seq": self._seq, "policy": self.policy.name, "dirty": self._dirty},
             events=self._unflushed,
         )
         self._unflushed = []
@@ -308,14 +316,14 @@ class Scheduler:
         self._release(job)
         job.end_s = now
         if status == "finished":
-            apply(job, "finish")
+            self._move(job, "finish")
             self._emit(ev.FINISHED, job=job_id)
         elif was is JobState.PREEMPTING:
             if job.victim_of == "cancel":
-                apply(job, "gone_cancelled")
+                self._move(job, "gone_cancelled")
                 self._emit(ev.CANCELLED, job=job_id)
             else:
-                apply(job, "gone", "queued")
+                self._move(job, "gone", "queued")
                 infra = job.victim_of == "node_loss"
                 if infra:
                     job.infra_losses += 1
@@ -323,20 +331,25 @@ class Scheduler:
                     job.preemptions += 1
                 self._requeue(job, "infrastructure" if infra else "preempted")
         elif status == "preempted":
-            apply(job, "left", "queued")
+            self._move(job, "left", "queued")
             job.preemptions += 1
             self._requeue(job, "preempted")
         else:
             job.failures += 1
             if job.failures > job.retry.max_failures:
-                apply(job, "fail_final")
+                self._move(job, "fail_final")
                 self._emit(ev.FAILED, job=job_id, failures=job.failures)
             else:
-                apply(job, "fail_retry", "backoff")
+                self._move(job, "fail_retry", "backoff")
                 job.eligible_s = now + job.retry.delay(job.failures)
                 self._requeue(job, "failure")
         self._touch(job)
         self._flush()
+
+    def _move(self, job: Job, trigger: str, substate: str = "") -> None:
+        apply(job, trigger, substate)
+        if job.state in TERMINAL:
+            self.terminal += 1
 
     def _requeue(self, job: Job, reason: str) -> None:
         job.deadline_s = math.inf
@@ -400,6 +413,7 @@ class Scheduler:
             if node.health is Health.UP:
                 continue
             self.cap.set_health(name, Health.UP)
+            self._freed[node.pool] += 1
             self._touched_nodes.add(name)
             self._emit(ev.NODE_UP, node=name)
         self._dirty = True
@@ -415,7 +429,7 @@ class Scheduler:
             self.queue.remove(job.id)
             if job.claim:
                 self._drop_claim(job, requeue=False)
-            apply(job, "cancel")
+            self._move(job, "cancel")
             job.end_s = self.clock.now()
             self._emit(ev.CANCELLED, job=job.id)
         elif job.state is JobState.RUNNING:
@@ -556,7 +570,7 @@ class Scheduler:
         now = self.clock.now()
         self.queue.remove(job.id)
         limit = job.backfill_limit()
-        apply(job, "start", "running")
+        self._move(job, "start", "running")
         job.epoch += 1
         job.started_s = now
         job.pool = pool
@@ -593,6 +607,7 @@ class Scheduler:
             if job.state is JobState.PREEMPTING:
                 node.draining = max(0, node.draining - job.gpus_per_node)
         self.cap.unbind(job.id, job.placement)
+        self._freed[job.pool] += 1
         self._touched_nodes.update(job.placement)
         tenant = self._tenant(job.tenant)
         tenant.usage_gpus -= job.gpus
@@ -609,53 +624,75 @@ class Scheduler:
     # ------------------------------------------------------------------ preemption
 
     def _uncommitted(self, job: Job, now: float) -> float:
-        """Work the job has done since its last commit (what a kill now would lose)."""
-        progress_from = job.started_s + (job.ckpt.restart_s if job.epoch > 1 else 0.0)
-        since = max(progress_from, job.committed_at if job.committed_at >= job.started_s else progress_from)
+        """Run time a kill now would throw away: everything since the run began or last committed,
+        the part of its restart already spent included (it is paid again at the next start)."""
+        since = job.committed_at if job.committed_at >= job.started_s else job.started_s
         return max(0.0, now - since)
 
+    def _sunk_restart(self, job: Job, now: float) -> float:
+        restart = job.ckpt.restart_s if job.epoch > 1 else 0.0
+        return max(0.0, min(now - job.started_s, restart))
+
     def _price(self, job: Job, now: float, notice_s: float) -> Candidate:
-        ask = self.policy.ask_checkpoint and job.ckpt.fits_grace(notice_s)
-        lost = 0.0 if ask else self._uncommitted(job, now)
+        c = job.ckpt
+        ask = self.policy.ask_checkpoint and c.interval_s > 0 and c.stall_s + c.write_s <= notice_s
+        lost = self._sunk_restart(job, now) if ask else self._uncommitted(job, now)
         drain = job.ckpt.stall_s + job.ckpt.write_s if ask else min(STOP_S, notice_s)
         return Candidate(
             job=job.id,
             priority=job.priority,
             started_s=job.started_s,
             gpus=job.gpus,
-            per_node=tuple((n, job.gpus_per_node) for n in job.placement),
+            per_node=self._per_node(job),
             lost_s=lost,
             drain_s=drain,
             restart_s=job.ckpt.restart_s,
             checkpoint=ask,
         )
 
+    def _per_node(self, job: Job) -> tuple[tuple[str, int], ...]:
+        got = self._per_node_cache.get(job.id)
+        if got is None or got[0] != job.epoch:
+            got = self._per_node_cache[job.id] = (job.epoch, tuple((n, job.gpus_per_node) for n in job.placement))
+        return got[1]
+
     def _preempt_for(self, job: Job, cls: Class, now: float, reservation: Reservation | None) -> bool:
         """Free room for ``job`` by evicting lower-priority gangs, if some set of them is enough."""
         for pool in cls[2]:
+            memo = (pool, cls, job.priority, None if reservation is None else (reservation.job, reservation.t))
+            if len(self._no_victims) > 100_000:
+                self._no_victims.clear()
+            if self._no_victims.get(memo) == self._freed[pool]:
+                continue
             held = sum(g for p, g in self._held[pool].items() if p < job.priority)
             if held == 0 or held + self.cap.free_gpus(pool) < job.gpus:
+                self._no_victims[memo] = self._freed[pool]
                 continue
             excluded = reservation.nodes if reservation is not None and reservation.pool == pool else frozenset()
             cands: list[Candidate] = []
             free: dict[str, int] = {}
+            check = bool(excluded) or self.cap.unofferable_up(pool)
+            nodes = self.cap.nodes
             for p, ids in self._running[pool].items():
                 if p >= job.priority:
                     continue
                 for vid in ids:
                     v = self.jobs[vid]
-                    if any(not self.cap.offerable(n) or n in excluded for n in v.placement):
+                    if check and any(not self.cap.offerable(n) or n in excluded for n in v.placement):
                         continue  # a victim on a claimed, reserved or leaving node frees nothing usable
                     cands.append(self._price(v, now, v.ckpt.grace_s))
                     for n in v.placement:
-                        free[n] = self.cap.nodes[n].free
+                        if n not in free:
+                            free[n] = nodes[n].free
             if not cands:
+                self._no_victims[memo] = self._freed[pool]
                 continue
             base_ok = self.cap.count_fitting(pool, job.gpus_per_node, excluded) - sum(
                 1 for f in free.values() if f >= job.gpus_per_node
             )
             victims = choose(job.nodes, job.gpus_per_node, free, cands, self.policy.victims, base_ok=base_ok)
             if victims is None:
+                self._no_victims[memo] = self._freed[pool]
                 continue
             freed: dict[str, int] = {}
             for c in victims:
@@ -696,9 +733,9 @@ class Scheduler:
 
     def _preempt(self, job: Job, victim_of: str, deadline_s: float, checkpoint: bool, candidates) -> None:
         now = self.clock.now()
-        lost = 0.0 if checkpoint else self._uncommitted(job, now)
+        lost = self._sunk_restart(job, now) if checkpoint else self._uncommitted(job, now)
         self._unindex_candidate(job)
-        apply(job, "preempt", "checkpointing" if checkpoint else "stopping")
+        self._move(job, "preempt", "checkpointing" if checkpoint else "stopping")
         job.deadline_s = deadline_s
         job.victim_of = victim_of
         job.ckpt_requested = checkpoint
@@ -746,6 +783,8 @@ class Scheduler:
 
     def _drop_claim(self, job: Job, *, requeue: bool) -> None:
         self._claimants.pop(job.id, None)
+        if job.claim_pool:
+            self._freed[job.claim_pool] += 1
         self.cap.unclaim(job.claim)
         job.claim, job.claim_pool = (), ""
         job.substate = "queued"

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import typer
 
-from . import bench, ckpt, plan
+from . import bench, ckpt, plan, sched
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Keep training runs doing useful work.")
 app.add_typer(ckpt.app, name="ckpt", help="Inspect, verify and convert checkpoints.")
 app.add_typer(plan.app, name="plan", help="The arithmetic of failures, cadence, storage, memory and spot.")
+app.add_typer(sched.app, name="sched", help="The checkpoint-aware scheduler and its simulator.")
 app.add_typer(bench.app, name="bench", help="Measure against baselines run in the same process.")
 
 

@@ -26,7 +26,7 @@ class Capacity:
         self.names: list[str] = []
         self.pool_nodes: dict[str, list[str]] = {p: [] for p in self.pools}
         self.claimed: dict[str, str] = {}  # node -> the job waiting for it
-        self._held_back: dict[str, int] = {}  # pool -> nodes claimed or under a reclaim notice
+        self._held_back: dict[str, set[str]] = {p: set() for p in self.pools}  # claimed or under notice
         self._max_gpus: dict[str, int] = {p.name: p.gpus_per_node for p in self.pools.values()}
         self._buckets: dict[str, list[SortedList]] = {
             p.name: [SortedList() for _ in range(p.gpus_per_node + 1)] for p in self.pools.values()
@@ -92,7 +92,10 @@ class Capacity:
 
     def _count_held(self, node: Node, sign: int) -> None:
         if self._held(node):
-            self._held_back[node.pool] = self._held_back.get(node.pool, 0) + sign
+            if sign > 0:
+                self._held_back[node.pool].add(node.name)
+            else:
+                self._held_back[node.pool].discard(node.name)
 
     def set_health(self, name: str, health: Health) -> None:
         node = self.nodes[name]
@@ -123,7 +126,9 @@ class Capacity:
 
     def count_fitting(self, pool: str, gpus: int, exclude: set[str] | frozenset[str] = frozenset()) -> int:
         buckets = self._buckets[pool]
-        n = sum(len(buckets[f]) for f in range(gpus, len(buckets)))
+        n = 0
+        for f in range(gpus, len(buckets)):
+            n += len(buckets[f])
         for name in exclude:
             node = self.nodes[name]
             if node.pool == pool and self._offerable(node) and node.free >= gpus:
@@ -136,7 +141,7 @@ class Capacity:
         """``nodes`` distinct offerable nodes with ``gpus`` free each, best fit, or None."""
         if gpus > self._max_gpus.get(pool, 0):
             return None
-        if self.count_fitting(pool, gpus, exclude) < nodes:
+        if self.count_fitting(pool, gpus) < nodes:
             return None
         out: list[str] = []
         buckets = self._buckets[pool]
@@ -148,7 +153,7 @@ class Capacity:
                 out.append(name)
                 if len(out) == nodes:
                     return tuple(out)
-        return None  # pragma: no cover - count_fitting said there were enough
+        return None  # the excluded nodes were the ones that fit
 
     def free_gpus(self, pool: str | None = None) -> int:
         pools = [pool] if pool else list(self.pools)
@@ -157,9 +162,13 @@ class Capacity:
     def capacity_gpus(self) -> int:
         return sum(n.gpus for n in self.nodes.values() if n.health is not Health.LOST)
 
+    def held_back(self, pool: str) -> set[str]:
+        """Nodes of the pool that are up but offered to nobody (claimed or under a reclaim notice)."""
+        return set(self._held_back[pool])
+
     def unofferable_up(self, pool: str) -> bool:
         """Does the pool hold a node that is up but not offerable (claimed or being reclaimed)?"""
-        return self._held_back.get(pool, 0) > 0
+        return bool(self._held_back[pool])
 
     def offerable(self, name: str) -> bool:
         return self._offerable(self.nodes[name])

@@ -91,10 +91,13 @@ class Scheduler:
         self.reservation: Reservation | None = None
         self.passes = 0
         self.terminal = 0  # jobs finished, failed or cancelled
-        # a preemption that failed stays failed until GPUs are freed in its pool: free plus
-        # evictable capacity only grows when GPUs are released, nodes return or claims drop
+        # a preemption that failed short of d nodes stays failed until at least d node-releases
+        # happened in its pool: free plus evictable capacity grows only when GPUs are released,
+        # nodes return or claims drop, and each node so touched can make at most one node fit
         self._freed: dict[str, int] = dict.fromkeys(self.cap.pools, 0)
         self._no_victims: dict[tuple, int] = {}
+        self._reservation_cache: tuple | None = None
+        self._health_gen = 0  # bumps whenever a node goes down, under notice, up, or is claimed
         self._per_node_cache: dict[str, tuple[int, tuple[tuple[str, int], ...]]] = {}
 
     # ------------------------------------------------------------------ persistence
@@ -117,13 +120,52 @@ class Scheduler:
             jobs=list(self._touched_jobs.values()),
             nodes=[self.cap.nodes[n] for n in sorted(self._touched_nodes)],
             tenants=[self.tenants[t] for t in sorted(self._touched_tenants)],
-            meta={"seq": self._seq, "policy": self.policy.name, "dirty": self._dirty},
+            meta=self._meta(),
             events=self._unflushed,
         )
         self._touched_jobs.clear()
         self._touched_nodes.clear()
         self._touched_tenants.clear()
         self._unflushed = []
+
+    def _meta(self) -> dict[str, Any]:
+        rc = self._reservation_cache
+        cache = None
+        if rc is not None:
+            (jid, freed, gen), r = rc
+            cache = {
+                "job": jid,
+                "freed": list(freed),
+                "gen": gen,
+                "reservation": None
+                if r is None
+                else {"job": r.job, "pool": r.pool, "t": r.t, "nodes": sorted(r.nodes, key=self.cap.index.__getitem__)},
+            }
+        return {
+            "seq": self._seq,
+            "policy": self.policy.name,
+            "dirty": self._dirty,
+            "health_gen": self._health_gen,
+            "freed": self._freed,
+            "reservation_cache": cache,
+        }
+
+    def _load_meta(self, meta: dict[str, Any]) -> None:
+        self._seq = int(meta.get("seq", 0))
+        self._dirty = bool(meta.get("dirty", True))
+        self._health_gen = int(meta.get("health_gen", 0))
+        for pool, n in (meta.get("freed") or {}).items():
+            if pool in self._freed:
+                self._freed[pool] = int(n)
+        cache = meta.get("reservation_cache")
+        if isinstance(cache, dict):
+            r = cache.get("reservation")
+            res = None
+            if isinstance(r, dict) and r.get("pool") in self.cap.pools:
+                names = [n for n in r.get("nodes", ()) if n in self.cap.nodes]
+                res = Reservation(str(r["job"]), r["pool"], float(r["t"]), frozenset(names))
+            key = (str(cache.get("job")), tuple(int(x) for x in cache.get("freed", ())), int(cache.get("gen", 0)))
+            self._reservation_cache = (key, res)
 
     @classmethod
     def restore(
@@ -154,8 +196,7 @@ class Scheduler:
             store=store,
             log=log,
         )
-        s._seq = int(snap.meta.get("seq", 0))
-        s._dirty = bool(snap.meta.get("dirty", True))
+        s._load_meta(snap.meta)
         for job in sorted(snap.jobs.values(), key=lambda j: j.seq):
             s.jobs[job.id] = job
             s.terminal += job.state in TERMINAL
@@ -182,7 +223,7 @@ class Scheduler:
             jobs=list(self.jobs.values()),
             nodes=list(self.cap.nodes.values()),
             tenants=list(self.tenants.values()),
-            meta={"seq": self._seq, "policy": self.policy.name, "dirty": self._dirty},
+            meta=self._meta(),
             events=self._unflushed,
         )
         self._unflushed = []
@@ -370,6 +411,7 @@ class Scheduler:
             if node.health is Health.LOST:
                 continue
             self.cap.set_health(name, Health.LOST)
+            self._health_gen += 1
             self._touched_nodes.add(name)
             self._emit(ev.NODE_LOST, node=name)
             self._drop_claims_on(name)
@@ -392,6 +434,7 @@ class Scheduler:
             if node.health is not Health.UP:
                 continue
             self.cap.set_health(name, Health.RECLAIMING)
+            self._health_gen += 1
             self._touched_nodes.add(name)
             self._emit(ev.NODE_RECLAIM_NOTICE, node=name, deadline_s=deadline_s)
             self._drop_claims_on(name)
@@ -413,7 +456,8 @@ class Scheduler:
             if node.health is Health.UP:
                 continue
             self.cap.set_health(name, Health.UP)
-            self._freed[node.pool] += 1
+            self._health_gen += 1
+            self._freed[node.pool] += 1  # a node back: at most one more node can fit
             self._touched_nodes.add(name)
             self._emit(ev.NODE_UP, node=name)
         self._dirty = True
@@ -607,7 +651,7 @@ class Scheduler:
             if job.state is JobState.PREEMPTING:
                 node.draining = max(0, node.draining - job.gpus_per_node)
         self.cap.unbind(job.id, job.placement)
-        self._freed[job.pool] += 1
+        self._freed[job.pool] += len(job.placement)
         self._touched_nodes.update(job.placement)
         tenant = self._tenant(job.tenant)
         tenant.usage_gpus -= job.gpus
@@ -662,37 +706,37 @@ class Scheduler:
             memo = (pool, cls, job.priority, None if reservation is None else (reservation.job, reservation.t))
             if len(self._no_victims) > 100_000:
                 self._no_victims.clear()
-            if self._no_victims.get(memo) == self._freed[pool]:
+            if self._freed[pool] < self._no_victims.get(memo, -1):
                 continue
             held = sum(g for p, g in self._held[pool].items() if p < job.priority)
             if held == 0 or held + self.cap.free_gpus(pool) < job.gpus:
-                self._no_victims[memo] = self._freed[pool]
+                self._no_victims[memo] = self._freed[pool] + 1
                 continue
             excluded = reservation.nodes if reservation is not None and reservation.pool == pool else frozenset()
-            cands: list[Candidate] = []
-            free: dict[str, int] = {}
-            check = bool(excluded) or self.cap.unofferable_up(pool)
-            nodes = self.cap.nodes
+            victims_of: list[Job] = []
+            evictable: dict[str, int] = {}
+            bad = self.cap.held_back(pool) | excluded
             for p, ids in self._running[pool].items():
                 if p >= job.priority:
                     continue
                 for vid in ids:
                     v = self.jobs[vid]
-                    if check and any(not self.cap.offerable(n) or n in excluded for n in v.placement):
+                    if bad and not bad.isdisjoint(v.placement):
                         continue  # a victim on a claimed, reserved or leaving node frees nothing usable
-                    cands.append(self._price(v, now, v.ckpt.grace_s))
+                    victims_of.append(v)
                     for n in v.placement:
-                        if n not in free:
-                            free[n] = nodes[n].free
-            if not cands:
-                self._no_victims[memo] = self._freed[pool]
+                        evictable[n] = evictable.get(n, 0) + v.gpus_per_node
+            nodes = self.cap.nodes
+            g = job.gpus_per_node
+            free = {n: nodes[n].free for n in evictable}
+            base_ok = self.cap.count_fitting(pool, g, excluded) - sum(1 for f in free.values() if f >= g)
+            reachable = base_ok + sum(1 for n, e in evictable.items() if free[n] + e >= g)
+            if reachable < job.nodes:
+                self._no_victims[memo] = self._freed[pool] + (job.nodes - reachable)
                 continue
-            base_ok = self.cap.count_fitting(pool, job.gpus_per_node, excluded) - sum(
-                1 for f in free.values() if f >= job.gpus_per_node
-            )
-            victims = choose(job.nodes, job.gpus_per_node, free, cands, self.policy.victims, base_ok=base_ok)
-            if victims is None:
-                self._no_victims[memo] = self._freed[pool]
+            cands = [self._price(v, now, v.ckpt.grace_s) for v in victims_of]
+            victims = choose(job.nodes, g, free, cands, self.policy.victims, base_ok=base_ok)
+            if victims is None:  # pragma: no cover - every candidate together was enough
                 continue
             freed: dict[str, int] = {}
             for c in victims:
@@ -723,6 +767,7 @@ class Scheduler:
             job.claim_pool = pool
             job.substate = "awaiting victims"
             self.cap.claim(job.id, job.claim)
+            self._health_gen += 1
             self._claimants[job.id] = None
             self._touch(job)
             for c in victims:
@@ -784,7 +829,7 @@ class Scheduler:
     def _drop_claim(self, job: Job, *, requeue: bool) -> None:
         self._claimants.pop(job.id, None)
         if job.claim_pool:
-            self._freed[job.claim_pool] += 1
+            self._freed[job.claim_pool] += len(job.claim)
         self.cap.unclaim(job.claim)
         job.claim, job.claim_pool = (), ""
         job.substate = "queued"
@@ -800,7 +845,19 @@ class Scheduler:
     # ------------------------------------------------------------------ reservations
 
     def _reserve(self, job: Job, cls: Class, now: float) -> Reservation | None:
-        """When, at the earliest by declared limits, and where the head could start."""
+        """When, at the earliest by declared limits, and where the head could start.
+
+        Kept while nothing was released, returned or lost in its pools: jobs started since then
+        went around the reservation, so it still holds."""
+        key = (job.id, tuple(self._freed[p] for p in cls[2]), self._health_gen)
+        cached = self._reservation_cache
+        if cached is not None and cached[0] == key and (cached[1] is None or cached[1].t >= now):
+            return cached[1]
+        best = self._reserve_now(job, cls, now)
+        self._reservation_cache = (key, best)
+        return best
+
+    def _reserve_now(self, job: Job, cls: Class, now: float) -> Reservation | None:
         best: Reservation | None = None
         for pool in cls[2]:
             r = self._shadow(job, pool, now)

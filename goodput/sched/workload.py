@@ -638,9 +638,9 @@ def synthetic(
     write takes 10 s x GPUs^0.42 (x0.8-1.25 jitter, within 10-180 s: 10 s at 1 GPU, ~180 s at 1024),
     the stall 1-10 % of the write; restart 60 s x GPUs^0.33 (jitter, within 60-600 s); grace is
     30/60/120/300 s (40/25/20/15 %), so small gangs fit their write in grace and big ones often do
-    not. 40 % of the checkpointing jobs and 20 % of the others allow spot, whatever their size: the
-permission is the user's, the placement the scheduler's (goodput.sched.placement). The declared limit
-    over-states the run by a factor 1 + Exp(1) (at most 5), rounded up to a minute, because users
+    not. 40 % of the checkpointing jobs and 20 % of the others allow spot, whatever their size:
+    the permission is the user's, the placement the scheduler's (goodput.sched.placement). The
+    declared limit over-states the run by a factor 1 + Exp(1) (at most 5), rounded up to a minute, because users
     over-request and backfill has to live with it. ``max_failures`` is the model's default.
     """
     if n_jobs < 0 or nodes < 1 or gpus_per_node < 1 or tenants < 1 or load <= 0:

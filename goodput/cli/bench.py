@@ -160,3 +160,47 @@ def crc_cmd(
     from goodput.bench.crc import render, run
 
     _emit(run(_size(size), repeat), as_json, render)
+
+
+@app.command("sched")
+def sched_cmd(
+    jobs: int = typer.Option(
+        100_000, "--jobs", help="Pending jobs queued at the large scale (the small one: a tenth)."
+    ),
+    nodes: int = typer.Option(2048, "--nodes", help="Nodes of the cluster (75 % on-demand, 25 % spot)."),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node"),
+    ticks: int = typer.Option(2000, "--ticks", help="Timed scheduling passes at each scale."),
+    baseline_ticks: int = typer.Option(50, "--baseline-ticks", help="Timed full-sort passes (the naive baseline)."),
+    sim_jobs: int = typer.Option(100_000, "--sim-jobs", help="Synthetic jobs for the simulator throughput."),
+    no_sim: bool = typer.Option(False, "--no-sim", help="Skip the simulator throughput."),
+    seed: int = typer.Option(0, "--seed"),
+    profile: str = typer.Option(
+        "", "--profile", help="Also profile --ticks more passes at the large scale; pstats here."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object with every number."),
+    strict: bool = typer.Option(False, "--strict", help="Exit 1 when a goal is missed."),
+) -> None:
+    """Scheduling pass latency at 10k and 100k queued jobs vs a full-sort pass; simulator events/s."""
+    from rich.console import Console
+
+    from goodput.bench.sched import render, run
+
+    with Console(stderr=True).status("starting") as status:
+        try:
+            out = run(
+                jobs,
+                nodes,
+                gpus_per_node,
+                ticks=ticks,
+                baseline_ticks=baseline_ticks,
+                sim_jobs=sim_jobs,
+                sim=not no_sim,
+                seed=seed,
+                profile=profile or None,
+                on_step=status.update,
+            )
+        except ValueError as e:
+            _fail(e)
+    _emit(out, as_json, render)
+    if strict and not out["pass"]:
+        raise typer.Exit(1)

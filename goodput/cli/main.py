@@ -16,17 +16,28 @@ app.add_typer(bench.app, name="bench", help="Measure against baselines run in th
 @app.command()
 def demo(
     workdir: str = typer.Option("", help="Where to write (default: a temporary directory, removed after)."),
-    part: str = typer.Option("all", help="all | train (kill and resume) | reshard (4 ranks to 3 and 1)."),
+    part: str = typer.Option(
+        "all", help="all | train (kill and resume) | reshard (4 ranks to 3 and 1) | sched (the scheduler)."
+    ),
     mtbf: str = typer.Option("3.09h", help="Job MTBI for the recommended interval."),
 ) -> None:
     """Train with async checkpoints, kill a rank, resume on one, check every byte; then reshard."""
+    if part == "sched":
+        from goodput.demo_sched import run_sched_demo
+
+        raise typer.Exit(run_sched_demo(workdir or None))
     if part == "reshard":
         from goodput.demo_reshard import run_reshard_demo
 
         raise typer.Exit(run_reshard_demo(workdir or None))
     from goodput.demo import run_demo
 
-    raise typer.Exit(run_demo(workdir or None, "all" if part == "all" else "train", mtbf))
+    code = run_demo(workdir or None, "all" if part == "all" else "train", mtbf)
+    if part == "all" and code == 0:
+        from goodput.demo_sched import run_sched_demo
+
+        code = run_sched_demo(None)
+    raise typer.Exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover

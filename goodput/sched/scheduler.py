@@ -36,6 +36,7 @@ from .policy import Policy
 from .queue import Class, PendingQueue
 from .transitions import apply
 
+PREEMPT_SCANS_PER_PASS = 4  # victim searches per pass; needs beyond wait for the next pass (<= 1 s)
 LOGGED_CANDIDATES = 8  # a preemption's record lists this many of the cheapest candidates
 STOP_S = 10.0  # what a plain stop (no checkpoint) is expected to take, for pricing a victim
 
@@ -97,6 +98,8 @@ class Scheduler:
         self._freed: dict[str, int] = dict.fromkeys(self.cap.pools, 0)
         self._no_victims: dict[tuple, int] = {}
         self._reservation_cache: tuple | None = None
+        self._pass_scans = 0
+        self._pass_failed: dict[str, list[tuple[int, int, int]]] = {}
         self._health_gen = 0  # bumps whenever a node goes down, under notice, up, or is claimed
         self._per_node_cache: dict[str, tuple[int, tuple[tuple[str, int], ...]]] = {}
 
@@ -476,6 +479,7 @@ class Scheduler:
             self._move(job, "cancel")
             job.end_s = self.clock.now()
             self._emit(ev.CANCELLED, job=job.id)
+            self._dirty = True  # its claim or the reservation it was the head of may have held others off
         elif job.state is JobState.RUNNING:
             self._preempt(job, "cancel", self.clock.now() + job.ckpt.grace_s, checkpoint=False, candidates=None)
         else:
@@ -534,13 +538,21 @@ class Scheduler:
         started = 0
         for jid in sorted(self._claimants, key=lambda j: (-self.jobs[j].priority, self.jobs[j].seq)):
             started += self._try_claim(self.jobs[jid])
+        self._pass_scans = 0
+        self._pass_failed: dict[str, list[tuple[int, int, int]]] = {}
         blocked: set[Class] = set()
         quota_blocked: set[tuple[str, Class]] = set()
+        held_off: set[tuple[int, str, Class]] = set()  # keys whose jobs are all too long for the reservation
         reservation: Reservation | None = None
         halted = False
+        pools = list(self.cap.pools)
         for prio in self.queue.priorities():
             if halted:
                 break
+            if not any(self.cap.free_gpus(p) for p in pools) and not (
+                self.policy.preemption and any(g for p in pools for q, g in self._held[p].items() if q < prio)
+            ):
+                break  # nothing is free and nothing below can be evicted: no job here or below can start
             level = self.queue.tenants(prio)
             heap = [(self.tenants[t].share(), t) for t in level]
             heapq.heapify(heap)
@@ -552,7 +564,7 @@ class Scheduler:
                     continue
                 best = None
                 for cls in level.get(tn, ()):
-                    if cls in blocked or (tn, cls) in quota_blocked:
+                    if cls in blocked or (tn, cls) in quota_blocked or (prio, tn, cls) in held_off:
                         continue
                     h = self.queue.head((prio, tn, cls))
                     if h is not None and (best is None or h < best[0]):
@@ -578,9 +590,16 @@ class Scheduler:
                 else:
                     if self.policy.preemption and self._preempt_for(job, cls, now, reservation):
                         started += job.state is JobState.RUNNING
+                    elif reservation.pool not in cls[2] or now + job.backfill_limit() <= reservation.t:
+                        blocked.add(cls)  # nothing was held off the reservation for it: it fits nowhere
                     else:
-                        started += self._backfill_short(prio, tn, cls, reservation, now)
-                        blocked.add(cls)
+                        got = self._backfill_short(prio, tn, cls, reservation, now)
+                        if got > 0:
+                            started += got  # the class stays open: its next shortest job may fit too
+                        elif got < 0:
+                            blocked.add(cls)  # even a short one found no room: the class fits nowhere
+                        else:
+                            held_off.add((prio, tn, cls))  # too long here; other keys' short jobs may fit
                 heapq.heappush(heap, (tenant.share(), tn))
         self.reservation = reservation
         self._flush()
@@ -598,7 +617,9 @@ class Scheduler:
         return False
 
     def _backfill_short(self, prio: int, tn: str, cls: Class, reservation: Reservation, now: float) -> int:
-        """A blocked class may still hold a job short enough to finish before the reserved start."""
+        """A blocked class may still hold a job short enough to finish before the reserved start.
+
+        1: it started; 0: none of the key is short enough; -1: the shortest is, but fits nowhere."""
         short = self.queue.shortest((prio, tn, cls))
         if short is None or now + short[0] > reservation.t:
             return 0
@@ -608,7 +629,7 @@ class Scheduler:
             if nodes is not None:
                 self._start(job, pool, nodes)
                 return 1
-        return 0
+        return -1  # short enough, but no room anywhere
 
     def _start(self, job: Job, pool: str, nodes: tuple[str, ...]) -> None:
         now = self.clock.now()
@@ -706,12 +727,21 @@ class Scheduler:
             memo = (pool, cls, job.priority, None if reservation is None else (reservation.job, reservation.t))
             if len(self._no_victims) > 100_000:
                 self._no_victims.clear()
+            # a failure for n x g at priority p is a failure for any bigger need at p or below
+            shape = (job.nodes, job.gpus_per_node, job.priority)
+            failed = self._pass_failed.setdefault(pool, [])
+            if any(n <= shape[0] and g_ <= shape[1] and p >= shape[2] for n, g_, p in failed):
+                continue
             if self._freed[pool] < self._no_victims.get(memo, -1):
                 continue
             held = sum(g for p, g in self._held[pool].items() if p < job.priority)
             if held == 0 or held + self.cap.free_gpus(pool) < job.gpus:
                 self._no_victims[memo] = self._freed[pool] + 1
+                failed.append(shape)
                 continue
+            if self._pass_scans >= PREEMPT_SCANS_PER_PASS:
+                continue
+            self._pass_scans += 1
             excluded = reservation.nodes if reservation is not None and reservation.pool == pool else frozenset()
             victims_of: list[Job] = []
             evictable: dict[str, int] = {}
@@ -733,8 +763,10 @@ class Scheduler:
             reachable = base_ok + sum(1 for n, e in evictable.items() if free[n] + e >= g)
             if reachable < job.nodes:
                 self._no_victims[memo] = self._freed[pool] + (job.nodes - reachable)
+                failed.append(shape)
                 continue
-            cands = [self._price(v, now, v.ckpt.grace_s) for v in victims_of]
+            useful = {n for n, e in evictable.items() if free[n] + e >= g}
+            cands = [self._price(v, now, v.ckpt.grace_s) for v in victims_of if not useful.isdisjoint(v.placement)]
             victims = choose(job.nodes, g, free, cands, self.policy.victims, base_ok=base_ok)
             if victims is None:  # pragma: no cover - every candidate together was enough
                 continue
@@ -900,6 +932,11 @@ class Scheduler:
         if node is None:
             raise SchedulerError(f"no node {name!r}")
         return node
+
+    @property
+    def needs_pass(self) -> bool:
+        """Something happened since the last pass that could start a pending job."""
+        return self._dirty
 
     def pending(self) -> int:
         return sum(1 for j in self.jobs.values() if j.state is JobState.PENDING)

@@ -9,6 +9,9 @@ on a plain notice it stops within ``STOP_S``; when killed it exits at once. Proc
 GPUs until they exit, whatever the scheduler believes: a gang started on GPUs an unreleased
 victim still holds waits, and the wait is counted as double-booked.
 
+Inputs reach the scheduler the moment they happen; its pass runs at most once per simulated
+second (``cycle_s``, as Volcano's scheduling period), so a burst of exits is one pass.
+
 Only the cluster file's events happen (and the failures or reclaims asked for), at the same
 instants and on the same nodes for every policy, so runs are deterministic and comparable.
 """
@@ -33,6 +36,7 @@ from .scheduler import Scheduler
 from .workload import Cluster, ClusterEvent
 
 STOP_S = 10.0  # a plain stop: processes torn down, NCCL aborted
+CYCLE_S = 1.0  # passes at most once a simulated second (Volcano's schedulePeriod); inputs at once
 
 
 @dataclass(slots=True)
@@ -263,6 +267,8 @@ class World:
             self._cluster_event(payload)
         elif kind == "lose":
             self._lose(payload)
+        elif kind == "cycle":
+            return
         elif kind == "up":
             names = [n for n in payload if not self.alive[n]]
             for n in names:
@@ -389,6 +395,7 @@ def simulate(
     horizon_s: float = math.inf,
     progress: Callable[[float, int, int], None] | None = None,
     check_log: bool = True,
+    cycle_s: float = CYCLE_S,
 ) -> SimResult:
     """Run one policy over the workload; ``crash_after`` rebuilds the scheduler from ``store``
     after those world-event counts, as a service killed and restarted on the same store would be."""
@@ -410,6 +417,8 @@ def simulate(
     cap_gpu_s = 0.0
     last = 0.0
     last_report = time.perf_counter()
+    next_pass = 0.0
+    cycle_wake = -1.0
     while terminal < total:
         t_next = min(
             jobs[nxt_job].submit_s if nxt_job < total else math.inf,
@@ -433,7 +442,12 @@ def simulate(
                 sched = Scheduler.restore(store, cluster.pools, clock=world.clock, executor=world, policy=policy)
                 world.sched = sched
         sched.advance()
-        sched.tick()
+        if t_next >= next_pass:
+            sched.tick()
+            next_pass = t_next + cycle_s
+        elif sched.needs_pass and cycle_wake < next_pass:
+            world._push(next_pass, "cycle", None)
+            cycle_wake = next_pass
         terminal = sched.terminal
         if progress is not None and time.perf_counter() - last_report > 0.25:
             last_report = time.perf_counter()

@@ -47,6 +47,9 @@ def sim(
     nodes: int = typer.Option(2048, "--nodes", help="Synthetic cluster nodes."),
     seed: int = typer.Option(0, "--seed"),
     workers: int = typer.Option(0, "--workers", help="Processes (default: one per core, at most one per policy)."),
+    db: str = typer.Option(
+        "", "--db", help="Persist our policy's scheduler here: sqlite:///rel.db, sqlite:////abs.db, postgresql://..."
+    ),
 ) -> None:
     """Compare policies on one workload and one cluster: goodput, lost GPU-hours, waits, cost, violations."""
     from goodput.sched import workload as W
@@ -99,6 +102,8 @@ def sim(
             notes.append(f"spot reclaims at the pool's priced rate: {len(rc)} (120 s notice)")
     except (W.WorkloadError, OSError, ValueError) as e:
         _fail(str(e))
+    if db and len(job_list) > 20_000:
+        notes.append("--db: one durable transaction per input; expect minutes for a large workload")
     names = [p.name for p in chosen]
     ev_policy = ours(names) if events else None
     n_workers = workers or min(len(chosen), os.cpu_count() or 1)
@@ -119,6 +124,7 @@ def sim(
             events_path=events or None,
             workers=n_workers,
             on_done=on_done,
+            db_url=db or None,
         )
     paths = plots(results, plot) if plot else []
     if as_json:

@@ -62,8 +62,14 @@ class PolicyResult:
 
 
 def _run_one(args: tuple) -> PolicyResult:
-    jobs, cluster, policy, extra, events_path = args
-    res = simulate(jobs, cluster, policy, extra_events=extra)
+    jobs, cluster, policy, extra, events_path, db_url = args
+    if db_url:
+        from .store import open_store
+
+        with open_store(db_url) as store:
+            res = simulate(jobs, cluster, policy, extra_events=extra, store=store)
+    else:
+        res = simulate(jobs, cluster, policy, extra_events=extra)
     if events_path:
         write_jsonl(res.events, events_path)
     tenants = {
@@ -83,10 +89,21 @@ def compare(
     events_path: str | None = None,
     workers: int = 1,
     on_done: Callable[[PolicyResult], None] | None = None,
+    db_url: str | None = None,
 ) -> list[PolicyResult]:
-    """Results in the order of ``policies``."""
+    """Results in the order of ``policies``; ``db_url`` persists ``events_policy``'s scheduler
+    (or ours) in a store, one transaction per input, as a live service would."""
+    keep = events_policy or ours([p.name for p in policies])
     tasks = [
-        (list(jobs), cluster, p, list(extra_events), events_path if p.name == events_policy else None) for p in policies
+        (
+            list(jobs),
+            cluster,
+            p,
+            list(extra_events),
+            events_path if p.name == events_policy else None,
+            db_url if p.name == keep else None,
+        )
+        for p in policies
     ]
     results: dict[str, PolicyResult] = {}
     if workers <= 1 or len(tasks) == 1:

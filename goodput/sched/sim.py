@@ -405,6 +405,8 @@ def simulate(
     log = EventLog()
     sched = Scheduler(cluster.pools, clock=world.clock, executor=world, policy=policy, store=store, log=log)
     if store is not None:
+        if store.event_count():
+            raise ValueError("the store already holds a scheduler's run: give the simulation an empty one")
         sched.save_all()
     world.sched = sched
     for ev in sorted([*cluster.events, *extra_events], key=lambda e: e.t):

@@ -115,17 +115,20 @@ def sim(
             done.append(r.name)
             st.update(f"done: {', '.join(done)} ({len(done)}/{len(chosen)})")
 
-        results = compare(
-            job_list,
-            cl,
-            chosen,
-            extra_events=extra,
-            events_policy=ev_policy,
-            events_path=events or None,
-            workers=n_workers,
-            on_done=on_done,
-            db_url=db or None,
-        )
+        try:
+            results = compare(
+                job_list,
+                cl,
+                chosen,
+                extra_events=extra,
+                events_policy=ev_policy,
+                events_path=events or None,
+                workers=n_workers,
+                on_done=on_done,
+                db_url=db or None,
+            )
+        except (ValueError, OSError) as e:
+            _fail(str(e))
     paths = plots(results, plot) if plot else []
     if as_json:
         out = {

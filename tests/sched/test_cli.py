@@ -1,0 +1,168 @@
+"""``goodput sched sim`` and ``goodput sched check`` as a user runs them, and docs/SCHED.md's contracts."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from goodput.cli.main import app
+from goodput.sched import workload as W
+from goodput.sched.events import CONTRACT, read_jsonl
+from goodput.sched.transitions import table_markdown
+
+ROOT = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+CSV = """id,tenant,submit_s,nodes,gpus_per_node,priority,duration_s,limit_s,ckpt_interval_s,ckpt_write_s,restart_s,grace_s,spot,extra
+low-a,a,0,2,8,0,7200,7200,600,30,60,120,0,ignored
+low-b,b,0,2,8,0,7200,7200,0,0,60,30,1,ignored
+high,a,1800,2,8,5,600,600,0,0,30,30,0,ignored
+small,b,1900,1,1,1,300,300,0,0,10,30,0,ignored
+"""
+
+CLUSTER = {
+    "pools": [
+        {"name": "od", "kind": "on-demand", "nodes": 3, "gpus_per_node": 8, "price_per_gpu_hour": 4.0},
+        {
+            "name": "spot",
+            "kind": "spot",
+            "nodes": 1,
+            "gpus_per_node": 8,
+            "price_per_gpu_hour": 1.6,
+            "reclaim_per_node_hour": 0.3,
+        },
+    ],
+    "events": [{"t": 3000, "kind": "node_loss", "pool": "od", "nodes": 1, "notice_s": 0, "return_s": 3600}],
+}
+
+
+def _files(tmp_path: Path) -> tuple[Path, Path]:
+    w = tmp_path / "jobs.csv"
+    w.write_text(CSV)
+    c = tmp_path / "cluster.json"
+    c.write_text(json.dumps(CLUSTER))
+    return w, c
+
+
+def test_sim_json_events_and_plots(tmp_path):
+    w, c = _files(tmp_path)
+    ev = tmp_path / "ev.jsonl"
+    res = runner.invoke(
+        app,
+        [
+            "sched",
+            "sim",
+            "--workload",
+            str(w),
+            "--cluster",
+            str(c),
+            "--policy",
+            "kueue-victims",
+            "--policy",
+            "goodput",
+            "--events",
+            str(ev),
+            "--plot",
+            str(tmp_path / "plots"),
+            "--json",
+            "--workers",
+            "1",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert set(out["policies"]) == {"kueue-victims", "goodput"}
+    for m in out["policies"].values():
+        for key in ("goodput", "lost_gpu_hours", "wait_p50_s", "wait_p99_s", "utilization", "violations"):
+            assert isinstance(m[key], (int, float)), key
+        assert m["violations"] == 0 and m["jobs"] == {"finished": 4}
+    assert out["events_policy"] == "goodput"  # ours, though given second
+    recs = read_jsonl(ev)
+    kinds = {r["event"] for r in recs}
+    assert {"submitted", "started", "preempt_requested", "released", "requeued", "finished", "node_lost"} <= kinds
+    assert kinds - CONTRACT <= {"cancelled", "commit_rejected", "node_reclaim_notice", "node_up"}
+    pre = [r for r in recs if r["event"] == "preempt_requested" and r["victim_of"] == "high"]
+    assert pre and all("lost_s" in r and "candidates" in r for r in pre)
+    for p in out["plots"]:
+        assert Path(p).stat().st_size > 1000
+    # the checker agrees from the command line
+    chk = runner.invoke(app, ["sched", "check", str(ev), "--cluster", str(c), "--json"])
+    assert chk.exit_code == 0, chk.output
+    assert json.loads(chk.output)["total"] == 0
+
+
+def test_sim_deterministic_with_a_cluster_file(tmp_path):
+    w, c = _files(tmp_path)
+    outs = []
+    for i in range(2):
+        ev = tmp_path / f"ev{i}.jsonl"
+        res = runner.invoke(
+            app, ["sched", "sim", "--workload", str(w), "--cluster", str(c), "--policy", "goodput", "--events", str(ev)]
+        )
+        assert res.exit_code == 0, res.output
+        outs.append(ev.read_text())
+    assert outs[0] == outs[1]
+
+
+def test_bad_workload_names_line_and_column(tmp_path):
+    w, c = _files(tmp_path)
+    w.write_text(CSV.replace("high,a,1800,2,8", "high,a,1800,two,8"))
+    res = runner.invoke(app, ["sched", "sim", "--workload", str(w), "--cluster", str(c)])
+    assert res.exit_code == 2
+    text = " ".join(res.output.split())
+    assert "jobs.csv:4" in text and "'nodes'" in text
+
+
+def test_unknown_policy_and_bad_cluster(tmp_path):
+    w, c = _files(tmp_path)
+    res = runner.invoke(app, ["sched", "sim", "--workload", str(w), "--cluster", str(c), "--policy", "nope"])
+    assert res.exit_code == 2 and "unknown policy" in res.output
+    c.write_text(json.dumps({"pools": [{"name": "x", "kind": "cheap", "nodes": 1, "gpus_per_node": 8}]}))
+    res = runner.invoke(app, ["sched", "sim", "--workload", str(w), "--cluster", str(c)])
+    assert res.exit_code == 2 and "pools[0].kind" in " ".join(res.output.split())
+
+
+def test_check_counts_violations(tmp_path):
+    log = tmp_path / "bad.jsonl"
+    recs = [
+        {"t": 0, "event": "submitted", "job": "a", "tenant": "t", "priority": 0, "nodes": 1, "gpus_per_node": 8},
+        {"t": 0, "event": "submitted", "job": "b", "tenant": "t", "priority": 0, "nodes": 1, "gpus_per_node": 8},
+        {"t": 1, "event": "started", "job": "a", "epoch": 1, "pool": "od", "nodes": ["od-00000"], "gpus_per_node": 8},
+        {"t": 2, "event": "started", "job": "b", "epoch": 1, "pool": "od", "nodes": ["od-00000"], "gpus_per_node": 8},
+    ]
+    for r in recs[2:]:
+        r["resume_from_s"] = 0.0
+    log.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    c = tmp_path / "c.json"
+    c.write_text(json.dumps(CLUSTER))
+    res = runner.invoke(app, ["sched", "check", str(log), "--cluster", str(c), "--json"])
+    assert res.exit_code == 1
+    assert json.loads(res.output)["violations"]["overcommit"] == 1
+
+
+def test_sim_db_persists_and_refuses_a_used_store(tmp_path):
+    w, c = _files(tmp_path)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    args = ["sched", "sim", "--workload", str(w), "--cluster", str(c), "--policy", "goodput", "--db", url]
+    assert runner.invoke(app, args).exit_code == 0
+    from goodput.sched.store import open_store
+
+    with open_store(url) as store:
+        snap = store.load()
+    assert {j.state.value for j in snap.jobs.values()} == {"finished"} and len(snap.jobs) == 4
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2 and "already holds" in res.output
+
+
+def test_docs_state_the_table_and_the_columns():
+    doc = (ROOT / "docs" / "SCHED.md").read_text()
+    assert table_markdown() in doc
+    for col in W.REQUIRED_COLUMNS + W.OPTIONAL_COLUMNS:
+        assert re.search(rf"\| `{col}` \|", doc), col
+    for event in CONTRACT:
+        assert f"`{event}`" in doc, event
+    for key in ("tick_p50_ms", "tick_p99_ms", "growth_100k_over_10k", "speedup_vs_full_sort", "sim_events_per_s"):
+        assert key in doc

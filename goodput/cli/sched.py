@@ -47,6 +47,7 @@ def sim(
     nodes: int = typer.Option(2048, "--nodes", help="Synthetic cluster nodes."),
     seed: int = typer.Option(0, "--seed"),
     workers: int = typer.Option(0, "--workers", help="Processes (default: one per core, at most one per policy)."),
+    ledger: str = typer.Option("", "--ledger", help="Write our policy's per-job ledger (CSV, GPU-hours) here."),
     db: str = typer.Option(
         "", "--db", help="Persist our policy's scheduler here: sqlite:///rel.db, sqlite:////abs.db, postgresql://..."
     ),
@@ -126,6 +127,7 @@ def sim(
                 workers=n_workers,
                 on_done=on_done,
                 db_url=db or None,
+                ledger_path=ledger or None,
             )
         except (ValueError, OSError) as e:
             _fail(str(e))

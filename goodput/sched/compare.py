@@ -62,7 +62,7 @@ class PolicyResult:
 
 
 def _run_one(args: tuple) -> PolicyResult:
-    jobs, cluster, policy, extra, events_path, db_url = args
+    jobs, cluster, policy, extra, events_path, db_url, ledger_path = args
     if db_url:
         from .store import open_store
 
@@ -72,6 +72,8 @@ def _run_one(args: tuple) -> PolicyResult:
         res = simulate(jobs, cluster, policy, extra_events=extra)
     if events_path:
         write_jsonl(res.events, events_path)
+    if ledger_path:
+        write_job_ledger(res, ledger_path)
     tenants = {
         t: {**{c: getattr(a, c) / 3600.0 for c in CATEGORIES}, "allocated": a.allocated / 3600.0}
         for t, a in sorted(res.ledger.tenants.items())
@@ -90,6 +92,7 @@ def compare(
     workers: int = 1,
     on_done: Callable[[PolicyResult], None] | None = None,
     db_url: str | None = None,
+    ledger_path: str | None = None,
 ) -> list[PolicyResult]:
     """Results in the order of ``policies``; ``db_url`` persists ``events_policy``'s scheduler
     (or ours) in a store, one transaction per input, as a live service would."""
@@ -102,6 +105,7 @@ def compare(
             list(extra_events),
             events_path if p.name == events_policy else None,
             db_url if p.name == keep else None,
+            ledger_path if p.name == keep else None,
         )
         for p in policies
     ]
@@ -120,6 +124,25 @@ def compare(
                 if on_done:
                     on_done(r)
     return [results[p.name] for p in policies]
+
+
+def write_job_ledger(res, path: str) -> None:  # noqa: ANN001
+    """One CSV row per job: its tenant and every ledger category in GPU-hours."""
+    import csv
+
+    tenant_of = {r["job"]: r["tenant"] for r in res.events if r["event"] == "submitted"}
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["job", "tenant", "allocated_gpu_h", *(f"{c}_gpu_h" for c in CATEGORIES)])
+        for job, a in res.ledger.jobs.items():
+            w.writerow(
+                [
+                    job,
+                    tenant_of.get(job, ""),
+                    f"{a.allocated / 3600:.6f}",
+                    *(f"{getattr(a, c) / 3600:.6f}" for c in CATEGORIES),
+                ]
+            )
 
 
 def ours(names: Sequence[str]) -> str:

@@ -70,6 +70,8 @@ def test_sim_json_events_and_plots(tmp_path):
             "--json",
             "--workers",
             "1",
+            "--ledger",
+            str(tmp_path / "ledger.csv"),
         ],
     )
     assert res.exit_code == 0, res.output
@@ -88,6 +90,8 @@ def test_sim_json_events_and_plots(tmp_path):
     assert pre and all("lost_s" in r and "candidates" in r for r in pre)
     for p in out["plots"]:
         assert Path(p).stat().st_size > 1000
+    rows = (tmp_path / "ledger.csv").read_text().splitlines()
+    assert rows[0].startswith("job,tenant,allocated_gpu_h,useful_gpu_h") and len(rows) == 5
     # the checker agrees from the command line
     chk = runner.invoke(app, ["sched", "check", str(ev), "--cluster", str(c), "--json"])
     assert chk.exit_code == 0, chk.output

@@ -554,6 +554,7 @@ class Scheduler:
             ):
                 break  # nothing is free and nothing below can be evicted: no job here or below can start
             level = self.queue.tenants(prio)
+            open_heads: dict[str, list[tuple[tuple[float, int, str], Class]]] = {}
             heap = [(self.tenants[t].share(), t) for t in level]
             heapq.heapify(heap)
             while heap and not halted:
@@ -562,13 +563,30 @@ class Scheduler:
                 if share != tenant.share():
                     heapq.heappush(heap, (tenant.share(), tn))
                     continue
+                # the tenant's open classes, by their heads' queue order: built once per level
+                heads = open_heads.get(tn)
+                if heads is None:
+                    heads = []
+                    for cls in level.get(tn, ()):
+                        h = self.queue.head((prio, tn, cls))
+                        if h is not None:
+                            heads.append((h, cls))
+                    heapq.heapify(heads)
+                    open_heads[tn] = heads
                 best = None
-                for cls in level.get(tn, ()):
+                while heads:
+                    h, cls = heads[0]
                     if cls in blocked or (tn, cls) in quota_blocked or (prio, tn, cls) in held_off:
+                        heapq.heappop(heads)
                         continue
-                    h = self.queue.head((prio, tn, cls))
-                    if h is not None and (best is None or h < best[0]):
+                    cur = self.queue.head((prio, tn, cls))
+                    if cur is None:
+                        heapq.heappop(heads)
+                    elif cur != h:
+                        heapq.heapreplace(heads, (cur, cls))
+                    else:
                         best = (h, cls)
+                        break
                 if best is None:
                     continue
                 (_, _, jid), cls = best

@@ -22,6 +22,8 @@ from .policy import POLICIES, Policy
 from .sim import simulate
 from .workload import Cluster, ClusterEvent
 
+# relative simulation cost of each policy on the default comparison (measured), for ordering work
+_WEIGHT = {"spot-by-price": 4.0, "goodput": 3.0, "kueue-victims": 2.5, "release-at-decision": 2.5}
 SPOT_NOTICE_S = 120.0  # AWS's two-minute interruption notice
 SPOT_RETURN_S = 3600.0  # reclaimed capacity comes back after an hour
 
@@ -118,8 +120,10 @@ def compare(
                 on_done(r)
     else:
         ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+        # the longest runs first, so that the last one to start is a short one
+        order = sorted(tasks, key=lambda t: -_WEIGHT.get(t[2].name, 1.0))
         with ctx.Pool(min(workers, len(tasks))) as pool:
-            for r in pool.imap_unordered(_run_one, tasks):
+            for r in pool.imap_unordered(_run_one, order, chunksize=1):
                 results[r.name] = r
                 if on_done:
                     on_done(r)

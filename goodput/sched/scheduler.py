@@ -98,6 +98,7 @@ class Scheduler:
         self._freed: dict[str, int] = dict.fromkeys(self.cap.pools, 0)
         self._no_victims: dict[tuple, int] = {}
         self._reservation_cache: tuple | None = None
+        self._pass_below: dict[tuple[str, int], int] = {}
         self._pass_scans = 0
         self._pass_failed: dict[str, list[tuple[int, int, int]]] = {}
         self._health_gen = 0  # bumps whenever a node goes down, under notice, up, or is claimed
@@ -540,6 +541,7 @@ class Scheduler:
             started += self._try_claim(self.jobs[jid])
         self._pass_scans = 0
         self._pass_failed: dict[str, list[tuple[int, int, int]]] = {}
+        self._pass_below: dict[tuple[str, int], int] = {}
         blocked: set[Class] = set()
         quota_blocked: set[tuple[str, Class]] = set()
         held_off: set[tuple[int, str, Class]] = set()  # keys whose jobs are all too long for the reservation
@@ -741,23 +743,28 @@ class Scheduler:
 
     def _preempt_for(self, job: Job, cls: Class, now: float, reservation: Reservation | None) -> bool:
         """Free room for ``job`` by evicting lower-priority gangs, if some set of them is enough."""
+        if self._pass_scans >= PREEMPT_SCANS_PER_PASS:
+            return False
+        prio = job.priority
         for pool in cls[2]:
-            memo = (pool, cls, job.priority, None if reservation is None else (reservation.job, reservation.t))
-            if len(self._no_victims) > 100_000:
-                self._no_victims.clear()
+            below = self._pass_below.get((pool, prio))
+            if below is None:
+                below = self._pass_below[(pool, prio)] = sum(g for p, g in self._held[pool].items() if p < prio)
+            if below == 0:
+                continue  # nothing of lower priority runs there
             # a failure for n x g at priority p is a failure for any bigger need at p or below
-            shape = (job.nodes, job.gpus_per_node, job.priority)
             failed = self._pass_failed.setdefault(pool, [])
-            if any(n <= shape[0] and g_ <= shape[1] and p >= shape[2] for n, g_, p in failed):
+            if any(n <= job.nodes and g_ <= job.gpus_per_node and p >= prio for n, g_, p in failed):
                 continue
+            memo = (pool, job.nodes, job.gpus_per_node, prio, reservation)
             if self._freed[pool] < self._no_victims.get(memo, -1):
                 continue
-            held = sum(g for p, g in self._held[pool].items() if p < job.priority)
-            if held == 0 or held + self.cap.free_gpus(pool) < job.gpus:
+            if len(self._no_victims) > 100_000:
+                self._no_victims.clear()
+            shape = (job.nodes, job.gpus_per_node, prio)
+            if below + self.cap.free_gpus(pool) < job.gpus:
                 self._no_victims[memo] = self._freed[pool] + 1
                 failed.append(shape)
-                continue
-            if self._pass_scans >= PREEMPT_SCANS_PER_PASS:
                 continue
             self._pass_scans += 1
             excluded = reservation.nodes if reservation is not None and reservation.pool == pool else frozenset()

@@ -637,12 +637,27 @@ class SchedulerMachine(RuleBasedStateMachine):
         for p in self.o.jobs.values():
             if p.state == "pending" and p.pend == "claim":
                 assert not all(self.o.free(n) >= p.gpn for n in p.claim), f"{p.id} could start on its claim"
+        # nothing was left for a next pass to do: had one run now, it would decide nothing
+        self.assert_a_pass_now_decides_nothing()
         # work-conserving: after a pass no queued job fits where the rules let it
         if self.policy.backfill:
             res = self.s.reservation
             for w in self.o.jobs.values():
                 if w.state == "pending" and w.pend == "queued":
                     assert not self.o.fits(w, res), f"{w.id} fits after the pass (reservation {res})"
+
+    def assert_a_pass_now_decides_nothing(self) -> None:
+        """A pass is skipped unless an input marked the queue: each such skip must lose nothing.
+
+        A copy of the scheduler is marked by an input that changes nothing (node_up of no node)
+        and made to run its pass: it must start and preempt nothing."""
+        probe = copy.deepcopy(self.s)
+        probe.__dict__.pop("_reserve", None)  # not the spy: it reports on the real one
+        probe.executor = RecordingExecutor()
+        before = len(probe.log.records)
+        probe.node_up([])
+        probe.tick()
+        assert probe.log.records[before:] == [], f"a pass run now would decide {probe.log.records[before:]}"
 
     # -- invariants -------------------------------------------------------------------------------
 

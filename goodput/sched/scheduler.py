@@ -99,6 +99,8 @@ class Scheduler:
         self._no_victims: dict[tuple, int] = {}
         self._reservation_cache: tuple | None = None
         self._pass_below: dict[tuple[str, int], int] = {}
+        self._outside: dict[tuple, tuple[int, int]] = {}
+        self._starts = 0  # starts ever: per-pass counts keyed by it stay exact
         self._pass_scans = 0
         self._pass_failed: dict[str, list[tuple[int, int, int]]] = {}
         self._health_gen = 0  # bumps whenever a node goes down, under notice, up, or is claimed
@@ -217,6 +219,7 @@ class Scheduler:
                 s._index_run(job)
                 if job.state is JobState.PREEMPTING and math.isfinite(job.deadline_s):
                     s._timer(job.deadline_s, "deadline", job)
+        s._dirty = bool(snap.meta.get("dirty", True))  # as persisted: re-queuing the jobs above marked it
         return s
 
     def save_all(self) -> None:
@@ -452,6 +455,7 @@ class Scheduler:
                     self._set_end(job, deadline_s)
                     self._timer(deadline_s, "deadline", job)
                     self._touch(job)
+        self._dirty = True  # a node no longer offered may break the reservation that held others off
         self._flush()
 
     def node_up(self, names: Iterable[str]) -> None:
@@ -542,6 +546,7 @@ class Scheduler:
         self._pass_scans = 0
         self._pass_failed: dict[str, list[tuple[int, int, int]]] = {}
         self._pass_below: dict[tuple[str, int], int] = {}
+        self._outside: dict[tuple, tuple[int, int]] = {}
         blocked: set[Class] = set()
         quota_blocked: set[tuple[str, Class]] = set()
         held_off: set[tuple[int, str, Class]] = set()  # keys whose jobs are all too long for the reservation
@@ -630,6 +635,13 @@ class Scheduler:
             exclude: frozenset[str] = frozenset()
             if reservation is not None and reservation.pool == pool and now + job.backfill_limit() > reservation.t:
                 exclude = reservation.nodes
+                # how many nodes fit outside the reservation, counted once per start in a pass
+                key = (pool, job.gpus_per_node, reservation)
+                seen = self._outside.get(key)
+                if seen is None or seen[0] != self._starts:
+                    seen = self._outside[key] = (self._starts, self.cap.count_fitting(pool, job.gpus_per_node, exclude))
+                if seen[1] < job.nodes:
+                    continue
             nodes = self.cap.find(pool, job.nodes, job.gpus_per_node, exclude)
             if nodes is not None:
                 self._start(job, pool, nodes)
@@ -653,6 +665,7 @@ class Scheduler:
 
     def _start(self, job: Job, pool: str, nodes: tuple[str, ...]) -> None:
         now = self.clock.now()
+        self._starts += 1
         self.queue.remove(job.id)
         limit = job.backfill_limit()
         self._move(job, "start", "running")

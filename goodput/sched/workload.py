@@ -414,15 +414,20 @@ def _cluster_from_obj(obj: Any, name: str) -> Cluster:
     return Cluster(pools=pools, events=events)
 
 
-def read_cluster_json(path: str | Path) -> Cluster:
-    """A cluster file; unknown keys are ignored, events come back sorted by ``t`` (stable)."""
+def _read_json(path: str | Path) -> Any:
     name = str(path)
     with open(path, encoding="utf-8") as f:
         text = f.read()
     try:
-        obj = json.loads(text, parse_constant=lambda c: float(c))
+        return json.loads(text, parse_constant=lambda c: float(c))
     except json.JSONDecodeError as e:
         raise WorkloadError(f"{name}:{e.lineno}: not JSON ({e.msg}, column {e.colno})") from None
+
+
+def read_cluster_json(path: str | Path) -> Cluster:
+    """A cluster file; unknown keys are ignored, events come back sorted by ``t`` (stable)."""
+    name = str(path)
+    obj = _read_json(path)
     return _cluster_from_obj(obj, name)
 
 
@@ -849,12 +854,7 @@ def read_alibaba(directory: str | Path, *, limit: int | None = None, seed: int =
 def read_skypilot(path: str | Path) -> tuple[list[int], float]:
     """(counts, gap_s) of a SkyPilot spot trace: ``counts[i]`` instances alive at tick i."""
     name = str(path)
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    try:
-        obj = json.loads(text, parse_constant=lambda c: float(c))
-    except json.JSONDecodeError as e:
-        raise WorkloadError(f"{name}:{e.lineno}: not JSON ({e.msg}, column {e.colno})") from None
+    obj = _read_json(path)
     k = _Keys(name)
     if not isinstance(obj, dict):
         raise k.fail("(top)", f"expected an object with 'metadata' and 'data', got {type(obj).__name__}")

@@ -489,6 +489,7 @@ class Scheduler:
             self._preempt(job, "cancel", self.clock.now() + job.ckpt.grace_s, checkpoint=False, candidates=None)
         else:
             job.victim_of = "cancel"
+        self._dirty = True  # a leaving or vanished job can change a reservation, a claim or a victim search
         self._touch(job)
         self._flush()
 
@@ -668,6 +669,9 @@ class Scheduler:
         self._starts += 1
         self.queue.remove(job.id)
         limit = job.backfill_limit()
+        held = self._reservation_cache[1] if self._reservation_cache is not None else None
+        if held is not None and now + limit > held.t and not held.nodes.isdisjoint(nodes):
+            self._reservation_cache = None  # it did not go around the reservation: that one no longer holds
         self._move(job, "start", "running")
         job.epoch += 1
         job.started_s = now
@@ -757,6 +761,7 @@ class Scheduler:
     def _preempt_for(self, job: Job, cls: Class, now: float, reservation: Reservation | None) -> bool:
         """Free room for ``job`` by evicting lower-priority gangs, if some set of them is enough."""
         if self._pass_scans >= PREEMPT_SCANS_PER_PASS:
+            self._dirty = True  # the search is only put off: the next pass must come
             return False
         prio = job.priority
         for pool in cls[2]:
@@ -851,6 +856,7 @@ class Scheduler:
         lost = self._sunk_restart(job, now) if checkpoint else self._uncommitted(job, now)
         self._unindex_candidate(job)
         self._move(job, "preempt", "checkpointing" if checkpoint else "stopping")
+        self._health_gen += 1  # its declared end becomes its deadline: a cached reservation may move
         job.deadline_s = deadline_s
         job.victim_of = victim_of
         job.ckpt_requested = checkpoint

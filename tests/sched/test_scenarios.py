@@ -229,7 +229,12 @@ def test_fair_share_between_tenants_at_one_priority() -> None:
     assert b.new()[-3:] == [("submitted", "a3"), ("submitted", "b1"), ("started", "b1", (N2,), 0.0)]
     b.at(50).exit("a2")
     b.tick()
-    assert b.new() == [("exited", "a2", "finished"), ("released", "a2", (N1,)), ("finished", "a2"), ("started", "a3", (N1,), 0.0)]
+    assert b.new() == [
+        ("exited", "a2", "finished"),
+        ("released", "a2", (N1,)),
+        ("finished", "a2"),
+        ("started", "a3", (N1,), 0.0),
+    ]
 
 
 def test_fair_share_divides_usage_by_weight() -> None:
@@ -577,7 +582,12 @@ def test_finish_while_preempting_is_a_finish() -> None:
     b.new()
     b.at(1001).exit("v1", "finished")
     # the claimant is handed the node as the release happens, before the finish is recorded
-    assert b.new() == [("exited", "v1", "finished"), ("released", "v1", (N0,)), ("started", "hi", (N0,), 0.0), ("finished", "v1")]
+    assert b.new() == [
+        ("exited", "v1", "finished"),
+        ("released", "v1", (N0,)),
+        ("started", "hi", (N0,), 0.0),
+        ("finished", "v1"),
+    ]
     assert b.job("v1").state is JobState.FINISHED and b.job("v1").preemptions == 0
 
 
@@ -587,7 +597,11 @@ def test_unasked_checkpointed_exit_is_a_preemption() -> None:
     b.tick()
     b.at(50).commit("j", 40.0)
     b.exit("j", "preempted")  # a node-level notice reached it before the scheduler heard of one
-    assert b.new()[-3:] == [("exited", "j", "preempted"), ("released", "j", (N0,)), ("requeued", "j", "preempted", 40.0)]
+    assert b.new()[-3:] == [
+        ("exited", "j", "preempted"),
+        ("released", "j", (N0,)),
+        ("requeued", "j", "preempted", 40.0),
+    ]
     j = b.job("j")
     assert (j.preemptions, j.infra_losses, j.failures) == (1, 0, 0)
     b.tick()
@@ -726,7 +740,11 @@ def test_node_loss_kills_the_gang_and_requeues_it_as_infrastructure() -> None:
     b.tick()
     assert b.new() == []
     b.at(151).exit("g", "killed")
-    assert b.new() == [("exited", "g", "killed"), ("released", "g", (N0, N1)), ("requeued", "g", "infrastructure", 80.0)]
+    assert b.new() == [
+        ("exited", "g", "killed"),
+        ("released", "g", (N0, N1)),
+        ("requeued", "g", "infrastructure", 80.0),
+    ]
     g = b.job("g")
     assert (g.infra_losses, g.failures, g.preemptions) == (1, 0, 0)
     b.tick()
@@ -754,7 +772,11 @@ def test_node_loss_under_a_leaving_job_makes_it_an_infrastructure_loss() -> None
     hi = b.job("hi")
     assert hi.claim == () and hi.substate == "queued" and "hi" in b.s.queue
     b.at(1002).exit("v1", "killed")
-    assert b.new() == [("exited", "v1", "killed"), ("released", "v1", (N0,)), ("requeued", "v1", "infrastructure", 300.0)]
+    assert b.new() == [
+        ("exited", "v1", "killed"),
+        ("released", "v1", (N0,)),
+        ("requeued", "v1", "infrastructure", 300.0),
+    ]
     v1 = b.job("v1")
     assert (v1.infra_losses, v1.preemptions, v1.failures) == (1, 0, 0)
     b.assert_clean()

@@ -17,10 +17,12 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import goodput
 from goodput.sched.checker import check
 from goodput.sched.executor import ManualClock, RecordingExecutor
 from goodput.sched.model import JobState
@@ -172,7 +174,8 @@ def replay(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 @pytest.mark.parametrize("attempt", range(2))
 def test_sigkill_at_a_random_moment_loses_and_doubles_nothing(tmp_path, attempt: int) -> None:
     url = f"sqlite:///{tmp_path / 'killed.db'}"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), *sys.path]))
+    root = str(Path(goodput.__file__).resolve().parents[1])  # the child imports this checkout's goodput
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )

@@ -95,6 +95,24 @@ def test_cancelling_the_head_lifts_its_reservation() -> None:
     assert started(s)[-1] == ("long", (N[1],))
 
 
+def test_cancelling_a_running_job_replans_the_reservation_waiting_for_it() -> None:
+    # its end moves from its declared limit to its deadline (later here): a job the old
+    # reservation held off may now finish before the head can start, and should not wait for an event
+    s, clock = make(nodes=2)
+    s.submit(job("j", prio=9, limit=100, ckpt=Checkpointing(grace_s=300.0)))
+    s.tick()
+    clock.t = 90
+    s.submit(job("head", nodes=2, submit_s=90.0))
+    s.submit(job("bf", limit=50, submit_s=90.0))  # 90 + 50 > 100: held off N1
+    s.tick()
+    assert s.reservation.t == 100.0 and s.jobs["bf"].state is JobState.PENDING
+    s.cancel("j")  # leaves by t=390 at the latest
+    assert s.needs_pass
+    s.tick()
+    assert s.reservation.t == 390.0
+    assert started(s)[-1] == ("bf", (N[1],))
+
+
 def test_a_reclaim_notice_replans_the_reservation() -> None:
     # found by test_stateful: the notice took a reserved node away but ran no pass, so the jobs the
     # reservation held off waited though the head could no longer start there

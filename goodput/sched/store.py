@@ -471,7 +471,7 @@ class SQLiteStore(Store):
         except sqlite3.Error as e:
             raise StoreError(f"cannot open SQLite store {path!r}: {e}") from None
         try:
-            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            mode = _retry_locked(lambda: conn.execute("PRAGMA journal_mode=WAL").fetchone()[0], busy_timeout_s)
             if path != ":memory:" and str(mode).lower() != "wal":
                 raise StoreError(f"SQLite store {path!r} refused WAL mode (got {mode!r})")
             # FULL: in WAL mode NORMAL may lose the last commits on power loss; FULL makes commit durable
@@ -578,6 +578,21 @@ def _sqlite_path(url: str) -> str:
     if not rest.startswith("/") or len(rest) < 2:
         raise ValueError(f"bad SQLite store URL {url!r}: expected sqlite:///relative.db or sqlite:////abs/path.db")
     return os.path.abspath(rest[1:])
+
+
+def _retry_locked(fn, timeout_s: float):  # noqa: ANN001, ANN202
+    """Switching a new database to WAL takes a lock that SQLite does not wait for (no busy
+    handler there): two stores opening one fresh file at once would fail, so wait here."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return fn()
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def open_store(url: str, *, busy_timeout_s: float = 30.0) -> Store:

@@ -67,26 +67,21 @@ def choose(
     if rule == "oblivious":
         order = sorted(candidates, key=lambda c: (c.priority, -c.started_s, c.job))
     elif rule == "checkpoint-aware":
-        # lowest priority tier first: a victim of a higher tier would come back and evict the
-        # lower one, a cascade that pays every restart twice
+        # cheapest per GPU first; lowest priority tier first: a victim of a higher tier would come
+        # back and evict the lower one, a cascade that pays every restart twice
+        order = sorted(candidates, key=lambda c: (c.cost / max(c.gpus, 1), -c.started_s, c.job))
         for tier in sorted({c.priority for c in candidates}):
-            allowed = [c for c in candidates if c.priority <= tier]
-            got = _cheapest(need_nodes, need_gpus, free, allowed, base_ok)
+            allowed = [c for c in order if c.priority <= tier]
+            if len(allowed) <= EXACT_MAX:
+                got = _exact(need_nodes, need_gpus, free, allowed, base_ok)
+            else:
+                got = _greedy(need_nodes, need_gpus, free, allowed, base_ok, rule)
             if got is not None:
                 return got
         return None
     else:
         raise ValueError(f"unknown victim rule {rule!r}")
     return _greedy(need_nodes, need_gpus, free, order, base_ok, rule)
-
-
-def _cheapest(
-    need_nodes: int, need_gpus: int, free: dict[str, int], candidates: Sequence[Candidate], base_ok: int
-) -> list[Candidate] | None:
-    order = sorted(candidates, key=lambda c: (c.cost / max(c.gpus, 1), -c.started_s, c.job))
-    if len(order) <= EXACT_MAX:
-        return _exact(need_nodes, need_gpus, free, order, base_ok)
-    return _greedy(need_nodes, need_gpus, free, order, base_ok, "checkpoint-aware")
 
 
 def _greedy(

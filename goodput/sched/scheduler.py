@@ -96,11 +96,17 @@ class Scheduler:
         # happened in its pool: free plus evictable capacity grows only when GPUs are released,
         # nodes return or claims drop, and each node so touched can make at most one node fit
         self._freed: dict[str, int] = dict.fromkeys(self.cap.pools, 0)
+        # (``_gained``); a claim handed to its claimant also counts (its nodes are no longer held back,
+        # so a job beside it becomes evictable), and the release of a running job that a search above
+        # its priority could evict anyway does not: its GPUs go from evictable to free
+        self._unheld: dict[str, int] = dict.fromkeys(self.cap.pools, 0)
+        self._freed_evictable: dict[str, dict[int, int]] = {p: {} for p in self.cap.pools}
         self._no_victims: dict[tuple, int] = {}
         self._reservation_cache: tuple | None = None
         self._pass_below: dict[tuple[str, int], int] = {}
         self._outside: dict[tuple, tuple[int, int]] = {}
         self._starts = 0  # starts ever: per-pass counts keyed by it stay exact
+        self._mutations = 0  # starts, releases, claims and notices ever: what can change a pass's outcome
         self._pass_scans = 0
         self._pass_failed: dict[str, list[tuple[int, int, int]]] = {}
         self._health_gen = 0  # bumps whenever a node goes down, under notice, up, or is claimed
@@ -551,6 +557,7 @@ class Scheduler:
         blocked: set[Class] = set()
         quota_blocked: set[tuple[str, Class]] = set()
         held_off: set[tuple[int, str, Class]] = set()  # keys whose jobs are all too long for the reservation
+        long_failed: dict[tuple[int, Class], int] = {}  # (priority, class) -> self._mutations when it failed
         reservation: Reservation | None = None
         halted = False
         pools = list(self.cap.pools)
@@ -576,6 +583,8 @@ class Scheduler:
                 if heads is None:
                     heads = []
                     for cls in level.get(tn, ()):
+                        if cls in blocked:
+                            continue
                         h = self.queue.head((prio, tn, cls))
                         if h is not None:
                             heads.append((h, cls))
@@ -603,22 +612,33 @@ class Scheduler:
                     quota_blocked.add((tn, cls))
                     heapq.heappush(heap, (tenant.share(), tn))
                     continue
-                if self._try_place(job, cls, reservation, now):
+                # placing and evicting already failed for the class at this priority in this pass
+                again = (
+                    reservation is not None
+                    and long_failed.get((prio, cls)) == self._mutations
+                    and now + job.backfill_limit() > reservation.t
+                )
+                if not again and self._try_place(job, cls, reservation, now):
                     started += 1
                 elif reservation is None:
                     if self.policy.preemption and self._preempt_for(job, cls, now, None):
                         started += job.state is JobState.RUNNING
                     else:
                         reservation = self._reserve(job, cls, now)
+                        if reservation is not None:
+                            self.cap.watch(reservation.nodes)
                         blocked.add(cls)
                         if not self.policy.backfill:
                             halted = True
                 else:
-                    if self.policy.preemption and self._preempt_for(job, cls, now, reservation):
+                    if not again and self.policy.preemption and self._preempt_for(job, cls, now, reservation):
                         started += job.state is JobState.RUNNING
                     elif reservation.pool not in cls[2] or now + job.backfill_limit() <= reservation.t:
                         blocked.add(cls)  # nothing was held off the reservation for it: it fits nowhere
                     else:
+                        # every job of the class at this priority that runs past the reserved start
+                        # fails as this one did, until the next start, claim or release
+                        long_failed[(prio, cls)] = self._mutations
                         got = self._backfill_short(prio, tn, cls, reservation, now)
                         if got > 0:
                             started += got  # the class stays open: its next shortest job may fit too
@@ -667,6 +687,7 @@ class Scheduler:
     def _start(self, job: Job, pool: str, nodes: tuple[str, ...]) -> None:
         now = self.clock.now()
         self._starts += 1
+        self._mutations += 1
         self.queue.remove(job.id)
         limit = job.backfill_limit()
         held = self._reservation_cache[1] if self._reservation_cache is not None else None
@@ -702,6 +723,7 @@ class Scheduler:
     def _release(self, job: Job) -> None:
         """Hand the job's GPUs back: called when it is observed gone (or, in one baseline, at the decision)."""
         self._drop_end(job)
+        self._mutations += 1
         if not job.placement:
             return
         for name in job.placement:
@@ -710,6 +732,9 @@ class Scheduler:
                 node.draining = max(0, node.draining - job.gpus_per_node)
         self.cap.unbind(job.id, job.placement)
         self._freed[job.pool] += len(job.placement)
+        if job.state is JobState.RUNNING and not self._unevictable(job):
+            low = self._freed_evictable[job.pool]
+            low[job.priority] = low.get(job.priority, 0) + len(job.placement)
         self._touched_nodes.update(job.placement)
         tenant = self._tenant(job.tenant)
         tenant.usage_gpus -= job.gpus
@@ -725,6 +750,20 @@ class Scheduler:
 
     # ------------------------------------------------------------------ preemption
 
+    def _unevictable(self, job: Job) -> bool:
+        """Would a victim search pass over this running job (a node of it claimed, leaving or in a
+        reservation a search may exclude)?"""
+        bad = self.cap.held_back(job.pool)
+        for r in (self.reservation, self._reservation_cache[1] if self._reservation_cache else None):
+            if r is not None and r.pool == job.pool:
+                bad |= r.nodes
+        return bool(bad) and not bad.isdisjoint(job.placement)
+
+    def _gained(self, pool: str, prio: int) -> int:
+        """Node-releases in the pool that can make a node reachable for a search at ``prio``."""
+        low = sum(n for p, n in self._freed_evictable[pool].items() if p < prio)
+        return self._freed[pool] + self._unheld[pool] - low
+
     def _uncommitted(self, job: Job, now: float) -> float:
         """Run time a kill now would throw away: everything since the run began or last committed,
         the part of its restart already spent included (it is paid again at the next start)."""
@@ -735,22 +774,23 @@ class Scheduler:
         restart = job.ckpt.restart_s if job.epoch > 1 else 0.0
         return max(0.0, min(now - job.started_s, restart))
 
-    def _price(self, job: Job, now: float, notice_s: float) -> Candidate:
-        c = job.ckpt
-        ask = self.policy.ask_checkpoint and c.interval_s > 0 and c.stall_s + c.write_s <= notice_s
-        lost = self._sunk_restart(job, now) if ask else self._uncommitted(job, now)
-        drain = job.ckpt.stall_s + job.ckpt.write_s if ask else min(STOP_S, notice_s)
-        return Candidate(
-            job=job.id,
-            priority=job.priority,
-            started_s=job.started_s,
-            gpus=job.gpus,
-            per_node=self._per_node(job),
-            lost_s=lost,
-            drain_s=drain,
-            restart_s=job.ckpt.restart_s,
-            checkpoint=ask,
-        )
+    def _candidates(self, victims: Iterable[Job], now: float) -> list[Candidate]:
+        """Each victim priced at its own grace period (one loop: a search prices hundreds)."""
+        ask_policy = self.policy.ask_checkpoint
+        per_node = self._per_node
+        out = []
+        for job in victims:
+            c = job.ckpt
+            notice = c.grace_s
+            ask = ask_policy and c.interval_s > 0 and c.stall_s + c.write_s <= notice
+            if ask:
+                lost, drain = self._sunk_restart(job, now), c.stall_s + c.write_s
+            else:
+                lost, drain = self._uncommitted(job, now), min(STOP_S, notice)
+            out.append(
+                Candidate(job.id, job.priority, job.started_s, job.gpus, per_node(job), lost, drain, c.restart_s, ask)
+            )
+        return out
 
     def _per_node(self, job: Job) -> tuple[tuple[str, int], ...]:
         got = self._per_node_cache.get(job.id)
@@ -775,13 +815,14 @@ class Scheduler:
             if any(n <= job.nodes and g_ <= job.gpus_per_node and p >= prio for n, g_, p in failed):
                 continue
             memo = (pool, job.nodes, job.gpus_per_node, prio, reservation)
-            if self._freed[pool] < self._no_victims.get(memo, -1):
+            gained = self._gained(pool, prio)
+            if gained < self._no_victims.get(memo, -1):
                 continue
             if len(self._no_victims) > 100_000:
                 self._no_victims.clear()
             shape = (job.nodes, job.gpus_per_node, prio)
             if below + self.cap.free_gpus(pool) < job.gpus:
-                self._no_victims[memo] = self._freed[pool] + 1
+                self._no_victims[memo] = gained + 1
                 failed.append(shape)
                 continue
             self._pass_scans += 1
@@ -805,11 +846,11 @@ class Scheduler:
             base_ok = self.cap.count_fitting(pool, g, excluded) - sum(1 for f in free.values() if f >= g)
             reachable = base_ok + sum(1 for n, e in evictable.items() if free[n] + e >= g)
             if reachable < job.nodes:
-                self._no_victims[memo] = self._freed[pool] + (job.nodes - reachable)
+                self._no_victims[memo] = gained + (job.nodes - reachable)
                 failed.append(shape)
                 continue
             useful = {n for n, e in evictable.items() if free[n] + e >= g}
-            cands = [self._price(v, now, v.ckpt.grace_s) for v in victims_of if not useful.isdisjoint(v.placement)]
+            cands = self._candidates((v for v in victims_of if not useful.isdisjoint(v.placement)), now)
             victims = choose(job.nodes, g, free, cands, self.policy.victims, base_ok=base_ok)
             if victims is None:  # pragma: no cover - every candidate together was enough
                 continue
@@ -842,6 +883,7 @@ class Scheduler:
             job.claim_pool = pool
             job.substate = "awaiting victims"
             self.cap.claim(job.id, job.claim)
+            self._mutations += 1
             self._health_gen += 1
             self._claimants[job.id] = None
             self._touch(job)
@@ -854,6 +896,7 @@ class Scheduler:
     def _preempt(self, job: Job, victim_of: str, deadline_s: float, checkpoint: bool, candidates) -> None:
         now = self.clock.now()
         lost = self._sunk_restart(job, now) if checkpoint else self._uncommitted(job, now)
+        self._mutations += 1
         self._unindex_candidate(job)
         self._move(job, "preempt", "checkpointing" if checkpoint else "stopping")
         self._health_gen += 1  # its declared end becomes its deadline: a cached reservation may move
@@ -898,11 +941,13 @@ class Scheduler:
             return 0
         del self._claimants[job.id]
         claim = job.claim
+        self._unheld[job.claim_pool] += len(claim)
         self.cap.unclaim(claim)
         self._start(job, job.claim_pool, claim)
         return 1
 
     def _drop_claim(self, job: Job, *, requeue: bool) -> None:
+        self._mutations += 1
         self._claimants.pop(job.id, None)
         if job.claim_pool:
             self._freed[job.claim_pool] += len(job.claim)

@@ -29,6 +29,9 @@ class Capacity:
         "_held_back",
         "_watched",
         "_watch_hist",
+        "_thresholds",
+        "_evictable",
+        "_reach",
     )
 
     def __init__(self, pools: Iterable[Pool], nodes: Iterable[Node]) -> None:
@@ -43,6 +46,13 @@ class Capacity:
         # one watched node set (the reservation of the moment): offerable members per pool and free count
         self._watched: frozenset[str] = frozenset()
         self._watch_hist: dict[str, list[int]] = {}
+        # what a victim search could reach: for each priority q of the thresholds, offerable nodes
+        # by free GPUs plus GPUs of running jobs below q (an upper bound: a search passes over
+        # victims that touch a held-back or reserved node), so that most searches bound to fail
+        # never scan the running jobs
+        self._thresholds: list[int] = []
+        self._evictable: dict[str, dict[int, int]] = {}  # node -> priority -> GPUs of evictable jobs
+        self._reach: dict[str, list[list[int]]] = {}
         self._buckets: dict[str, list[SortedList]] = {
             p.name: [SortedList() for _ in range(p.gpus_per_node + 1)] for p in self.pools.values()
         }
@@ -80,12 +90,67 @@ class Capacity:
             self._buckets[node.pool][node.free].add(self.index[node.name])
             if node.name in self._watched:
                 self._watch_hist[node.pool][node.free] += 1
+            if self._thresholds:
+                self._count_reach(node, +1)
 
     def _unfile(self, node: Node) -> None:
         if self._offerable(node):
             self._buckets[node.pool][node.free].discard(self.index[node.name])
             if node.name in self._watched:
                 self._watch_hist[node.pool][node.free] -= 1
+            if self._thresholds:
+                self._count_reach(node, -1)
+
+    def _reach_levels(self, node: Node) -> list[int]:
+        """The node's free GPUs plus its evictable GPUs below each threshold (at most its GPUs:
+        evictable GPUs are bound ones)."""
+        free = node.gpus - node.used
+        ev = self._evictable.get(node.name)
+        if not ev:
+            return [free] * len(self._thresholds)
+        return [free + sum(g for p, g in ev.items() if p < q) for q in self._thresholds]
+
+    def _count_reach(self, node: Node, sign: int) -> None:
+        levels = self._reach_levels(node)
+        for hist, v in zip(self._reach[node.pool], levels):
+            hist[v] += sign
+
+    def set_thresholds(self, priorities: Iterable[int]) -> None:
+        """The priorities victim searches ask about (every job priority): rebuilds the counts."""
+        qs = sorted(set(priorities))
+        if qs == self._thresholds:
+            return
+        self._thresholds = qs
+        self._reach = {p: [[0] * len(b) for _ in qs] for p, b in self._buckets.items()}
+        for node in self.nodes.values():
+            if self._offerable(node):
+                self._count_reach(node, +1)
+
+    def add_evictable(self, names: Iterable[str], priority: int, gpus_per_node: int, sign: int = +1) -> None:
+        """A running job at ``priority`` holds ``gpus_per_node`` on each node (``sign=-1``: no longer
+        evictable, because it is leaving or gone)."""
+        for name in names:
+            node = self.nodes[name]
+            counted = bool(self._thresholds) and self._offerable(node)
+            if counted:
+                self._count_reach(node, -1)
+            ev = self._evictable.setdefault(name, {})
+            left = ev.get(priority, 0) + sign * gpus_per_node
+            if left:
+                ev[priority] = left
+            else:
+                ev.pop(priority, None)
+            if counted:
+                self._count_reach(node, +1)
+
+    def reachable(self, pool: str, priority: int, gpus: int) -> int | None:
+        """At most how many nodes of the pool could have ``gpus`` free if every running job below
+        ``priority`` left; None when ``priority`` is not a threshold."""
+        try:
+            i = self._thresholds.index(priority)
+        except ValueError:
+            return None
+        return sum(self._reach[pool][i][gpus:])
 
     def watch(self, names: frozenset[str]) -> None:
         """Keep counts of these nodes by free GPUs, so that counting what fits outside them is

@@ -83,6 +83,7 @@ class Scheduler:
         self._running: dict[str, dict[int, dict[str, None]]] = {p: {} for p in self.cap.pools}
         self._held: dict[str, dict[int, int]] = {p: {} for p in self.cap.pools}
         self._claimants: dict[str, None] = {}
+        self._priorities: set[int] = set()  # every job priority seen: the thresholds of cap.reachable
         self._timers: list[tuple[float, str, str, int]] = []
         self._dirty = True
         self._touched_jobs: dict[str, Job] = {}
@@ -209,6 +210,8 @@ class Scheduler:
             log=log,
         )
         s._load_meta(snap.meta)
+        s._priorities = {j.priority for j in snap.jobs.values()}
+        s.cap.set_thresholds(s._priorities)
         for job in sorted(snap.jobs.values(), key=lambda j: j.seq):
             s.jobs[job.id] = job
             s.terminal += job.state in TERMINAL
@@ -246,6 +249,11 @@ class Scheduler:
     def _class_of(self, job: Job) -> Class:
         return (job.nodes, job.gpus_per_node, pools_for(job, self.cap.pools, self.policy.spot_rule))
 
+    def _note_priority(self, priority: int) -> None:
+        if priority not in self._priorities:
+            self._priorities.add(priority)
+            self.cap.set_thresholds(self._priorities)
+
     def _enqueue(self, job: Job) -> None:
         limit = job.backfill_limit()
         self.queue.push(job.id, job.priority, job.tenant, self._classes[job.id], job.submit_s, job.seq, limit)
@@ -255,6 +263,7 @@ class Scheduler:
         """Count a running or leaving job in the per-pool indices (its GPUs are bound already)."""
         if job.state is JobState.RUNNING:
             self._running[job.pool].setdefault(job.priority, {})[job.id] = None
+            self.cap.add_evictable(job.placement, job.priority, job.gpus_per_node)
             held = self._held[job.pool]
             held[job.priority] = held.get(job.priority, 0) + job.gpus
             end = job.started_s + job.run_limit_s
@@ -266,6 +275,7 @@ class Scheduler:
         level = self._running[job.pool].get(job.priority)
         if level is not None and level.pop(job.id, 0) is None:
             self._held[job.pool][job.priority] -= job.gpus
+            self.cap.add_evictable(job.placement, job.priority, job.gpus_per_node, sign=-1)
             if not level:
                 del self._running[job.pool][job.priority]
 
@@ -311,6 +321,7 @@ class Scheduler:
             )
         job.seq = self._seq
         self._seq += 1
+        self._note_priority(job.priority)
         job.eligible_s = max(job.eligible_s, job.submit_s)
         self.jobs[job.id] = job
         self._classes[job.id] = cls
@@ -825,8 +836,13 @@ class Scheduler:
                 self._no_victims[memo] = gained + 1
                 failed.append(shape)
                 continue
-            self._pass_scans += 1
             excluded = reservation.nodes if reservation is not None and reservation.pool == pool else frozenset()
+            upper = self.cap.reachable(pool, prio, job.gpus_per_node)
+            if upper is not None and upper < job.nodes:  # even with every job below gone: no scan
+                self._no_victims[memo] = gained + (job.nodes - upper)
+                failed.append(shape)
+                continue
+            self._pass_scans += 1
             victims_of: list[Job] = []
             evictable: dict[str, int] = {}
             bad = self.cap.held_back(pool) | excluded

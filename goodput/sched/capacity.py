@@ -108,6 +108,9 @@ class Capacity:
         ev = self._evictable.get(node.name)
         if not ev:
             return [free] * len(self._thresholds)
+        if len(ev) == 1:
+            ((p, g),) = ev.items()
+            return [free + g if p < q else free for q in self._thresholds]
         return [free + sum(g for p, g in ev.items() if p < q) for q in self._thresholds]
 
     def _count_reach(self, node: Node, sign: int) -> None:
@@ -164,7 +167,11 @@ class Capacity:
             if self._offerable(node):
                 self._watch_hist[node.pool][node.free] += 1
 
-    def bind(self, job_id: str, names: Iterable[str], gpus_per_node: int) -> None:
+    def bind(
+        self, job_id: str, names: Iterable[str], gpus_per_node: int, *, evictable_priority: int | None = None
+    ) -> None:
+        """Bind the GPUs; with ``evictable_priority``, also count them as a running job's at that
+        priority (as :meth:`add_evictable`, in the same update)."""
         for name in names:
             node = self.nodes[name]
             self._unfile(node)
@@ -172,6 +179,9 @@ class Capacity:
             node.used += gpus_per_node
             if node.used > node.gpus:
                 raise RuntimeError(f"node {name!r}: {node.used} GPUs bound of {node.gpus} (job {job_id!r})")
+            if evictable_priority is not None:
+                ev = self._evictable.setdefault(name, {})
+                ev[evictable_priority] = ev.get(evictable_priority, 0) + gpus_per_node
             self._file(node)
 
     def unbind(self, job_id: str, names: Iterable[str]) -> None:

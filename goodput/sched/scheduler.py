@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,7 @@ from sortedcontainers import SortedList
 
 from . import events as ev
 from .capacity import Capacity
-from .eviction import Candidate, choose
+from .eviction import EXACT_MAX, Candidate, VictimOrder, exact_fit, greedy_fit
 from .executor import Clock, Executor
 from .model import TERMINAL, Health, Job, JobState, Node, Pool, Tenant
 from .placement import pools_for
@@ -83,6 +83,7 @@ class Scheduler:
         self._running: dict[str, dict[int, dict[str, None]]] = {p: {} for p in self.cap.pools}
         self._held: dict[str, dict[int, int]] = {p: {} for p in self.cap.pools}
         self._claimants: dict[str, None] = {}
+        self._order = VictimOrder(self.policy.victims)  # running jobs as victim searches draw them
         self._priorities: set[int] = set()  # every job priority seen: the thresholds of cap.reachable
         self._timers: list[tuple[float, str, str, int]] = []
         self._dirty = True
@@ -211,7 +212,7 @@ class Scheduler:
         )
         s._load_meta(snap.meta)
         s._priorities = {j.priority for j in snap.jobs.values()}
-        s.cap.set_thresholds(s._priorities)
+        s.cap.set_thresholds(sorted(s._priorities)[1:])
         for job in sorted(snap.jobs.values(), key=lambda j: j.seq):
             s.jobs[job.id] = job
             s.terminal += job.state in TERMINAL
@@ -252,18 +253,22 @@ class Scheduler:
     def _note_priority(self, priority: int) -> None:
         if priority not in self._priorities:
             self._priorities.add(priority)
-            self.cap.set_thresholds(self._priorities)
+            # nothing runs below the lowest priority: a search there never happens
+            self.cap.set_thresholds(sorted(self._priorities)[1:])
 
     def _enqueue(self, job: Job) -> None:
         limit = job.backfill_limit()
         self.queue.push(job.id, job.priority, job.tenant, self._classes[job.id], job.submit_s, job.seq, limit)
         self._dirty = True
 
-    def _index_run(self, job: Job) -> None:
-        """Count a running or leaving job in the per-pool indices (its GPUs are bound already)."""
+    def _index_run(self, job: Job, *, evictable_counted: bool = False) -> None:
+        """Count a running or leaving job in the per-pool indices (its GPUs are bound already, and
+        counted as evictable by the capacity index when ``evictable_counted``)."""
         if job.state is JobState.RUNNING:
             self._running[job.pool].setdefault(job.priority, {})[job.id] = None
-            self.cap.add_evictable(job.placement, job.priority, job.gpus_per_node)
+            if not evictable_counted:
+                self.cap.add_evictable(job.placement, job.priority, job.gpus_per_node)
+            self._order_add(job)
             held = self._held[job.pool]
             held[job.priority] = held.get(job.priority, 0) + job.gpus
             end = job.started_s + job.run_limit_s
@@ -276,6 +281,7 @@ class Scheduler:
         if level is not None and level.pop(job.id, 0) is None:
             self._held[job.pool][job.priority] -= job.gpus
             self.cap.add_evictable(job.placement, job.priority, job.gpus_per_node, sign=-1)
+            self._order.remove(job.id)
             if not level:
                 del self._running[job.pool][job.priority]
 
@@ -362,6 +368,8 @@ class Scheduler:
             return False
         job.committed_s = progress_s
         job.committed_at = self.clock.now()
+        if job.id in self._order:
+            self._order_add(job)  # what it would lose restarts from this commit
         self._touch(job)
         self._emit(ev.CHECKPOINT_COMMITTED, job=job_id, epoch=epoch, progress_s=progress_s)
         self._flush()
@@ -713,12 +721,12 @@ class Scheduler:
         if job.first_start_s < 0:
             job.first_start_s = now
         job.run_limit_s = limit
-        self.cap.bind(job.id, nodes, job.gpus_per_node)
+        self.cap.bind(job.id, nodes, job.gpus_per_node, evictable_priority=job.priority)
         self._touched_nodes.update(nodes)
         tenant = self._tenant(job.tenant)
         tenant.usage_gpus += job.gpus
         self._touched_tenants.add(tenant.name)
-        self._index_run(job)
+        self._index_run(job, evictable_counted=True)
         self._touch(job)
         self._emit(
             ev.STARTED,
@@ -785,23 +793,39 @@ class Scheduler:
         restart = job.ckpt.restart_s if job.epoch > 1 else 0.0
         return max(0.0, min(now - job.started_s, restart))
 
-    def _candidates(self, victims: Iterable[Job], now: float) -> list[Candidate]:
-        """Each victim priced at its own grace period (one loop: a search prices hundreds)."""
-        ask_policy = self.policy.ask_checkpoint
-        per_node = self._per_node
-        out = []
-        for job in victims:
-            c = job.ckpt
-            notice = c.grace_s
-            ask = ask_policy and c.interval_s > 0 and c.stall_s + c.write_s <= notice
-            if ask:
-                lost, drain = self._sunk_restart(job, now), c.stall_s + c.write_s
-            else:
-                lost, drain = self._uncommitted(job, now), min(STOP_S, notice)
-            out.append(
-                Candidate(job.id, job.priority, job.started_s, job.gpus, per_node(job), lost, drain, c.restart_s, ask)
-            )
-        return out
+    def _asks_checkpoint(self, job: Job) -> bool:
+        """Is this victim asked to checkpoint first (its grace period fits its stall and write)?"""
+        c = job.ckpt
+        return self.policy.ask_checkpoint and c.interval_s > 0 and c.stall_s + c.write_s <= c.grace_s
+
+    def _drain(self, job: Job, ask: bool) -> float:
+        c = job.ckpt
+        return c.stall_s + c.write_s if ask else min(STOP_S, c.grace_s)
+
+    def _price(self, job: Job, now: float) -> Candidate:
+        """The victim's expected loss if it were asked to leave now, at its own grace period."""
+        c = job.ckpt
+        ask = self._asks_checkpoint(job)
+        lost = self._sunk_restart(job, now) if ask else self._uncommitted(job, now)
+        drain = self._drain(job, ask)
+        return Candidate(
+            job.id, job.priority, job.started_s, job.gpus, self._per_node(job), lost, drain, c.restart_s, ask
+        )
+
+    def _order_add(self, job: Job) -> None:
+        """Index a running job in the victim order: its price per GPU is linear in time from its
+        last commit (or start), or constant once the restart a checkpointing victim pays is sunk
+        (see :class:`VictimOrder`; the same prices as :meth:`_price`)."""
+        ask = self._asks_checkpoint(job)
+        fixed = job.ckpt.restart_s + self._drain(job, ask)
+        if ask:
+            sunk = job.ckpt.restart_s if job.epoch > 1 else 0.0
+            linear = fixed - job.started_s if sunk > 0 else None
+            const: float | None = fixed + sunk
+        else:
+            since = job.committed_at if job.committed_at >= job.started_s else job.started_s
+            linear, const = fixed - since, None
+        self._order.add(job.id, job.pool, job.priority, job.started_s, linear=linear, const=const)
 
     def _per_node(self, job: Job) -> tuple[tuple[str, int], ...]:
         got = self._per_node_cache.get(job.id)
@@ -843,32 +867,13 @@ class Scheduler:
                 failed.append(shape)
                 continue
             self._pass_scans += 1
-            victims_of: list[Job] = []
-            evictable: dict[str, int] = {}
-            bad = self.cap.held_back(pool) | excluded
-            for p, ids in self._running[pool].items():
-                if p >= job.priority:
-                    continue
-                for vid in ids:
-                    v = self.jobs[vid]
-                    if bad and not bad.isdisjoint(v.placement):
-                        continue  # a victim on a claimed, reserved or leaving node frees nothing usable
-                    victims_of.append(v)
-                    for n in v.placement:
-                        evictable[n] = evictable.get(n, 0) + v.gpus_per_node
-            nodes = self.cap.nodes
-            g = job.gpus_per_node
-            free = {n: nodes[n].free for n in evictable}
-            base_ok = self.cap.count_fitting(pool, g, excluded) - sum(1 for f in free.values() if f >= g)
-            reachable = base_ok + sum(1 for n, e in evictable.items() if free[n] + e >= g)
-            if reachable < job.nodes:
-                self._no_victims[memo] = gained + (job.nodes - reachable)
-                failed.append(shape)
+            got = self._search(job, pool, excluded, now)
+            if got is None:
                 continue
-            useful = {n for n, e in evictable.items() if free[n] + e >= g}
-            cands = self._candidates((v for v in victims_of if not useful.isdisjoint(v.placement)), now)
-            victims = choose(job.nodes, g, free, cands, self.policy.victims, base_ok=base_ok)
-            if victims is None:  # pragma: no cover - every candidate together was enough
+            victims, free, considered, reachable = got
+            if victims is None:
+                self._no_victims[memo] = gained + max(1, job.nodes - reachable)
+                failed.append(shape)
                 continue
             freed: dict[str, int] = {}
             for c in victims:
@@ -883,7 +888,7 @@ class Scheduler:
                 if more is None:
                     continue
                 target += list(more)
-            ranked = sorted(cands, key=lambda c: (c.cost, c.job))[:LOGGED_CANDIDATES]
+            ranked = sorted(considered, key=lambda c: (c.cost, c.job))[:LOGGED_CANDIDATES]
             logged = [
                 {"job": c.job, "lost_gpu_s": round(c.cost, 3), "lost_s": round(c.lost_s, 3), "checkpoint": c.checkpoint}
                 for c in ranked
@@ -908,6 +913,73 @@ class Scheduler:
             self._try_claim(job)
             return True
         return False
+
+    def _search(self, job: Job, pool: str, excluded: frozenset[str], now: float):
+        """The cheapest victims in ``pool`` for ``job``: lowest priority tier first, each tier's
+        running jobs drawn cheapest per GPU first and priced only when drawn.
+
+        A victim touching a claimed, leaving or excluded node frees nothing usable, and one on no
+        node where the need could fit frees nothing needed: both are passed over. Returns None
+        when nothing below runs there, else (victims or None, free GPUs of the nodes drawn, the
+        candidates of the deciding tier, nodes reachable when it failed)."""
+        prio, g = job.priority, job.gpus_per_node
+        running = self._running[pool]
+        tiers = sorted(p for p in running if p < prio)
+        if not tiers:
+            return None
+        nodes, jobs = self.cap.nodes, self.jobs
+        bad = self.cap.held_back(pool) | excluded
+        free: dict[str, int] = {}
+        below: dict[str, int] = {}  # node -> GPUs there of jobs a search may evict
+
+        def evictable_on(name: str) -> int:
+            got = below.get(name)
+            if got is None:
+                got = 0
+                for jid, gpus in nodes[name].alloc.items():
+                    other = jobs[jid]
+                    if (
+                        other.state is JobState.RUNNING
+                        and other.priority < prio
+                        and not (bad and not bad.isdisjoint(other.placement))
+                    ):
+                        got += gpus
+                below[name] = got
+            return got
+
+        def drawn(allowed: list[int], seen: list[Candidate]) -> Iterator[Candidate]:
+            for jid in self._order.draw(pool, allowed, now):
+                v = jobs[jid]
+                if bad and not bad.isdisjoint(v.placement):
+                    continue
+                useful = False
+                for n in v.placement:
+                    f = free.get(n)
+                    if f is None:
+                        f = free[n] = nodes[n].free
+                    useful = useful or f + evictable_on(n) >= g
+                if useful:
+                    c = self._price(v, now)
+                    seen.append(c)
+                    yield c
+
+        ok0 = self.cap.count_fitting(pool, g, excluded)
+        rule = self.policy.victims
+        if rule == "oblivious":
+            tiers = tiers[-1:]  # Kueue's order is one list over every priority below
+        reach = ok0
+        seen: list[Candidate] = []
+        for tier in tiers:
+            allowed = [p for p in running if p <= tier] if rule != "oblivious" else [p for p in running if p < prio]
+            seen = []
+            victims, reach = greedy_fit(job.nodes, g, free, drawn(allowed, seen), ok0, rule)
+            if victims is None:
+                continue
+            if rule != "oblivious" and sum(len(running[p]) for p in allowed) <= EXACT_MAX:
+                seen = list(drawn(allowed, []))  # every candidate of the tier, for the exact search
+                victims = exact_fit(job.nodes, g, free, seen, ok0 - sum(1 for f in free.values() if f >= g))
+            return victims, free, seen, reach
+        return None, free, seen, reach
 
     def _preempt(self, job: Job, victim_of: str, deadline_s: float, checkpoint: bool, candidates) -> None:
         now = self.clock.now()

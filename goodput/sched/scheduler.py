@@ -975,9 +975,15 @@ class Scheduler:
             victims, reach = greedy_fit(job.nodes, g, free, drawn(allowed, seen), ok0, rule)
             if victims is None:
                 continue
-            if rule != "oblivious" and sum(len(running[p]) for p in allowed) <= EXACT_MAX:
-                seen = list(drawn(allowed, []))  # every candidate of the tier, for the exact search
-                victims = exact_fit(job.nodes, g, free, seen, ok0 - sum(1 for f in free.values() if f >= g))
+            if rule != "oblivious":
+                # a tier of few candidates is searched exactly: draw them all (stop past EXACT_MAX)
+                every: list[Candidate] = []
+                for _c in drawn(allowed, every):
+                    if len(every) > EXACT_MAX:
+                        break
+                if len(every) <= EXACT_MAX:
+                    seen = every
+                    victims = exact_fit(job.nodes, g, free, every, ok0 - sum(1 for f in free.values() if f >= g))
             return victims, free, seen, reach
         return None, free, seen, reach
 

@@ -25,11 +25,14 @@ class _Entry:
 
 
 class PendingQueue:
-    __slots__ = ("_fifo", "_short", "_count", "_member", "_levels", "_token", "_prios")
+    __slots__ = ("_fifo", "_short", "_class_short", "_count", "_member", "_levels", "_token", "_prios")
 
     def __init__(self) -> None:
         self._fifo: dict[Key, list[tuple[float, int, str, int]]] = {}
         self._short: dict[Key, list[tuple[float, float, int, str, int]]] = {}
+        # the same across tenants, per (priority, class): when even its shortest job is too long to
+        # backfill, every tenant's key of the class is, and a pass skips them all at once
+        self._class_short: dict[tuple[int, Class], list[tuple[float, float, int, str, int]]] = {}
         self._count: dict[Key, int] = {}
         self._member: dict[str, _Entry] = {}
         self._levels: dict[int, dict[str, set[Class]]] = {}  # priority -> tenant -> non-empty classes
@@ -52,6 +55,7 @@ class PendingQueue:
             self._fifo[key], self._short[key], self._count[key] = [], [], 0
         heapq.heappush(self._fifo[key], (submit_s, seq, job_id, self._token))
         heapq.heappush(self._short[key], (limit_s, submit_s, seq, job_id, self._token))
+        heapq.heappush(self._class_short.setdefault((priority, cls), []), (limit_s, submit_s, seq, job_id, self._token))
         self._count[key] += 1
         if self._count[key] == 1:
             level = self._levels.get(priority)
@@ -100,6 +104,18 @@ class PendingQueue:
             if self._live(job_id, token):
                 return limit_s, job_id
             heapq.heappop(heap)
+        return None
+
+    def class_shortest(self, priority: int, cls: Class) -> float | None:
+        """The shortest declared limit of any tenant's job of the class at this priority."""
+        heap = self._class_short.get((priority, cls))
+        while heap:
+            limit_s, _, _, job_id, token = heap[0]
+            if self._live(job_id, token):
+                return limit_s
+            heapq.heappop(heap)
+        if heap is not None:
+            del self._class_short[(priority, cls)]
         return None
 
     def priorities(self) -> list[int]:

@@ -577,6 +577,8 @@ class Scheduler:
         quota_blocked: set[tuple[str, Class]] = set()
         held_off: set[tuple[int, str, Class]] = set()  # keys whose jobs are all too long for the reservation
         long_failed: dict[tuple[int, Class], int] = {}  # (priority, class) -> self._mutations when it failed
+        # (priority, class) -> self._mutations when every tenant's key of the class was too long
+        held_off_classes: dict[tuple[int, Class], int] = {}
         reservation: Reservation | None = None
         halted = False
         pools = list(self.cap.pools)
@@ -602,7 +604,7 @@ class Scheduler:
                 if heads is None:
                     heads = []
                     for cls in level.get(tn, ()):
-                        if cls in blocked:
+                        if cls in blocked or held_off_classes.get((prio, cls)) == self._mutations:
                             continue
                         h = self.queue.head((prio, tn, cls))
                         if h is not None:
@@ -612,7 +614,12 @@ class Scheduler:
                 best = None
                 while heads:
                     h, cls = heads[0]
-                    if cls in blocked or (tn, cls) in quota_blocked or (prio, tn, cls) in held_off:
+                    if (
+                        cls in blocked
+                        or (tn, cls) in quota_blocked
+                        or (prio, tn, cls) in held_off
+                        or held_off_classes.get((prio, cls)) == self._mutations
+                    ):
                         heapq.heappop(heads)
                         continue
                     cur = self.queue.head((prio, tn, cls))
@@ -665,6 +672,9 @@ class Scheduler:
                             blocked.add(cls)  # even a short one found no room: the class fits nowhere
                         else:
                             held_off.add((prio, tn, cls))  # too long here; other keys' short jobs may fit
+                            shortest = self.queue.class_shortest(prio, cls)
+                            if shortest is None or now + shortest > reservation.t:
+                                held_off_classes[(prio, cls)] = self._mutations  # no tenant's is short enough
                 heapq.heappush(heap, (tenant.share(), tn))
         self.reservation = reservation
         self._flush()

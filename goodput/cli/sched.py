@@ -193,3 +193,189 @@ def check_cmd(
             _console().print(f"  {e}")
     if rep.total:
         raise typer.Exit(1)
+
+
+# ---------------------------------------------------------------------- the live service
+
+
+def _pools(cluster: str, nodes: int, gpus_per_node: int):  # noqa: ANN202
+    from goodput.sched import workload as W
+    from goodput.sched.service import local_pools
+
+    if cluster:
+        try:
+            return W.read_cluster_json(cluster).pools
+        except (W.WorkloadError, OSError, ValueError) as e:
+            _fail(str(e))
+    if nodes < 1 or gpus_per_node < 1:
+        _fail("--nodes and --gpus-per-node must be >= 1")
+    return local_pools(nodes, gpus_per_node)
+
+
+@app.command("serve")
+def serve_cmd(
+    db: str = typer.Option(
+        "sqlite:///goodput-sched.db", "--db", help="sqlite:///rel.db, sqlite:////abs.db, postgresql://..."
+    ),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8765, "--port"),
+    cluster: str = typer.Option(
+        "", "--cluster", help="Cluster JSON (docs/SCHED.md); default: --nodes x --gpus-per-node."
+    ),
+    nodes: int = typer.Option(2, "--nodes", help="Local slots (nodes) when no --cluster is given."),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node"),
+    state_dir: str = typer.Option(".goodput-sched", "--state-dir", help="Run records, job logs, default checkpoints."),
+    tick_s: float = typer.Option(1.0, "--tick-s", help="Longest wait between scheduling passes."),
+) -> None:
+    """Run the live scheduler: an HTTP API (OpenAPI at /openapi.json) that runs jobs as local process groups."""
+    from goodput.sched.service import serve
+
+    serve(db, _pools(cluster, nodes, gpus_per_node), host=host, port=port, state_dir=state_dir, tick_s=tick_s)
+
+
+token_app = typer.Typer(no_args_is_help=True)
+app.add_typer(token_app, name="token", help="Bearer tokens of the live service.")
+
+
+@token_app.command("add")
+def token_add(
+    tenant: str = typer.Argument(..., help="Tenant the token acts for."),
+    db: str = typer.Option(..., "--db", help="The service's store URL."),
+    admin: bool = typer.Option(False, "--admin", help="An admin token (all jobs, nodes, drain)."),
+) -> None:
+    """Create a token; it is printed once, alone on the last line, and only its hash is stored."""
+    from goodput.sched.service import new_token
+    from goodput.sched.store import open_store
+
+    try:
+        with open_store(db) as store:
+            tok = new_token(store, tenant, "admin" if admin else "tenant")
+    except ValueError as e:
+        _fail(str(e))
+    Console(stderr=True).print(f"token for tenant {tenant!r}{' (admin)' if admin else ''}; it is not shown again:")
+    print(tok)
+
+
+def _call(url: str, method: str, path: str, body: dict | None = None, *, stream: bool = False):  # noqa: ANN202
+    import urllib.error
+    import urllib.request
+
+    token = os.environ.get("GOODPUT_TOKEN", "")
+    if not token:
+        _fail("set GOODPUT_TOKEN to your token (goodput sched token add TENANT --db URL)")
+    req = urllib.request.Request(
+        url.rstrip("/") + path,
+        data=None if body is None else json.dumps(body).encode(),
+        method=method,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    try:
+        r = urllib.request.urlopen(req, timeout=None if stream else 30)
+    except urllib.error.HTTPError as e:
+        try:
+            detail = json.loads(e.read()).get("detail")
+        except ValueError:
+            detail = e.reason
+        _fail(f"HTTP {e.code}: {detail}")
+    except urllib.error.URLError as e:
+        _fail(f"cannot reach {url}: {e.reason}")
+    if stream:
+        return r
+    with r:
+        return json.loads(r.read())
+
+
+_URL = typer.Option("http://127.0.0.1:8765", "--url", envvar="GOODPUT_URL", help="The service.")
+
+
+@app.command("submit")
+def submit_cmd(
+    command: list[str] = typer.Argument(..., help="The job's command (after --)."),
+    name: str = typer.Option("job", "--name"),
+    nodes: int = typer.Option(1, "--nodes"),
+    gpus_per_node: int = typer.Option(1, "--gpus-per-node"),
+    priority: int = typer.Option(0, "--priority"),
+    limit_s: float = typer.Option(3600.0, "--limit-s"),
+    ckpt_root: str = typer.Option("", "--ckpt-root"),
+    spot: bool = typer.Option(False, "--spot"),
+    grace_s: float = typer.Option(30.0, "--grace-s"),
+    url: str = _URL,
+) -> None:
+    """Submit a job; prints its id alone on the last line."""
+    body = {
+        "name": name,
+        "command": command,
+        "nodes": nodes,
+        "gpus_per_node": gpus_per_node,
+        "priority": priority,
+        "limit_s": limit_s,
+        "ckpt_root": os.path.abspath(ckpt_root) if ckpt_root else "",
+        "spot": spot,
+        "grace_s": grace_s,
+    }
+    print(_call(url, "POST", "/jobs", body)["id"])
+
+
+@app.command("ls")
+def ls_cmd(
+    state: str = typer.Option("", "--state"),
+    name: str = typer.Option("", "--name"),
+    as_json: bool = typer.Option(False, "--json"),
+    url: str = _URL,
+) -> None:
+    """List your jobs (an admin token: everyone's)."""
+    from urllib.parse import urlencode
+
+    from rich.table import Table
+
+    q = urlencode({k: v for k, v in (("state", state), ("name", name)) if v})
+    jobs = _call(url, "GET", "/jobs" + (f"?{q}" if q else ""))["jobs"]
+    if as_json:
+        print(json.dumps(jobs, indent=2))
+        return
+    t = Table("id", "tenant", "state", "substate", "prio", "shape", "restarts", "placement")
+    for j in jobs:
+        t.add_row(
+            j["id"], j["tenant"], j["state"], j["substate"], str(j["priority"]),
+            f"{j['nodes']}x{j['gpus_per_node']}", str(j["restarts"]), ",".join(j["placement"]),
+        )  # fmt: skip
+    _console().print(t)
+
+
+@app.command("show")
+def show_cmd(job_id: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json"), url: str = _URL) -> None:
+    """A job's detail: state, checkpoint facts, restarts and its state history."""
+    from rich.table import Table
+
+    j = _call(url, "GET", f"/jobs/{job_id}")
+    if as_json:
+        print(json.dumps(j, indent=2))
+        return
+    c = _console()
+    c.print(f"[bold]{j['id']}[/bold] {j['state']} ({j['substate']}) epoch {j['epoch']} restarts {j['restarts']}")
+    c.print(f"checkpoint: {json.dumps(j['checkpoint'])}")
+    t = Table("t", "event", "details")
+    for r in j["history"]:
+        rest = {k: v for k, v in r.items() if k not in ("t", "event", "job", "candidates")}
+        t.add_row(f"{r['t']:.2f}", r["event"], json.dumps(rest))
+    c.print(t)
+
+
+@app.command("cancel")
+def cancel_cmd(job_id: str = typer.Argument(...), url: str = _URL) -> None:
+    """Cancel a job (a running one is asked to leave, then released)."""
+    r = _call(url, "POST", f"/jobs/{job_id}/cancel")
+    print(f"{r['id']} {r['state']} {r['substate']}")
+
+
+@app.command("events")
+def events_cmd(
+    since: int = typer.Option(0, "--since", help="Start after this sequence number."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming new records."),
+    url: str = _URL,
+) -> None:
+    """The event log as JSONL (the simulator's schema): pipe it into `goodput sched check`."""
+    r = _call(url, "GET", f"/events?since={since}&follow={'true' if follow else 'false'}", stream=True)
+    with r:
+        for line in r:
+            print(line.decode().rstrip("\n"), flush=True)

@@ -29,6 +29,7 @@ import math
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -268,6 +269,9 @@ class Store:
             "CREATE TABLE IF NOT EXISTS nodes (name TEXT PRIMARY KEY, body TEXT NOT NULL)",
             "CREATE TABLE IF NOT EXISTS tenants (name TEXT PRIMARY KEY, body TEXT NOT NULL)",
             f"CREATE TABLE IF NOT EXISTS events (seq {self.seq_type} PRIMARY KEY, body TEXT NOT NULL)",
+            # the service's bearer tokens, by their sha256 only: a leaked store leaks no usable token
+            "CREATE TABLE IF NOT EXISTS tokens (hash TEXT PRIMARY KEY, tenant TEXT NOT NULL, role TEXT NOT NULL,"
+            " job TEXT NOT NULL, created REAL NOT NULL)",
         ]
 
     def _prepare(self) -> None:
@@ -434,6 +438,30 @@ class Store:
     def _insert(self, cur: Any, table: str, cols: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
         sql = f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
         cur.executemany(self._sql(sql), rows)
+
+    # -- tokens (goodput.sched.service) -------------------------------------------------------------------
+
+    def add_token(self, digest: str, tenant: str, role: str, job: str = "") -> None:
+        """Remember a token by its hash; ``role`` is tenant, admin or job (then ``job`` names the one it reports for)."""
+        if role not in ("tenant", "admin", "job"):
+            raise ValueError(f"token role must be tenant, admin or job, got {role!r}")
+        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+            raise ValueError("a token is stored as its sha256 hex digest (64 lowercase hex characters)")
+        with self._use(), self._transaction(write=True) as cur:
+            cur.execute(
+                self._sql(
+                    "INSERT INTO tokens (hash, tenant, role, job, created) VALUES (?, ?, ?, ?, ?)"
+                    " ON CONFLICT (hash) DO NOTHING"
+                ),
+                (digest, tenant, role, job, time.time()),
+            )
+
+    def token(self, digest: str) -> tuple[str, str, str] | None:
+        """(tenant, role, job) of the token with this hash, or None."""
+        with self._use(), self._transaction(write=False) as cur:
+            cur.execute(self._sql("SELECT tenant, role, job FROM tokens WHERE hash = ?"), (digest,))
+            row = cur.fetchone()
+        return None if row is None else (str(row[0]), str(row[1]), str(row[2]))
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 

@@ -1,0 +1,397 @@
+"""The local executor: each job's command as its own process group on slots of this machine.
+
+A "node" of the scheduler is a slot of the local machine; node ``i`` of a pool of ``g`` GPUs per
+node owns the device indices ``i*g .. i*g+g-1``, and a job gets the lowest free ones on each of its
+nodes (``CUDA_VISIBLE_DEVICES``). Each run is started through a tiny supervisor
+(``python -m goodput.sched.local --status FILE -- CMD...``) that leads the process group, ignores the
+preemption signals itself (so the group can be signalled as a whole), waits for the command and
+writes its exit status to a file. That file is why a service killed with SIGKILL loses nothing: a
+restarted service cannot ``waitpid`` a process it did not fork, but it can re-adopt the group from
+the run record (pid, pgid, process start time) and read the exit status from the file once the
+supervisor is gone.
+
+Exit statuses reported to the scheduler: 0 → ``finished``; 75 (``goodput.ckpt.PREEMPTED_EXIT``) →
+``preempted``; the group killed by us → ``killed``; any other status → ``failed``. A group that
+vanished without a status file and without our kill (its slot was lost: something outside killed it)
+is reported through ``on_lost`` so the service can account it as an infrastructure loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .model import Job
+
+PREEMPTED_EXIT = 75  # goodput.ckpt.PREEMPTED_EXIT, repeated so the executor never imports torch
+SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+# the environment a job is started with (docs/PROTOCOL.md)
+ENV_JOB_ID = "GOODPUT_JOB_ID"
+ENV_EPOCH = "GOODPUT_JOB_EPOCH"
+ENV_URL = "GOODPUT_SCHED_URL"
+ENV_TOKEN = "GOODPUT_JOB_TOKEN"
+ENV_CKPT_ROOT = "GOODPUT_CKPT_ROOT"
+ENV_RESUME = "GOODPUT_RESUME_FROM_S"
+ENV_NOTICE = "GOODPUT_NOTICE_FILE"
+ENV_NODES = "GOODPUT_NODES"
+
+
+@dataclass
+class Run:
+    """One run (job, epoch) as recorded on disk: enough to re-adopt it after the service died."""
+
+    job: str
+    epoch: int
+    pid: int
+    pgid: int
+    create_time: float  # the supervisor's start time (psutil): a recycled pid is not our run
+    nodes: list[str]
+    devices: dict[str, list[int]]  # node -> device indices on it
+    log: str
+    status_file: str
+    notice_file: str
+    killed: bool = False  # we sent SIGKILL: its exit is "killed", never a lost slot
+    popen: subprocess.Popen | None = field(default=None, repr=False, compare=False)
+
+
+def _check_id(job_id: str) -> str:
+    if not SAFE_ID.match(job_id):
+        raise ValueError(f"job id {job_id!r} is not a safe file name ([A-Za-z0-9._-], at most 128)")
+    return job_id
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_atomic(path: Path, obj: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _proc_create_time(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+class LocalExecutor:
+    """Runs gangs as local process groups; a watcher thread reports their exits.
+
+    ``on_exit(job_id, epoch, status)`` and ``on_lost(job_id, epoch)`` are called from the watcher
+    thread; the caller takes its own lock there (the service does). ``token_for(job)`` mints the
+    run's own bearer token for commit reports.
+    """
+
+    def __init__(
+        self,
+        state_dir: str | os.PathLike,
+        *,
+        url: str = "",
+        gpus_per_node: dict[str, int] | None = None,
+        token_for: Callable[[Job], str] | None = None,
+        on_exit: Callable[[str, int, str], None] | None = None,
+        on_lost: Callable[[str, int], None] | None = None,
+        poll_s: float = 0.1,
+    ) -> None:
+        self.dir = Path(state_dir)
+        self.runs_dir = self.dir / "runs"
+        self.logs_dir = self.dir / "logs"
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        self.url = url
+        self.gpus_per_node = dict(gpus_per_node or {})
+        self.token_for = token_for
+        self.on_exit = on_exit
+        self.on_lost = on_lost
+        self.poll_s = poll_s
+        self.runs: dict[str, Run] = {}  # job id -> its current run
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ the Executor protocol
+
+    def start(self, job: Job, nodes: tuple[str, ...], resume_from_s: float) -> None:
+        """Never raises into the scheduler's pass: a run that cannot start is recorded as failed (127)."""
+        try:
+            self._start(job, nodes, resume_from_s)
+        except Exception as e:  # noqa: BLE001 - the pass must go on; the failure is the job's
+            name = f"{job.id}.{job.epoch}" if SAFE_ID.match(job.id) else f"invalid.{job.epoch}"
+            status = self.runs_dir / f"{name}.status"
+            _write_atomic(status, {"rc": 127, "t": time.time(), "error": str(e)})
+            run = Run(job.id, job.epoch, 0, 0, 0.0, list(nodes), {}, "", str(status), str(status) + ".notice")
+            with self._lock:
+                self.runs[job.id] = run
+
+    def _start(self, job: Job, nodes: tuple[str, ...], resume_from_s: float) -> None:
+        _check_id(job.id)
+        if not job.command:
+            raise ValueError(f"job {job.id!r}: command is empty")
+        with self._lock:
+            old = self.runs.get(job.id)
+            if old is not None:  # a run the scheduler no longer counts (an uncommitted start): never two
+                self._killpg(old)
+            devices = self._devices(nodes, job.gpus_per_node)
+            name = f"{job.id}.{job.epoch}"
+            log = self.logs_dir / f"{name}.log"
+            status = self.runs_dir / f"{name}.status"
+            notice = self.runs_dir / f"{name}.notice"
+            for p in (status, notice):
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+            env = dict(os.environ)
+            env.update(
+                {
+                    ENV_JOB_ID: job.id,
+                    ENV_EPOCH: str(job.epoch),
+                    ENV_URL: self.url,
+                    ENV_TOKEN: self.token_for(job) if self.token_for is not None else "",
+                    ENV_CKPT_ROOT: job.ckpt_root,
+                    ENV_RESUME: repr(float(resume_from_s)),
+                    ENV_NOTICE: str(notice),
+                    ENV_NODES: ",".join(nodes),
+                    "CUDA_VISIBLE_DEVICES": ",".join(str(d) for n in nodes for d in devices[n]),
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(free_port()),
+                }
+            )
+            argv = [sys.executable, "-m", "goodput.sched.local", "--status", str(status), "--", *job.command]
+            with open(log, "ab") as out:
+                p = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                )
+            run = Run(
+                job=job.id,
+                epoch=job.epoch,
+                pid=p.pid,
+                pgid=p.pid,  # start_new_session: the supervisor leads its own group
+                create_time=_proc_create_time(p.pid) or 0.0,
+                nodes=list(nodes),
+                devices=devices,
+                log=str(log),
+                status_file=str(status),
+                notice_file=str(notice),
+                popen=p,
+            )
+            self.runs[job.id] = run
+            self._save(run)
+
+    def notify(self, job: Job, *, checkpoint: bool, deadline_s: float) -> None:
+        with self._lock:
+            run = self._current(job)
+            if run is None:
+                return
+            with contextlib.suppress(OSError):
+                _write_atomic(
+                    Path(run.notice_file), {"checkpoint": checkpoint, "deadline_s": deadline_s, "epoch": run.epoch}
+                )
+            # both mean "checkpoint and leave" to goodput.ckpt.Checkpointer; SIGTERM is the plain stop
+            sig = signal.SIGUSR1 if checkpoint else signal.SIGTERM
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(run.pgid, sig)
+
+    def kill(self, job: Job) -> None:
+        with self._lock:
+            run = self._current(job)
+            if run is None:
+                return
+            self._killpg(run)
+
+    # ------------------------------------------------------------------ re-adoption after a restart
+
+    def adopt(self, jobs: dict[str, Job]) -> dict[str, str]:
+        """Take back the run records a previous service left: ``{job id: "adopted" | "orphan killed"}``.
+
+        A run the scheduler still counts (running or preempting, same epoch) is adopted whether its
+        group is alive or already gone (the watcher then reports its exit from the status file). Any
+        other record is a start that never committed: its group is killed, so no job runs twice.
+        """
+        out: dict[str, str] = {}
+        with self._lock:
+            for path in sorted(self.runs_dir.glob("*.json")):
+                try:
+                    raw = json.loads(path.read_text(encoding="utf-8"))
+                    run = Run(**{k: raw[k] for k in Run.__dataclass_fields__ if k != "popen" and k in raw})
+                    _check_id(run.job)
+                except (OSError, ValueError, TypeError, KeyError):
+                    continue
+                job = jobs.get(run.job)
+                live = job is not None and job.epoch == run.epoch and job.state.value in ("running", "preempting")
+                if live and run.job not in self.runs:
+                    self.runs[run.job] = run
+                    out[run.job] = "adopted"
+                else:
+                    if self._alive(run):
+                        self._killpg(run)
+                    self._forget(run)
+                    out[run.job] = "orphan killed"
+        return out
+
+    # ------------------------------------------------------------------ the watcher
+
+    def start_watcher(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="goodput-local-executor", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        """Stop watching (the jobs keep running: a restarted service re-adopts them)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            self.poll()
+
+    def poll(self) -> int:
+        """Report every run observed gone; the number reported."""
+        with self._lock:
+            done = [r for r in self.runs.values() if not self._alive(r)]
+        for run in done:
+            status = self._status(run)
+            if status == "lost" and self.on_lost is not None:
+                self.on_lost(run.job, run.epoch)
+            elif self.on_exit is not None:
+                self.on_exit(run.job, run.epoch, "failed" if status == "lost" else status)
+            with self._lock:
+                if self.runs.get(run.job) is run:
+                    del self.runs[run.job]
+                self._forget(run)  # after the report: a crash in between re-reports, and the core ignores it
+        return len(done)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _current(self, job: Job) -> Run | None:
+        run = self.runs.get(job.id)
+        return run if run is not None and run.epoch == job.epoch else None
+
+    def _alive(self, run: Run) -> bool:
+        if run.popen is not None:
+            return run.popen.poll() is None
+        if run.pid <= 0:
+            return False
+        ct = _proc_create_time(run.pid)
+        if ct is None or (run.create_time and abs(ct - run.create_time) > 1.0):
+            return False
+        import psutil
+
+        try:
+            return psutil.Process(run.pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def _status(self, run: Run) -> str:
+        rc: int | None = None
+        try:
+            rc = int(json.loads(Path(run.status_file).read_text(encoding="utf-8"))["rc"])
+        except (OSError, ValueError, KeyError, TypeError):
+            rc = None
+        if rc is None and run.popen is not None and run.popen.returncode not in (None, -signal.SIGKILL):
+            rc = run.popen.returncode  # the supervisor itself failed
+        if rc is None or rc == -signal.SIGKILL:
+            return "killed" if run.killed else "lost"
+        if rc == 0:
+            return "finished"
+        if rc == PREEMPTED_EXIT:
+            return "preempted"
+        return "failed"
+
+    def _killpg(self, run: Run) -> None:
+        run.killed = True
+        self._save(run)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(run.pgid, signal.SIGKILL)
+
+    def _devices(self, nodes: tuple[str, ...], per_node: int) -> dict[str, list[int]]:
+        used: dict[str, set[int]] = {}
+        for r in self.runs.values():
+            for n, ds in r.devices.items():
+                used.setdefault(n, set()).update(ds)
+        out: dict[str, list[int]] = {}
+        for n in nodes:
+            base = _node_index(n) * self.gpus_per_node.get(n, per_node)
+            free = [d for d in range(base, base + self.gpus_per_node.get(n, per_node)) if d not in used.get(n, ())]
+            out[n] = free[:per_node]
+        return out
+
+    def _record_path(self, run: Run) -> Path:
+        return self.runs_dir / f"{run.job}.{run.epoch}.json"
+
+    def _save(self, run: Run) -> None:
+        d = {k: getattr(run, k) for k in Run.__dataclass_fields__ if k != "popen"}
+        _write_atomic(self._record_path(run), d)
+
+    def _forget(self, run: Run) -> None:
+        for p in (self._record_path(run), Path(run.status_file), Path(run.notice_file)):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+
+
+def _node_index(name: str) -> int:
+    tail = name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
+def read_notice(path: str | os.PathLike | None = None) -> dict | None:
+    """The preemption notice of this run, if one was written (the poll a job may do besides the signal)."""
+    p = path or os.environ.get(ENV_NOTICE)
+    if not p:
+        return None
+    try:
+        return json.loads(Path(p).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _supervise(argv: list[str]) -> int:
+    """Lead the group, pass signals by ignoring them here, wait, and write the command's exit status."""
+    if len(argv) < 4 or argv[0] != "--status" or argv[2] != "--":
+        print("usage: python -m goodput.sched.local --status FILE -- CMD [ARGS...]", file=sys.stderr)
+        return 2
+    status, cmd = Path(argv[1]), argv[3:]
+    # a Python-level handler (not SIG_IGN): exec resets it to the default in the child, which then
+    # installs its own (the Checkpointer's); the group's signal reaches the child directly
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: None)
+    try:
+        child = subprocess.Popen(cmd)
+    except OSError as e:
+        print(f"goodput.sched.local: cannot start {cmd[0]!r}: {e}", file=sys.stderr)
+        rc = 127
+    else:
+        rc = child.wait()
+    _write_atomic(status, {"rc": rc, "t": time.time()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_supervise(sys.argv[1:]))

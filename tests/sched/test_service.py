@@ -1,0 +1,296 @@
+"""The live service end to end: a real uvicorn server, real job processes, SQLite in a temp dir."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from goodput.sched.client import post_json
+from goodput.sched.example_job import expected_weights
+
+PY = sys.executable
+JOB = [PY, "-m", "goodput.sched.example_job"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PY, "-c", "from goodput.cli.main import app; app()", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
+
+
+class Server:
+    def __init__(self, tmp: Path, nodes: int = 1) -> None:
+        self.tmp = tmp
+        self.db = f"sqlite:///{tmp / 'sched.db'}"
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.nodes = nodes
+        self.proc: subprocess.Popen | None = None
+
+    def token(self, tenant: str, *extra: str) -> str:
+        r = _cli("sched", "token", "add", tenant, "--db", self.db, *extra)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip().splitlines()[-1]
+
+    def start(self) -> Server:
+        with open(self.tmp / "serve.log", "ab") as log:
+            self.proc = self._spawn(log)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/healthz", timeout=2) as r:
+                    self.health = json.loads(r.read())
+                    return self
+            except OSError:
+                assert self.proc.poll() is None, (self.tmp / "serve.log").read_text()
+                time.sleep(0.1)
+        raise AssertionError("service did not come up")
+
+    def _spawn(self, log) -> subprocess.Popen:  # noqa: ANN001
+        return subprocess.Popen(
+            [PY, "-c", "from goodput.cli.main import app; app()", "sched", "serve", "--db", self.db]
+            + ["--port", str(self.port), "--nodes", str(self.nodes), "--gpus-per-node", "1"]
+            + ["--state-dir", str(self.tmp / "state"), "--tick-s", "0.2"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def get(self, path: str, token: str) -> tuple[int, object]:
+        req = urllib.request.Request(self.url + path, headers={"Authorization": f"Bearer {token}"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                raw = r.read()
+                ctype = r.headers.get("content-type", "")
+                return r.status, raw.decode() if "ndjson" in ctype else json.loads(raw)
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
+    def post(self, path: str, body: dict, token: str) -> tuple[int, object]:
+        return post_json(self.url + path, body, token)
+
+    def wait_job(self, jid: str, token: str, pred, timeout: float = 30.0) -> dict:  # noqa: ANN001
+        deadline = time.monotonic() + timeout
+        while True:
+            code, j = self.get(f"/jobs/{jid}", token)
+            assert code == 200, j
+            if pred(j):
+                return j
+            assert time.monotonic() < deadline, json.dumps(j)[:3000]
+            time.sleep(0.1)
+
+
+@pytest.fixture
+def server(tmp_path):
+    servers: list[Server] = []
+
+    def make(nodes: int = 1) -> Server:
+        s = Server(tmp_path, nodes)
+        servers.append(s)
+        return s
+
+    yield make
+    for s in servers:
+        s.stop()
+    # leave no job processes behind
+    for rec in (tmp_path / "state" / "runs").glob("*.json") if (tmp_path / "state").exists() else ():
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            os.killpg(json.loads(rec.read_text())["pgid"], signal.SIGKILL)
+
+
+def _spec(root: Path, steps: int, **kw) -> dict:  # noqa: ANN003
+    body = {
+        "name": kw.pop("name", "train"),
+        "command": [*JOB, "--steps", str(steps), "--step-s", "0.02", "--interval", "10"],
+        "nodes": 1,
+        "gpus_per_node": 1,
+        "priority": 0,
+        "limit_s": 600,
+        "ckpt_root": str(root),
+        "grace_s": 20,
+    }
+    body.update(kw)
+    return body
+
+
+def _starts(root: Path) -> list[dict]:
+    return [json.loads(x) for x in (root / "starts.jsonl").read_text().splitlines()]
+
+
+def test_submit_runs_and_finishes(server, tmp_path):
+    s = server()
+    tok = s.token("alice")
+    s.start()
+    code, ans = s.post("/jobs", _spec(tmp_path / "a", 30), tok)
+    assert code == 201, ans
+    j = s.wait_job(ans["id"], tok, lambda j: j["state"] == "finished")
+    assert j["epoch"] == 1 and j["restarts"] == 0 and j["substate"] == "finished"
+    assert [h["event"] for h in j["history"]][:2] == ["submitted", "started"]
+    assert j["checkpoint"]["committed_s"] > 0  # the job's commit reports reached the core
+    assert j["checkpoint"]["last_report"]["step"] in (20, 30)
+    assert j["checkpoint"]["latest_on_disk"].endswith("step_000000030")
+    assert json.loads((tmp_path / "a" / "final.json").read_text())["w"] == expected_weights(30)
+    code, events = s.get("/events", tok)
+    recs = [json.loads(x) for x in events.splitlines()]
+    assert {"submitted", "started", "checkpoint_committed", "exited", "released", "finished"} <= {
+        r["event"] for r in recs
+    }
+    env = {"GOODPUT_TOKEN": tok}
+    r = _cli("sched", "ls", "--url", s.url, "--json", env=env)
+    assert r.returncode == 0 and json.loads(r.stdout)[0]["id"] == ans["id"], r.stderr
+    r = _cli("sched", "show", ans["id"], "--url", s.url, env=env)
+    assert r.returncode == 0 and "finished" in r.stdout, r.stderr
+    r = _cli("sched", "show", ans["id"], "--url", s.url, env={"GOODPUT_TOKEN": "gp_wrong"})
+    assert r.returncode != 0 and "401" in r.stderr
+    code, doc = s.get("/openapi.json", tok)
+    assert code == 200 and "/jobs/{job_id}" in doc["paths"]
+
+
+def test_higher_priority_preempts_and_the_victim_resumes_from_its_commit(server, tmp_path):
+    s = server(nodes=1)
+    tok = s.token("alice")
+    s.start()
+    low_root, high_root = tmp_path / "low", tmp_path / "high"
+    _, low = s.post("/jobs", _spec(low_root, 300, name="low", ckpt_interval_s=1, ckpt_write_s=0.5), tok)
+    s.wait_job(low["id"], tok, lambda j: j["state"] == "running" and j["checkpoint"]["committed_s"] > 0)
+    _, high = s.post("/jobs", _spec(high_root, 10, name="high", priority=10), tok)
+    s.wait_job(high["id"], tok, lambda j: j["state"] == "finished")
+    j = s.wait_job(low["id"], tok, lambda j: j["state"] == "finished", timeout=40)
+    assert j["preemptions"] == 1 and j["failures"] == 0 and j["epoch"] == 2
+    ev = [h["event"] for h in j["history"]]
+    assert ev.count("preempt_requested") == 1 and ev.count("requeued") == 1
+    pre = next(h for h in j["history"] if h["event"] == "preempt_requested")
+    assert pre["victim_of"] == high["id"] and pre["checkpoint"] is True
+    exited = [h["status"] for h in j["history"] if h["event"] == "exited"]
+    assert exited == ["preempted", "finished"]
+    starts = _starts(low_root)
+    assert [x["epoch"] for x in starts] == [1, 2]
+    assert starts[1]["restored_step"] > 0  # resumed from the committed checkpoint, not from scratch
+    assert json.loads((low_root / "final.json").read_text())["w"] == expected_weights(300)
+    # the high job started only after the victim was gone
+    hj = s.wait_job(high["id"], tok, lambda j: True)
+    t_start = next(h["t"] for h in hj["history"] if h["event"] == "started")
+    t_gone = next(h["t"] for h in j["history"] if h["event"] == "released")
+    assert t_gone <= t_start
+
+
+def test_auth_and_validation(server, tmp_path):
+    s = server()
+    alice, bob = s.token("alice"), s.token("bob")
+    s.start()
+    assert s.get("/jobs", "")[0] == 401
+    assert s.get("/jobs", "gp_wrong")[0] == 401
+    assert s.post("/jobs", _spec(tmp_path / "x", 5), "gp_wrong")[0] == 401
+    code, ans = s.post("/jobs", _spec(tmp_path / "a", 400), alice)
+    assert code == 201
+    jid = ans["id"]
+    assert s.get(f"/jobs/{jid}", bob)[0] == 404
+    assert s.post(f"/jobs/{jid}/cancel", {}, bob)[0] == 404
+    assert s.get("/jobs", bob)[1]["jobs"] == []
+    assert s.get(f"/jobs/{jid}", alice)[1]["state"] != "cancelled"  # bob changed nothing
+    # bad specs: 422 naming the field
+    for bad, field in (
+        ({"nodes": 0}, "nodes"),
+        ({"command": []}, "command"),
+        ({"gpus_per_node": 2}, "gpus_per_node"),  # no pool offers 2 GPUs per node
+        ({"ckpt_root": "relative/dir"}, "ckpt_root"),
+        ({"limit_s": -1}, "limit_s"),
+        ({"colour": "red"}, "colour"),
+    ):
+        code, err = s.post("/jobs", _spec(tmp_path / "y", 5, **bad), alice)
+        assert code == 422, (bad, err)
+        assert any(field in d["loc"] for d in err["detail"]), (bad, err)
+    # a stale epoch, and a job token reporting for another job, are rejected
+    s.wait_job(jid, alice, lambda j: j["state"] == "running")
+    code, ans = s.post(f"/jobs/{jid}/commits", {"epoch": 7, "progress_s": 1.0}, alice)
+    assert code == 409 and "stale epoch" in ans["reason"]
+    from goodput.sched.service import new_token
+    from goodput.sched.store import open_store
+
+    with open_store(s.db) as store:
+        other_job = new_token(store, "alice", "job", "other.00000000")
+    code, ans = s.post(f"/jobs/{jid}/commits", {"epoch": 1, "progress_s": 1.0}, other_job)
+    assert code == 403
+    assert s.get("/jobs", other_job)[0] == 403  # a job token reports commits, nothing else
+    code, ans = s.post(f"/jobs/{jid}/cancel", {}, alice)
+    assert code == 200
+    s.wait_job(jid, alice, lambda j: j["state"] == "cancelled")
+
+
+def test_service_killed_and_restarted_readopts_the_running_job(server, tmp_path):
+    s = server()
+    tok = s.token("alice")
+    s.start()
+    root = tmp_path / "a"
+    _, ans = s.post("/jobs", _spec(root, 200), tok)
+    jid = ans["id"]
+    s.wait_job(jid, tok, lambda j: j["state"] == "running" and j["checkpoint"]["committed_s"] > 0)
+    s.kill9()
+    s2 = server()
+    s2.port, s2.url = s.port, s.url  # the jobs know the service by this URL
+    s2.start()
+    assert s2.health["restored"] is True and s2.health["adopted"] == {jid: "adopted"}
+    j = s2.wait_job(jid, tok, lambda j: j["state"] == "finished", timeout=40)
+    assert j["epoch"] == 1 and j["restarts"] == 0  # the same run, never started twice
+    assert len(_starts(root)) == 1
+    assert json.loads((root / "final.json").read_text())["w"] == expected_weights(200)
+    code, events = s2.get("/events", tok)
+    recs = [json.loads(x) for x in events.splitlines()]
+    assert sum(1 for r in recs if r["event"] == "started") == 1
+    assert sum(1 for r in recs if r["event"] == "submitted") == 1
+
+
+def test_tokens_are_stored_as_hashes_on_both_backends(store_url):
+    from goodput.sched.service import digest, new_token
+    from goodput.sched.store import open_store
+
+    with open_store(store_url) as store:
+        tok = new_token(store, "alice")
+        adm = new_token(store, "ops", "admin")
+        assert store.token(digest(tok)) == ("alice", "tenant", "")
+        assert store.token(digest(adm)) == ("ops", "admin", "")
+        assert store.token(tok) is None  # the token itself is not a key: only its hash is stored
+        with pytest.raises(ValueError, match="tenant"):
+            new_token(store, "../evil")
+    with open_store(store_url) as store:  # durable, and the other tables still open as before
+        assert store.token(digest(tok)) == ("alice", "tenant", "")
+        assert store.load().jobs == {}
+
+
+def test_token_add_prints_the_token_alone_on_its_last_line(tmp_path):
+    r = _cli("sched", "token", "add", "alice", "--db", f"sqlite:///{tmp_path / 's.db'}")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1].startswith("gp_") and len(r.stdout.strip().splitlines()) == 1

@@ -110,6 +110,7 @@ class Job:
     # a live executor's fields (the simulator leaves them empty)
     command: tuple[str, ...] = ()
     ckpt_root: str = ""
+    name: str = ""  # what the user called it (ids are the service's)
 
     @property
     def gpus(self) -> int:

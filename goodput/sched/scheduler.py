@@ -350,18 +350,23 @@ class Scheduler:
         self._flush()
         return job
 
+    def commit_rejection(self, job_id: str, epoch: int, progress_s: float) -> str:
+        """Why a commit report would be rejected now ('' if it would be taken); changes nothing."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return "unknown job"
+        if job.state not in (JobState.RUNNING, JobState.PREEMPTING):
+            return f"job is {job.state.value}"
+        if epoch != job.epoch:
+            return f"stale epoch {epoch} (current {job.epoch})"
+        if not math.isfinite(progress_s) or progress_s < job.committed_s:
+            return f"progress {progress_s} is behind the committed {job.committed_s}"
+        return ""
+
     def report_commit(self, job_id: str, epoch: int, progress_s: float) -> bool:
         """A job's checkpoint committed: its resume point advances, if the report is current."""
         job = self.jobs.get(job_id)
-        reason = ""
-        if job is None:
-            reason = "unknown job"
-        elif job.state not in (JobState.RUNNING, JobState.PREEMPTING):
-            reason = f"job is {job.state.value}"
-        elif epoch != job.epoch:
-            reason = f"stale epoch {epoch} (current {job.epoch})"
-        elif not math.isfinite(progress_s) or progress_s < job.committed_s:
-            reason = f"progress {progress_s} is behind the committed {job.committed_s}"
+        reason = self.commit_rejection(job_id, epoch, progress_s)
         if reason:
             self._emit(ev.COMMIT_REJECTED, job=job_id, epoch=epoch, progress_s=progress_s, reason=reason)
             self._flush()
@@ -376,11 +381,12 @@ class Scheduler:
         return True
 
     def report_exit(self, job_id: str, epoch: int, status: str) -> None:
-        """The job's processes are observed gone with ``status``: finished, preempted, failed, killed."""
+        """The job's processes are observed gone with ``status``: finished, preempted, failed, killed,
+        or lost (vanished with no status and no kill asked: an infrastructure loss, not a failure)."""
         job = self.jobs.get(job_id)
         if job is None or epoch != job.epoch or job.state not in (JobState.RUNNING, JobState.PREEMPTING):
             return  # an exit of a run already accounted for: nothing is bound to it any more
-        if status not in ("finished", "preempted", "failed", "killed"):
+        if status not in ("finished", "preempted", "failed", "killed", "lost"):
             raise SchedulerError(f"job {job_id!r}: unknown exit status {status!r}")
         now = self.clock.now()
         self._emit(ev.EXITED, job=job_id, epoch=epoch, status=status)
@@ -407,6 +413,10 @@ class Scheduler:
             self._move(job, "left", "queued")
             job.preemptions += 1
             self._requeue(job, "preempted")
+        elif status == "lost":
+            self._move(job, "lost", "queued")
+            job.infra_losses += 1
+            self._requeue(job, "infrastructure")
         else:
             job.failures += 1
             if job.failures > job.retry.max_failures:

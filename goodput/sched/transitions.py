@@ -56,6 +56,13 @@ EDGES: tuple[Edge, ...] = (
         "requeued as a preemption, the retry budget untouched",
     ),
     Edge(
+        R,
+        "lost",
+        P,
+        "its processes vanished with no exit status and no kill of ours (their host or container went): "
+        "released now that they are gone, requeued as an infrastructure loss, the retry budget untouched",
+    ),
+    Edge(
         X,
         "gone",
         P,

@@ -1012,3 +1012,29 @@ def test_submit_in_the_future_waits_until_due() -> None:
     b.at(50).s.advance()
     b.tick()
     assert b.new() == [("started", "later", (N0,), 0.0)]
+
+
+def test_a_run_lost_without_a_status_is_an_infrastructure_loss_not_a_failure() -> None:
+    # v's processes vanish (host gone, no exit status, no kill asked): released, requeued as an
+    # infrastructure loss from its last commit, the retry budget untouched
+    b = Bench(nodes=1)
+    b.submit("v", limit=1000, ckpt=CKPT)
+    b.tick()
+    b.at(100).commit("v", 90.0)
+    b.at(150).exit("v", "lost")
+    b.tick()
+    assert b.new() == [
+        ("submitted", "v"),
+        ("started", "v", (N0,), 0.0),
+        ("checkpoint_committed", "v", 90.0),
+        ("exited", "v", "lost"),
+        ("released", "v", (N0,)),
+        ("requeued", "v", "infrastructure", 90.0),
+        ("started", "v", (N0,), 90.0),
+    ]
+    v = b.job("v")
+    assert (v.infra_losses, v.failures, v.preemptions, v.epoch) == (1, 0, 0, 2)
+    assert b.s.commit_rejection("v", 1, 95.0) == "stale epoch 1 (current 2)"
+    assert b.s.commit_rejection("v", 2, 80.0).startswith("progress 80.0 is behind")
+    assert b.s.commit_rejection("v", 2, 95.0) == "" and b.job("v").committed_s == 90.0  # it changes nothing
+    b.assert_clean()

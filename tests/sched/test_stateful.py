@@ -364,6 +364,10 @@ class Oracle:
             cur.take("requeued", job=jid, reason="preempted", resume_from_s=j.committed)
             j.preemptions += 1
             self.requeue(j)
+        elif status == "lost":
+            cur.take("requeued", job=jid, reason="infrastructure", resume_from_s=j.committed)
+            j.infra += 1
+            self.requeue(j)
         else:
             j.failures += 1
             if j.failures > j.spec.retry.max_failures:
@@ -579,7 +583,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.job_ids(*ACTIVE))
     @rule(
         pick=st.integers(0, 10**6),
-        status=st.sampled_from(["finished", "finished", "preempted", "failed", "killed"]),
+        status=st.sampled_from(["finished", "finished", "preempted", "failed", "killed", "lost"]),
         then_tick=st.booleans(),
     )
     def exit(self, pick: int, status: str, then_tick: bool = False) -> None:

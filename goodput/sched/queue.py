@@ -25,7 +25,7 @@ class _Entry:
 
 
 class PendingQueue:
-    __slots__ = ("_fifo", "_short", "_class_short", "_count", "_member", "_levels", "_token", "_prios")
+    __slots__ = ("_fifo", "_short", "_class_short", "_class_count", "_count", "_member", "_levels", "_token", "_prios")
 
     def __init__(self) -> None:
         self._fifo: dict[Key, list[tuple[float, int, str, int]]] = {}
@@ -33,6 +33,7 @@ class PendingQueue:
         # the same across tenants, per (priority, class): when even its shortest job is too long to
         # backfill, every tenant's key of the class is, and a pass skips them all at once
         self._class_short: dict[tuple[int, Class], list[tuple[float, float, int, str, int]]] = {}
+        self._class_count: dict[tuple[int, Class], int] = {}
         self._count: dict[Key, int] = {}
         self._member: dict[str, _Entry] = {}
         self._levels: dict[int, dict[str, set[Class]]] = {}  # priority -> tenant -> non-empty classes
@@ -56,6 +57,7 @@ class PendingQueue:
         heapq.heappush(self._fifo[key], (submit_s, seq, job_id, self._token))
         heapq.heappush(self._short[key], (limit_s, submit_s, seq, job_id, self._token))
         heapq.heappush(self._class_short.setdefault((priority, cls), []), (limit_s, submit_s, seq, job_id, self._token))
+        self._class_count[(priority, cls)] = self._class_count.get((priority, cls), 0) + 1
         self._count[key] += 1
         if self._count[key] == 1:
             level = self._levels.get(priority)
@@ -70,6 +72,10 @@ class PendingQueue:
             return False
         key = entry.key
         self._count[key] -= 1
+        pc = (key[0], key[2])
+        self._class_count[pc] -= 1
+        if not self._class_count[pc]:  # the class is empty at this priority: its heap goes with it
+            del self._class_count[pc], self._class_short[pc]
         if self._count[key] == 0:
             prio, tenant, cls = key
             del self._fifo[key], self._short[key], self._count[key]
@@ -114,8 +120,6 @@ class PendingQueue:
             if self._live(job_id, token):
                 return limit_s
             heapq.heappop(heap)
-        if heap is not None:
-            del self._class_short[(priority, cls)]
         return None
 
     def priorities(self) -> list[int]:

@@ -104,6 +104,9 @@ class Scheduler:
         self._unheld: dict[str, int] = dict.fromkeys(self.cap.pools, 0)
         self._freed_evictable: dict[str, dict[int, int]] = {p: {} for p in self.cap.pools}
         self._no_victims: dict[tuple, int] = {}
+        # the reservation the _no_victims entries made under one belong to: entries of another go
+        # when it changes, so a release is judged against the reservation its entries excluded
+        self._memo_reservation: Reservation | None = None
         self._reservation_cache: tuple | None = None
         self._pass_below: dict[tuple[str, int], int] = {}
         self._outside: dict[tuple, tuple[int, int]] = {}
@@ -587,8 +590,9 @@ class Scheduler:
         quota_blocked: set[tuple[str, Class]] = set()
         held_off: set[tuple[int, str, Class]] = set()  # keys whose jobs are all too long for the reservation
         long_failed: dict[tuple[int, Class], int] = {}  # (priority, class) -> self._mutations when it failed
-        # (priority, class) -> self._mutations when every tenant's key of the class was too long
-        held_off_classes: dict[tuple[int, Class], int] = {}
+        # (priority, class) whose every tenant's key is too long for the reservation: as held_off,
+        # for the rest of the pass (nothing in a pass frees GPUs for a job that failed to place)
+        held_off_classes: set[tuple[int, Class]] = set()
         reservation: Reservation | None = None
         halted = False
         pools = list(self.cap.pools)
@@ -614,7 +618,7 @@ class Scheduler:
                 if heads is None:
                     heads = []
                     for cls in level.get(tn, ()):
-                        if cls in blocked or held_off_classes.get((prio, cls)) == self._mutations:
+                        if cls in blocked or (prio, cls) in held_off_classes:
                             continue
                         h = self.queue.head((prio, tn, cls))
                         if h is not None:
@@ -628,7 +632,7 @@ class Scheduler:
                         cls in blocked
                         or (tn, cls) in quota_blocked
                         or (prio, tn, cls) in held_off
-                        or held_off_classes.get((prio, cls)) == self._mutations
+                        or (prio, cls) in held_off_classes
                     ):
                         heapq.heappop(heads)
                         continue
@@ -684,7 +688,7 @@ class Scheduler:
                             held_off.add((prio, tn, cls))  # too long here; other keys' short jobs may fit
                             shortest = self.queue.class_shortest(prio, cls)
                             if shortest is None or now + shortest > reservation.t:
-                                held_off_classes[(prio, cls)] = self._mutations  # no tenant's is short enough
+                                held_off_classes.add((prio, cls))  # no tenant's is short enough
                 heapq.heappush(heap, (tenant.share(), tn))
         self.reservation = reservation
         self._flush()
@@ -793,10 +797,17 @@ class Scheduler:
         """Would a victim search pass over this running job (a node of it claimed, leaving or in a
         reservation a search may exclude)?"""
         bad = self.cap.held_back(job.pool)
-        for r in (self.reservation, self._reservation_cache[1] if self._reservation_cache else None):
-            if r is not None and r.pool == job.pool:
-                bad |= r.nodes
+        r = self._memo_reservation
+        if r is not None and r.pool == job.pool:
+            bad |= r.nodes
         return bool(bad) and not bad.isdisjoint(job.placement)
+
+    def _memo_for(self, reservation: Reservation | None) -> None:
+        """Forget failed searches made under another reservation than ``reservation``."""
+        if reservation is not None and reservation != self._memo_reservation:
+            if self._memo_reservation is not None:
+                self._no_victims = {k: v for k, v in self._no_victims.items() if k[4] is None}
+            self._memo_reservation = reservation
 
     def _gained(self, pool: str, prio: int) -> int:
         """Node-releases in the pool that can make a node reachable for a search at ``prio``."""
@@ -870,17 +881,18 @@ class Scheduler:
             if any(n <= job.nodes and g_ <= job.gpus_per_node and p >= prio for n, g_, p in failed):
                 continue
             memo = (pool, job.nodes, job.gpus_per_node, prio, reservation)
+            self._memo_for(reservation)
             gained = self._gained(pool, prio)
             if gained < self._no_victims.get(memo, -1):
                 continue
             if len(self._no_victims) > 100_000:
                 self._no_victims.clear()
             shape = (job.nodes, job.gpus_per_node, prio)
+            excluded = reservation.nodes if reservation is not None and reservation.pool == pool else frozenset()
             if below + self.cap.free_gpus(pool) < job.gpus:
                 self._no_victims[memo] = gained + 1
                 failed.append(shape)
                 continue
-            excluded = reservation.nodes if reservation is not None and reservation.pool == pool else frozenset()
             upper = self.cap.reachable(pool, prio, job.gpus_per_node)
             if upper is not None and upper < job.nodes:  # even with every job below gone: no scan
                 self._no_victims[memo] = gained + (job.nodes - upper)

@@ -17,7 +17,9 @@ app.add_typer(bench.app, name="bench", help="Measure against baselines run in th
 def demo(
     workdir: str = typer.Option("", help="Where to write (default: a temporary directory, removed after)."),
     part: str = typer.Option(
-        "all", help="all | train (kill and resume) | reshard (4 ranks to 3 and 1) | sched (the scheduler)."
+        "all",
+        help="all | train (kill and resume) | reshard (4 ranks to 3 and 1) | sched (the scheduler) "
+        "| live (the live service preempts a real job and resumes it).",
     ),
     mtbf: str = typer.Option("3.09h", help="Job MTBI for the recommended interval."),
 ) -> None:
@@ -26,6 +28,10 @@ def demo(
         from goodput.demo_sched import run_sched_demo
 
         raise typer.Exit(run_sched_demo(workdir or None))
+    if part == "live":
+        from goodput.demo_live import run_live_demo
+
+        raise typer.Exit(run_live_demo(workdir or None))
     if part == "reshard":
         from goodput.demo_reshard import run_reshard_demo
 
@@ -37,6 +43,10 @@ def demo(
         from goodput.demo_sched import run_sched_demo
 
         code = run_sched_demo(None)
+    if part == "all" and code == 0:
+        from goodput.demo_live import run_live_demo
+
+        code = run_live_demo(None)  # about 12 s on 2 cores
     raise typer.Exit(code)
 
 

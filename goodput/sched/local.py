@@ -11,9 +11,9 @@ the run record (pid, pgid, process start time) and read the exit status from the
 supervisor is gone.
 
 Exit statuses reported to the scheduler: 0 → ``finished``; 75 (``goodput.ckpt.PREEMPTED_EXIT``) →
-``preempted``; the group killed by us → ``killed``; any other status → ``failed``. A group that
+``preempted``; the group killed by us → ``killed``; any other status → ``failed``; a group that
 vanished without a status file and without our kill (its slot was lost: something outside killed it)
-is reported through ``on_lost`` so the service can account it as an infrastructure loss.
+→ ``lost``, which the core accounts as an infrastructure loss (``running --lost--> pending``).
 """
 
 from __future__ import annotations
@@ -99,8 +99,8 @@ def _proc_create_time(pid: int) -> float | None:
 class LocalExecutor:
     """Runs gangs as local process groups; a watcher thread reports their exits.
 
-    ``on_exit(job_id, epoch, status)`` and ``on_lost(job_id, epoch)`` are called from the watcher
-    thread; the caller takes its own lock there (the service does). ``token_for(job)`` mints the
+    ``on_exit(job_id, epoch, status)`` is called from the watcher thread, ``status`` one of
+    finished, preempted, failed, killed, lost (``Scheduler.report_exit``'s words); the caller takes its own lock there (the service does). ``token_for(job)`` mints the
     run's own bearer token for commit reports.
     """
 
@@ -112,7 +112,6 @@ class LocalExecutor:
         gpus_per_node: dict[str, int] | None = None,
         token_for: Callable[[Job], str] | None = None,
         on_exit: Callable[[str, int, str], None] | None = None,
-        on_lost: Callable[[str, int], None] | None = None,
         poll_s: float = 0.1,
     ) -> None:
         self.dir = Path(state_dir)
@@ -124,7 +123,6 @@ class LocalExecutor:
         self.gpus_per_node = dict(gpus_per_node or {})
         self.token_for = token_for
         self.on_exit = on_exit
-        self.on_lost = on_lost
         self.poll_s = poll_s
         self.runs: dict[str, Run] = {}  # job id -> its current run
         self._lock = threading.RLock()
@@ -278,10 +276,8 @@ class LocalExecutor:
             done = [r for r in self.runs.values() if not self._alive(r)]
         for run in done:
             status = self._status(run)
-            if status == "lost" and self.on_lost is not None:
-                self.on_lost(run.job, run.epoch)
-            elif self.on_exit is not None:
-                self.on_exit(run.job, run.epoch, "failed" if status == "lost" else status)
+            if self.on_exit is not None:
+                self.on_exit(run.job, run.epoch, status)
             with self._lock:
                 if self.runs.get(run.job) is run:
                     del self.runs[run.job]

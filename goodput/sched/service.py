@@ -136,7 +136,6 @@ class Service:
             gpus_per_node=gpn,
             token_for=self._job_token,
             on_exit=self._on_exit,
-            on_lost=self._on_lost,
             poll_s=poll_s,
         )
         snap = self.store.load()
@@ -184,21 +183,6 @@ class Service:
             self.sched.report_exit(job_id, epoch, status)
         self.wake.set()
 
-    def _on_lost(self, job_id: str, epoch: int) -> None:
-        """A group gone with no exit status and no kill of ours: its slots were lost (infrastructure).
-
-        The core has no "slot lost" input for one job; a node loss of its nodes followed by the exit and
-        the nodes' return accounts it as an infrastructure loss (victim_of node_loss), not a failure.
-        """
-        with self.lock:
-            job = self.sched.jobs.get(job_id)
-            if job is not None and job.epoch == epoch and job.state in (JobState.RUNNING, JobState.PREEMPTING):
-                nodes = list(job.placement)
-                self.sched.node_lost(nodes)
-                self.sched.report_exit(job_id, epoch, "killed")
-                self.sched.node_up(nodes)
-        self.wake.set()
-
     def _job_token(self, job: Job) -> str:
         return new_token(self.store, job.tenant, "job", job.id)
 
@@ -229,7 +213,7 @@ class Service:
     def view(self, job: Job, *, detail: bool = False) -> dict[str, Any]:
         d: dict[str, Any] = {
             "id": job.id,
-            "name": job.id.rsplit(".", 1)[0],
+            "name": job.name,
             "tenant": job.tenant,
             "state": job.state.value,
             "substate": job.substate,
@@ -316,6 +300,7 @@ def create_app(svc: Service) -> FastAPI:
                 ),
                 command=tuple(spec.command),
                 ckpt_root=root,
+                name=spec.name,
             )
             job.retry.max_failures = spec.max_failures
             try:
@@ -345,7 +330,7 @@ def create_app(svc: Service) -> FastAPI:
                     continue
                 if state and j.state.value != state or tenant and j.tenant != tenant:
                     continue
-                if name and j.id.rsplit(".", 1)[0] != name:
+                if name and j.name != name:
                     continue
                 out.append(svc.view(j))
                 if len(out) >= limit:
@@ -376,10 +361,12 @@ def create_app(svc: Service) -> FastAPI:
             raise HTTPException(403, "this token reports for another job")
         with svc.lock:
             job = svc.own_job(c, job_id)
+            reason = svc.sched.commit_rejection(job.id, rep.epoch, rep.progress_s)
             ok = svc.sched.report_commit(job.id, rep.epoch, rep.progress_s)
             if ok:
                 svc.last_commit[job.id] = rep.model_dump()
-            reason = "" if ok else (svc.sched.log.records[-1].get("reason", "") if svc.sched.log.records else "")
+            elif not reason:  # the core refused for a reason its dry run did not give: say so, never ''
+                reason = "rejected"
         return JSONResponse({"accepted": ok, "reason": reason}, status_code=200 if ok else 409)
 
     @app.get("/cluster")

@@ -40,9 +40,9 @@ def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 
 class Server:
-    def __init__(self, tmp: Path, nodes: int = 1) -> None:
+    def __init__(self, tmp: Path, nodes: int = 1, db: str = "") -> None:
         self.tmp = tmp
-        self.db = f"sqlite:///{tmp / 'sched.db'}"
+        self.db = db or f"sqlite:///{tmp / 'sched.db'}"
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.nodes = nodes
@@ -117,8 +117,8 @@ class Server:
 def server(tmp_path):
     servers: list[Server] = []
 
-    def make(nodes: int = 1) -> Server:
-        s = Server(tmp_path, nodes)
+    def make(nodes: int = 1, db: str = "") -> Server:
+        s = Server(tmp_path, nodes, db)
         servers.append(s)
         return s
 
@@ -144,6 +144,33 @@ def _spec(root: Path, steps: int, **kw) -> dict:  # noqa: ANN003
     }
     body.update(kw)
     return body
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request, tmp_path):
+    """The service's store: SQLite in the test's dir, or a fresh database on the session's PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'sched.db'}"
+    return request.getfixturevalue("fresh_pg_url")  # skips with its reason where the server is absent
+
+
+def _restart(server, old: Server) -> Server:  # noqa: ANN001
+    """A new service process on the old one's store, state dir and port (the jobs know it by its URL)."""
+    s2 = server(nodes=old.nodes, db=old.db)
+    s2.port, s2.url = old.port, old.url
+    return s2.start()
+
+
+def _run_record(tmp: Path, jid: str, epoch: int) -> dict:
+    return json.loads((tmp / "state" / "runs" / f"{jid}.{epoch}.json").read_text())
+
+
+def _group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
 
 
 def _starts(root: Path) -> list[dict]:
@@ -250,8 +277,8 @@ def test_auth_and_validation(server, tmp_path):
     s.wait_job(jid, alice, lambda j: j["state"] == "cancelled")
 
 
-def test_service_killed_and_restarted_readopts_the_running_job(server, tmp_path):
-    s = server()
+def test_service_killed_and_restarted_readopts_the_running_job(server, tmp_path, db):
+    s = server(db=db)
     tok = s.token("alice")
     s.start()
     root = tmp_path / "a"
@@ -259,9 +286,7 @@ def test_service_killed_and_restarted_readopts_the_running_job(server, tmp_path)
     jid = ans["id"]
     s.wait_job(jid, tok, lambda j: j["state"] == "running" and j["checkpoint"]["committed_s"] > 0)
     s.kill9()
-    s2 = server()
-    s2.port, s2.url = s.port, s.url  # the jobs know the service by this URL
-    s2.start()
+    s2 = _restart(server, s)
     assert s2.health["restored"] is True and s2.health["adopted"] == {jid: "adopted"}
     j = s2.wait_job(jid, tok, lambda j: j["state"] == "finished", timeout=40)
     assert j["epoch"] == 1 and j["restarts"] == 0  # the same run, never started twice
@@ -294,3 +319,123 @@ def test_token_add_prints_the_token_alone_on_its_last_line(tmp_path):
     r = _cli("sched", "token", "add", "alice", "--db", f"sqlite:///{tmp_path / 's.db'}")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1].startswith("gp_") and len(r.stdout.strip().splitlines()) == 1
+
+
+def test_cli_submit_ls_cancel_and_events(server, tmp_path):
+    from goodput.sched.checker import check
+
+    s = server()
+    tok = s.token("alice")
+    s.start()
+    env = {"GOODPUT_TOKEN": tok}
+    root = tmp_path / "cli"
+    r = _cli(
+        "sched", "submit", "--name", "cli", "--ckpt-root", str(root), "--grace-s", "20", "--url", s.url,
+        "--", *JOB, "--steps", "2000", "--step-s", "0.02", "--interval", "10",
+        env=env,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    jid = r.stdout.strip().splitlines()[-1]
+    assert jid.startswith("cli.")
+    j = s.wait_job(jid, tok, lambda j: j["state"] == "running" and j["checkpoint"]["committed_s"] > 0)
+    assert j["name"] == "cli" and j["ckpt_root"] == str(root) and j["command"][:3] == JOB
+    r = _cli("sched", "ls", "--name", "cli", "--json", "--url", s.url, env=env)
+    assert r.returncode == 0 and [x["id"] for x in json.loads(r.stdout)] == [jid], r.stderr
+    r = _cli("sched", "ls", "--name", "other", "--json", "--url", s.url, env=env)
+    assert r.returncode == 0 and json.loads(r.stdout) == [], r.stderr
+    pgid = _run_record(tmp_path, jid, 1)["pgid"]
+    r = _cli("sched", "cancel", jid, "--url", s.url, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[:2] == [jid, "preempting"]  # asked to leave; not cancelled before it is gone
+    j = s.wait_job(jid, tok, lambda j: j["state"] == "cancelled")
+    assert _group_gone(pgid)
+    ev = [h["event"] for h in j["history"]]
+    assert ev.index("preempt_requested") < ev.index("exited") < ev.index("released") < ev.index("cancelled")
+    assert next(h for h in j["history"] if h["event"] == "preempt_requested")["victim_of"] == "cancel"
+    assert [h["status"] for h in j["history"] if h["event"] == "exited"] == ["preempted"]  # it checkpointed
+    r = _cli("sched", "cancel", jid, "--url", s.url, env=env)  # already over: nothing changes
+    assert r.returncode == 0 and r.stdout.split()[:2] == [jid, "cancelled"], r.stderr
+    r = _cli("sched", "events", "--url", s.url, env=env)
+    assert r.returncode == 0, r.stderr
+    recs = [json.loads(x) for x in r.stdout.splitlines()]
+    mine = [x["event"] for x in recs if x.get("job") == jid]
+    assert mine[0] == "submitted" and mine[-1] == "cancelled" and mine.count("cancelled") == 1
+    assert check(recs, {"local-00000": 1}).total == 0
+    r = _cli("sched", "cancel", "nosuch.00000000", "--url", s.url, env=env)
+    assert r.returncode != 0 and "404" in r.stderr
+
+
+def test_a_group_killed_from_outside_is_an_infrastructure_loss_and_resumes(server, tmp_path):
+    s = server()
+    tok = s.token("alice")
+    s.start()
+    root = tmp_path / "a"
+    _, ans = s.post("/jobs", _spec(root, 300, ckpt_interval_s=1, ckpt_write_s=0.5), tok)
+    jid = ans["id"]
+    s.wait_job(jid, tok, lambda j: j["state"] == "running" and j["checkpoint"]["committed_s"] > 0)
+    os.killpg(_run_record(tmp_path, jid, 1)["pgid"], signal.SIGKILL)  # its "slot" went, no kill of ours
+    j = s.wait_job(jid, tok, lambda j: j["state"] == "finished", timeout=40)
+    assert j["infra_losses"] == 1 and j["failures"] == 0 and j["preemptions"] == 0 and j["epoch"] == 2
+    assert [h["status"] for h in j["history"] if h["event"] == "exited"] == ["lost", "finished"]
+    assert [h["reason"] for h in j["history"] if h["event"] == "requeued"] == ["infrastructure"]
+    starts = _starts(root)
+    assert [x["epoch"] for x in starts] == [1, 2] and starts[1]["restored_step"] > 0
+    assert json.loads((root / "final.json").read_text())["w"] == expected_weights(300)
+
+
+# the victim ignores the preemption signals, so its preemption stays in flight until the deadline's SIGKILL;
+# its second run (epoch 2) just finishes
+STUBBORN = (
+    "import os, signal, sys, time\n"
+    "if os.environ['GOODPUT_JOB_EPOCH'] != '1': sys.exit(0)\n"
+    "for s in (signal.SIGUSR1, signal.SIGTERM): signal.signal(s, lambda *a: None)\n"
+    "open(os.path.join(os.environ['GOODPUT_CKPT_ROOT'], 'ready'), 'w').close()\n"
+    "time.sleep(300)\n"
+)
+
+
+def test_a_preemption_in_flight_survives_a_service_sigkill(server, tmp_path, db):
+    from goodput.sched.checker import check
+
+    s = server(db=db)
+    tok, ops = s.token("alice"), s.token("ops", "--admin")
+    s.start()
+    low_root, high_root = tmp_path / "low", tmp_path / "high"
+    low_spec = _spec(low_root, 0, name="low", command=[PY, "-c", STUBBORN], grace_s=8)
+    _, low = s.post("/jobs", low_spec, tok)
+    s.wait_job(low["id"], tok, lambda j: j["state"] == "running" and (low_root / "ready").exists())
+    pgid = _run_record(tmp_path, low["id"], 1)["pgid"]
+    _, high = s.post("/jobs", _spec(high_root, 5, name="high", priority=10), tok)
+    before = s.wait_job(low["id"], tok, lambda j: j["state"] == "preempting")
+    assert before["deadline_s"] is not None and before["victim_of"] == high["id"]
+    s.kill9()  # mid-preemption: the victim was signalled, its deadline not yet reached
+    s2 = _restart(server, s)
+    assert s2.health["restored"] is True and s2.health["adopted"] == {low["id"]: "adopted"}
+    assert not _group_gone(pgid) or time.time() >= before["deadline_s"]  # the restart killed nothing early
+    after = s2.get(f"/jobs/{low['id']}", tok)[1]
+    if time.time() < before["deadline_s"] - 0.5:  # normally the case: the restart takes less than the grace
+        assert after["state"] == "preempting" and after["substate"] == before["substate"]
+        assert after["deadline_s"] == before["deadline_s"] and after["victim_of"] == high["id"]
+        assert s2.get(f"/jobs/{high['id']}", tok)[1]["state"] == "pending"  # its slot is not free yet
+    lj = s2.wait_job(low["id"], tok, lambda j: j["state"] == "finished", timeout=30)
+    hj = s2.wait_job(high["id"], tok, lambda j: j["state"] == "finished", timeout=30)
+    assert _group_gone(pgid)
+    assert lj["epoch"] == 2 and lj["preemptions"] == 1 and lj["failures"] == 0
+    assert [h["status"] for h in lj["history"] if h["event"] == "exited"] == ["killed", "finished"]
+    assert [h["event"] for h in lj["history"]].count("preempt_requested") == 1  # not asked twice
+    gone = next(h for h in lj["history"] if h["event"] == "exited")
+    assert gone["t"] >= before["deadline_s"]  # killed by the restored deadline, not before it
+    t_released = next(h["t"] for h in lj["history"] if h["event"] == "released")
+    t_high = next(h["t"] for h in hj["history"] if h["event"] == "started")
+    assert t_released <= t_high  # the preemptor started only after the victim was gone
+    assert [x["epoch"] for x in _starts(high_root)] == [1]
+    code, events = s2.get("/events", ops)
+    recs = [json.loads(x) for x in events.splitlines()]
+    assert check(recs, {"local-00000": 1}).total == 0  # no double booking, nothing lost, across the kill
+    assert sum(1 for r in recs if r["event"] == "submitted") == 2
+
+
+def test_demo_live_passes_its_checks(tmp_path):
+    r = _cli("demo", "--part", "live", "--workdir", str(tmp_path / "demo"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "all checks passed" in r.stdout

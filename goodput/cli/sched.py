@@ -174,15 +174,23 @@ def _finite(x):  # noqa: ANN001, ANN202
 def check_cmd(
     events: Path = typer.Argument(..., help="An event log (JSONL)."),
     cluster: str = typer.Option("", "--cluster", help="Cluster JSON giving node capacities (default: synthetic)."),
+    nodes: int = typer.Option(0, "--nodes", help="A live service's local slots (as `serve --nodes`), no --cluster."),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="With --nodes, as `serve --gpus-per-node`."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Replay an event log with the independent checker and count invariant violations."""
     from goodput.sched import workload as W
+    from goodput.sched.capacity import Capacity
     from goodput.sched.checker import check_file
 
     try:
-        cl = W.read_cluster_json(cluster) if cluster else W.synthetic_cluster()
-        rep = check_file(events, cl.capacity())
+        if cluster:
+            capacity = W.read_cluster_json(cluster).capacity()
+        elif nodes:
+            capacity = {n.name: n.gpus for n in Capacity.build_nodes(_pools("", nodes, gpus_per_node))}
+        else:
+            capacity = W.synthetic_cluster().capacity()
+        rep = check_file(events, capacity)
     except (W.WorkloadError, OSError, ValueError) as e:
         _fail(str(e))
     if as_json:

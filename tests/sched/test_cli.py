@@ -170,3 +170,24 @@ def test_docs_state_the_table_and_the_columns():
         assert f"`{event}`" in doc, event
     for key in ("tick_p50_ms", "tick_p99_ms", "growth_100k_over_10k", "speedup_vs_full_sort", "sim_events_per_s"):
         assert key in doc
+
+
+def test_check_takes_a_live_services_slots(tmp_path: Path) -> None:
+    """A live service's log names its local slots; `check --nodes/--gpus-per-node` knows them."""
+    from goodput.sched.executor import ManualClock, RecordingExecutor
+    from goodput.sched.model import Job
+    from goodput.sched.scheduler import Scheduler
+    from goodput.sched.service import local_pools
+
+    clock = ManualClock(0.0)
+    s = Scheduler(local_pools(2, 1), clock=clock, executor=RecordingExecutor())
+    s.submit(Job("a", "t", 0, 2, 1, submit_s=0.0, limit_s=10.0))
+    s.tick()
+    clock.t = 5.0
+    s.report_exit("a", 1, "finished")
+    log = tmp_path / "ev.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in s.log.records))
+    ok = runner.invoke(app, ["sched", "check", str(log), "--nodes", "2", "--gpus-per-node", "1"])
+    assert ok.exit_code == 0 and "no violations" in ok.output, ok.output
+    wrong = runner.invoke(app, ["sched", "check", str(log)])  # the synthetic cluster has no such slots
+    assert wrong.exit_code == 1 and "not_all_or_nothing" in wrong.output

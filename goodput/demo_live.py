@@ -13,6 +13,7 @@ Exits non-zero if a check fails.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -193,13 +195,42 @@ def run_live_demo(workdir: str | None = None) -> int:
             os.environ["PYTHONPATH"] = old_pp
         if own:
             shutil.rmtree(base, ignore_errors=True)
+    return report_checks(checks)
+
+
+def report_checks(checks: list[tuple[str, bool, str]]) -> int:
+    """Print the checks table; 0 if every check passed, else 1 (also used by goodput.demo_sched_live)."""
     t = Table("check", "", "details", title="checks", title_justify="left")
     for what, ok, detail in checks:
         t.add_row(what, "[green]ok[/green]" if ok else "[red]FAILED[/red]", detail)
     console.print(t)
-    ok = all(c[1] for c in checks)
+    ok = bool(checks) and all(c[1] for c in checks)
     console.rule("[green]all checks passed" if ok else "[red]a check failed")
     return 0 if ok else 1
+
+
+@contextlib.contextmanager
+def job_pythonpath() -> Iterator[None]:
+    """Jobs started from here import goodput as this process does (PYTHONPATH), restored after."""
+    old_pp = os.environ.get("PYTHONPATH")
+    pkg_root = str(Path(__file__).resolve().parents[1])
+    os.environ["PYTHONPATH"] = pkg_root + (os.pathsep + old_pp if old_pp else "")
+    try:
+        yield
+    finally:
+        if old_pp is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old_pp
+
+
+def get(url: str, token: str) -> Any:
+    """GET with a bearer token: JSON decoded, JSONL as text."""
+    return _get(url, token)
+
+
+def events_of(url: str, token: str) -> list[dict]:
+    return [json.loads(x) for x in _get(f"{url}/events", token).splitlines()]
 
 
 if __name__ == "__main__":

@@ -204,3 +204,39 @@ def sched_cmd(
     _emit(out, as_json, render)
     if strict and not out["pass"]:
         raise typer.Exit(1)
+
+
+@app.command("serve")
+def serve_cmd(
+    jobs: int = typer.Option(10_000, "--jobs", help="Submissions (POST /jobs)."),
+    clients: int = typer.Option(16, "--clients", help="Concurrent clients (threads, one keep-alive connection each)."),
+    nodes: int = typer.Option(4, "--nodes", help="Nodes of the local cluster (all drained: every job queues)."),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node"),
+    tick_s: float = typer.Option(1.0, "--tick-s", help="The service's longest wait between passes."),
+    directory: str = typer.Option("", "--dir", help="Where the store and state go (a temporary directory under it)."),
+    keep: bool = typer.Option(False, "--keep", help="Keep the store, state and serve.log."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object with every number."),
+    strict: bool = typer.Option(False, "--strict", help="Exit 1 when a goal is missed."),
+) -> None:
+    """The live service on SQLite: submissions/s, latency p50/p99, tick p99; then SIGKILL, restart, 0 lost."""
+    from rich.console import Console
+
+    from goodput.bench.serve import render, run
+
+    with Console(stderr=True).status("starting") as status:
+        try:
+            out = run(
+                jobs,
+                clients,
+                nodes=nodes,
+                gpus_per_node=gpus_per_node,
+                tick_s=tick_s,
+                directory=directory or None,
+                keep=keep,
+                on_step=status.update,
+            )
+        except (RuntimeError, ValueError, OSError) as e:
+            _fail(e)
+    _emit(out, as_json, render)
+    if strict and not out["pass"]:
+        raise typer.Exit(1)

@@ -22,8 +22,17 @@ def demo(
         "| live (the live service preempts a real job and resumes it).",
     ),
     mtbf: str = typer.Option("3.09h", help="Job MTBI for the recommended interval."),
+    sched_live: bool = typer.Option(
+        False,
+        "--sched",
+        help="Three torchrun jobs share 4 slots of the live service; a preemption, a resize, a service SIGKILL.",
+    ),
 ) -> None:
     """Train with async checkpoints, kill a rank, resume on one, check every byte; then reshard."""
+    if sched_live:
+        from goodput.demo_sched_live import run_sched_live_demo
+
+        raise typer.Exit(run_sched_live_demo(workdir or None))
     if part == "sched":
         from goodput.demo_sched import run_sched_demo
 

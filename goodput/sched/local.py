@@ -10,6 +10,14 @@ restarted service cannot ``waitpid`` a process it did not fork, but it can re-ad
 the run record (pid, pgid, process start time) and read the exit status from the file once the
 supervisor is gone.
 
+Multi-worker runs: a gang of K slots gets one command, typically ``torchrun ...``; the environment
+(:func:`launch_env`) makes a plain command rank 0 of world size 1 and gives torchrun its defaults
+(one node, K workers, 127.0.0.1 and a free port). torchrun starts each worker in a session of its
+own, so notices and kills go to every descendant of the supervisor, not only to its group; the
+supervisor is the child subreaper, waits for every process of the run (the slots are released only
+after that) and reads a launcher that died on SIGUSR1 while each of its workers left with 75 as a
+preemption (:func:`exit_status`).
+
 Exit statuses reported to the scheduler: 0 → ``finished``; 75 (``goodput.ckpt.PREEMPTED_EXIT``) →
 ``preempted``; the group killed by us → ``killed``; any other status → ``failed``; a group that
 vanished without a status file and without our kill (its slot was lost: something outside killed it)
@@ -46,6 +54,8 @@ ENV_CKPT_ROOT = "GOODPUT_CKPT_ROOT"
 ENV_RESUME = "GOODPUT_RESUME_FROM_S"
 ENV_NOTICE = "GOODPUT_NOTICE_FILE"
 ENV_NODES = "GOODPUT_NODES"
+ENV_SLOTS = "GOODPUT_SLOTS"
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
 
 @dataclass
@@ -171,10 +181,9 @@ class LocalExecutor:
                     ENV_NOTICE: str(notice),
                     ENV_NODES: ",".join(nodes),
                     "CUDA_VISIBLE_DEVICES": ",".join(str(d) for n in nodes for d in devices[n]),
-                    "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(free_port()),
                 }
             )
+            env.update(launch_env(len(nodes) * job.gpus_per_node, free_port()))
             argv = [sys.executable, "-m", "goodput.sched.local", "--status", str(status), "--", *job.command]
             with open(log, "ab") as out:
                 p = subprocess.Popen(
@@ -212,8 +221,7 @@ class LocalExecutor:
                 )
             # both mean "checkpoint and leave" to goodput.ckpt.Checkpointer; SIGTERM is the plain stop
             sig = signal.SIGUSR1 if checkpoint else signal.SIGTERM
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(run.pgid, sig)
+            self._signal_tree(run, sig)
 
     def kill(self, job: Job) -> None:
         with self._lock:
@@ -321,9 +329,44 @@ class LocalExecutor:
             return "preempted"
         return "failed"
 
+    def _descendants(self, run: Run) -> list:
+        """The run's processes below its supervisor (a launcher's workers may sit in sessions of their own)."""
+        import psutil
+
+        if run.pid <= 0 or not self._alive(run):
+            return []
+        try:
+            return psutil.Process(run.pid).children(recursive=True)
+        except psutil.Error:
+            return []
+
+    def _signal_tree(self, run: Run, sig: int) -> None:
+        """``sig`` to every process of the run once: its group, and each descendant outside it.
+
+        torchrun starts each worker in a session of its own, so a signal to the group alone would
+        reach torchrun but never its workers. The supervisor ignores the signal itself.
+        """
+        import psutil
+
+        procs = self._descendants(run)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(run.pgid, sig)
+        for p in procs:
+            try:
+                if os.getpgid(p.pid) != run.pgid:
+                    p.send_signal(sig)
+            except (psutil.Error, ProcessLookupError, PermissionError):
+                pass
+
     def _killpg(self, run: Run) -> None:
+        import psutil
+
         run.killed = True
         self._save(run)
+        for _ in range(2):  # workers first (the supervisor, a subreaper, holds any orphan meanwhile)
+            for p in self._descendants(run):
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(run.pgid, signal.SIGKILL)
 
@@ -368,8 +411,72 @@ def read_notice(path: str | os.PathLike | None = None) -> dict | None:
         return None
 
 
+def launch_env(slots: int, port: int) -> dict[str, str]:
+    """What a run is started with for launching one or several workers (docs/SCHED.md).
+
+    A plain command is one process: rank 0 of world size 1 (``WORLD_SIZE=1``, ``RANK=0``,
+    ``LOCAL_RANK=0``, ``LOCAL_WORLD_SIZE=1``) with ``MASTER_ADDR=127.0.0.1`` and a free
+    ``MASTER_PORT``, enough for ``init_process_group("gloo")`` of one. A launcher such as
+    ``torchrun`` overrides RANK/WORLD_SIZE/LOCAL_RANK/MASTER_PORT in its workers itself; the
+    ``PET_*`` variables are torchrun's defaults for its own flags (explicit flags win): one node
+    (``PET_NNODES=1``, ``PET_NODE_RANK=0``), ``PET_NPROC_PER_NODE`` = the run's slots, and the
+    same address and free port (torchrun's own default, 29500, would collide between jobs).
+    ``GOODPUT_SLOTS`` is the number of slots (GPUs) the run was given.
+    """
+    return {
+        ENV_SLOTS: str(slots),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": "1",
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "PET_NNODES": "1",
+        "PET_NODE_RANK": "0",
+        "PET_NPROC_PER_NODE": str(max(1, slots)),
+        "PET_MASTER_ADDR": "127.0.0.1",
+        "PET_MASTER_PORT": str(port),
+    }
+
+
+def _subreaper() -> bool:
+    """Become the child subreaper (Linux): orphaned descendants are reparented to us, not to init."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _reap_orphans() -> list[int]:
+    """Wait for every remaining descendant reparented to us; their exit statuses (as Popen's)."""
+    out: list[int] = []
+    while True:
+        try:
+            _, st = os.wait()
+        except ChildProcessError:
+            return out
+        except InterruptedError:
+            continue
+        out.append(os.waitstatus_to_exitcode(st))
+
+
+def exit_status(command_rc: int, orphans: list[int]) -> int:
+    """The run's status from its command's and its orphaned workers'.
+
+    A launcher killed by the preemption signal (torchrun has no handler for SIGUSR1, and exits 1
+    whenever a worker exits non-zero) leaves its workers to us: when every one of them left with 75
+    after checkpointing, the run was preempted, whatever the launcher's own status.
+    """
+    if command_rc not in (0, PREEMPTED_EXIT) and orphans and all(c == PREEMPTED_EXIT for c in orphans):
+        return PREEMPTED_EXIT
+    return command_rc
+
+
 def _supervise(argv: list[str]) -> int:
-    """Lead the group, pass signals by ignoring them here, wait, and write the command's exit status."""
+    """Lead the group, pass signals by ignoring them here, wait for the whole tree, write the status."""
     if len(argv) < 4 or argv[0] != "--status" or argv[2] != "--":
         print("usage: python -m goodput.sched.local --status FILE -- CMD [ARGS...]", file=sys.stderr)
         return 2
@@ -378,14 +485,19 @@ def _supervise(argv: list[str]) -> int:
     # installs its own (the Checkpointer's); the group's signal reaches the child directly
     for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: None)
+    reaper = _subreaper()
+    orphans: list[int] = []
     try:
         child = subprocess.Popen(cmd)
     except OSError as e:
         print(f"goodput.sched.local: cannot start {cmd[0]!r}: {e}", file=sys.stderr)
-        rc = 127
+        crc = 127
     else:
-        rc = child.wait()
-    _write_atomic(status, {"rc": rc, "t": time.time()})
+        crc = child.wait()
+        if reaper:  # the run is over only when every process of it is: slots are released after that
+            orphans = _reap_orphans()
+    rc = exit_status(crc, orphans)
+    _write_atomic(status, {"rc": rc, "command_rc": crc, "orphans": orphans, "t": time.time()})
     return 0
 
 

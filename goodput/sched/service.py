@@ -27,6 +27,7 @@ import re
 import secrets
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ log = logging.getLogger("goodput.sched.service")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$")
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}\.[0-9a-f]{8}$")
 NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+CALLER_CACHE = 100_000  # token hashes remembered after their first lookup
 
 
 def digest(token: str) -> str:
@@ -129,6 +131,10 @@ class Service:
         self.store = open_store(db)
         self.pools = pools
         self.last_commit: dict[str, dict[str, Any]] = {}
+        # token hash -> caller, filled on a token's first successful lookup: tokens are never revoked or
+        # changed in the store, so a hit stays right, and a request no longer reads the store to
+        # authenticate; an unknown hash is not cached (a token added later by the CLI works at once)
+        self._callers: dict[str, Caller] = {}
         gpn = {f"{p.name}-{i:05d}": p.gpus_per_node for p in pools for i in range(p.nodes)}
         self.executor = LocalExecutor(
             self.state_dir,
@@ -148,6 +154,8 @@ class Service:
                 self.sched.save_all()
                 self.restored = False
             self.adopted = self.executor.adopt(self.sched.jobs)
+        # (wall end, pass seconds, lock wait seconds) of recent loop iterations that ran a pass: GET /stats
+        self.pass_times: deque[tuple[float, float, float]] = deque(maxlen=100_000)
         self._stop = threading.Event()
         self._loop = threading.Thread(target=self._run, name="goodput-sched-loop", daemon=True)
 
@@ -166,10 +174,20 @@ class Service:
         while not self._stop.is_set():
             nxt = math.inf
             try:
+                t0 = time.perf_counter()
                 with self.lock:
-                    self.sched.advance()
+                    t1 = time.perf_counter()
+                    passes = self.sched.passes
+                    if self.sched.next_timer() <= self.sched.clock.now():
+                        # only when a timer is due: advance() always commits (its meta), an fsync that
+                        # would otherwise be paid, under the lock, on every wake-up
+                        self.sched.advance()
                     self.sched.tick()
                     nxt = self.sched.next_timer()
+                    ran = self.sched.passes != passes
+                    t2 = time.perf_counter()
+                if ran:
+                    self.pass_times.append((time.time(), t2 - t1, t1 - t0))
             except Exception:  # noqa: BLE001 - one bad pass must not stop the service; it is logged
                 log.exception("scheduling pass failed")
             wait = self.tick_s if not math.isfinite(nxt) else max(0.01, min(self.tick_s, nxt - time.time()))
@@ -194,10 +212,17 @@ class Service:
         tok = authorization[len("Bearer ") :].strip()
         if not tok or len(tok) > 256:
             raise HTTPException(401, "unknown token", headers={"WWW-Authenticate": "Bearer"})
-        found = self.store.token(digest(tok))
+        h = digest(tok)
+        hit = self._callers.get(h)
+        if hit is not None:
+            return hit
+        found = self.store.token(h)
         if found is None:
             raise HTTPException(401, "unknown token", headers={"WWW-Authenticate": "Bearer"})
-        return Caller(*found)
+        if len(self._callers) >= CALLER_CACHE:  # job tokens are minted per run: keep the cache bounded
+            self._callers.clear()
+        self._callers[h] = c = Caller(*found)
+        return c
 
     def own_job(self, caller: Caller, job_id: str) -> Job:
         """The job if the caller may see it; 404 otherwise, so another tenant's ids are not disclosed."""
@@ -260,27 +285,36 @@ class Service:
 def create_app(svc: Service) -> FastAPI:
     app = FastAPI(title="goodput.sched", version="1", description="The checkpoint-aware scheduler's live service.")
 
-    def caller(authorization: str | None = Header(None)) -> Caller:
+    # async: FastAPI runs a plain ``def`` dependency in its thread pool, one hand-off per dependency
+    # per request; these only hash the token and read the in-memory cache (the store on a token's
+    # first use), so they run on the event loop and a request makes one hand-off (its endpoint)
+    async def caller(authorization: str | None = Header(None)) -> Caller:
         return svc.caller(authorization)
 
-    def admin(c: Caller = Depends(caller)) -> Caller:
+    async def admin(c: Caller = Depends(caller)) -> Caller:
         if c.role != "admin":
             raise HTTPException(403, "an admin token is required")
         return c
 
-    def person(c: Caller = Depends(caller)) -> Caller:
+    async def person(c: Caller = Depends(caller)) -> Caller:
         if c.role == "job":
             raise HTTPException(403, "a job token may only report its own commits")
         return c
 
-    @app.post("/jobs", status_code=201)
-    def submit(spec: JobSpec, c: Caller = Depends(person)) -> dict[str, Any]:
+    # answers a JSONResponse itself: FastAPI serialises a plain ``def`` endpoint's returned dict in its
+    # thread pool, a second hand-off per request on the hottest endpoint
+    @app.post("/jobs", status_code=201, response_class=JSONResponse)
+    def submit(spec: JobSpec, c: Caller = Depends(person)) -> JSONResponse:
         if spec.ckpt_root and not Path(spec.ckpt_root).is_absolute():
             raise _field_error("ckpt_root", "must be an absolute path")
         if any(not a or "\x00" in a for a in spec.command):
             raise _field_error("command", "arguments must be non-empty strings without NUL")
         job_id = f"{spec.name}.{secrets.token_hex(4)}"
         root = spec.ckpt_root or str(svc.state_dir / "ckpt" / job_id)
+        try:  # before taking the lock: a filesystem call need not hold up the scheduler
+            Path(root).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise _field_error("ckpt_root", f"cannot create {root!r}: {e.strerror}") from None
         with svc.lock:
             now = svc.sched.clock.now()
             job = Job(
@@ -304,16 +338,12 @@ def create_app(svc: Service) -> FastAPI:
             )
             job.retry.max_failures = spec.max_failures
             try:
-                Path(root).mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise _field_error("ckpt_root", f"cannot create {root!r}: {e.strerror}") from None
-            try:
                 svc.sched.submit(job)
             except SchedulerError as e:
                 field = "gpus_per_node" if "GPUs" in str(e) else "nodes"
                 raise _field_error(field, str(e)) from None
         svc.wake.set()
-        return {"id": job_id, "state": job.state.value}
+        return JSONResponse({"id": job_id, "state": job.state.value}, status_code=201)
 
     @app.get("/jobs")
     def list_jobs(
@@ -445,6 +475,18 @@ def create_app(svc: Service) -> FastAPI:
         svc.wake.set()
         return {"node": name, "health": Health.UP.value}
 
+    @app.get("/stats")
+    def stats(since: float = Query(0.0, ge=0), c: Caller = Depends(admin)) -> dict[str, Any]:
+        """Scheduling passes of the loop thread that ended at or after ``since`` (unix seconds): how long
+        each held the lock (advance + tick + their store commits) and how long it waited for it."""
+        rows = [r for r in list(svc.pass_times) if r[0] >= since]
+        return {
+            "passes": len(rows),
+            "pass_ms": _dist([r[1] for r in rows]),
+            "lock_wait_ms": _dist([r[2] for r in rows]),
+            "kept": svc.pass_times.maxlen,
+        }
+
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:
         return {"ok": True, "restored": svc.restored, "adopted": svc.adopted}
@@ -454,6 +496,18 @@ def create_app(svc: Service) -> FastAPI:
         return JSONResponse({"detail": str(exc)}, status_code=409)
 
     return app
+
+
+def _dist(xs: list[float]) -> dict[str, float | None]:
+    """p50 / p99 / max / mean in milliseconds of durations in seconds (nearest rank; None when empty)."""
+    if not xs:
+        return {"p50": None, "p99": None, "max": None, "mean": None}
+    xs = sorted(xs)
+
+    def pct(q: float) -> float:
+        return 1000 * xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]
+
+    return {"p50": pct(0.50), "p99": pct(0.99), "max": 1000 * xs[-1], "mean": 1000 * sum(xs) / len(xs)}
 
 
 def local_pools(nodes: int, gpus_per_node: int, name: str = "local") -> list[Pool]:

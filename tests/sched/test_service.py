@@ -102,7 +102,7 @@ class Server:
     def post(self, path: str, body: dict, token: str) -> tuple[int, object]:
         return post_json(self.url + path, body, token)
 
-    def wait_job(self, jid: str, token: str, pred, timeout: float = 30.0) -> dict:  # noqa: ANN001
+    def wait_job(self, jid: str, token: str, pred, timeout: float = 90.0) -> dict:  # noqa: ANN001
         deadline = time.monotonic() + timeout
         while True:
             code, j = self.get(f"/jobs/{jid}", token)
@@ -215,7 +215,7 @@ def test_higher_priority_preempts_and_the_victim_resumes_from_its_commit(server,
     s.wait_job(low["id"], tok, lambda j: j["state"] == "running" and j["checkpoint"]["committed_s"] > 0)
     _, high = s.post("/jobs", _spec(high_root, 10, name="high", priority=10), tok)
     s.wait_job(high["id"], tok, lambda j: j["state"] == "finished")
-    j = s.wait_job(low["id"], tok, lambda j: j["state"] == "finished", timeout=40)
+    j = s.wait_job(low["id"], tok, lambda j: j["state"] == "finished", timeout=90)
     assert j["preemptions"] == 1 and j["failures"] == 0 and j["epoch"] == 2
     ev = [h["event"] for h in j["history"]]
     assert ev.count("preempt_requested") == 1 and ev.count("requeued") == 1
@@ -288,7 +288,7 @@ def test_service_killed_and_restarted_readopts_the_running_job(server, tmp_path,
     s.kill9()
     s2 = _restart(server, s)
     assert s2.health["restored"] is True and s2.health["adopted"] == {jid: "adopted"}
-    j = s2.wait_job(jid, tok, lambda j: j["state"] == "finished", timeout=40)
+    j = s2.wait_job(jid, tok, lambda j: j["state"] == "finished", timeout=90)
     assert j["epoch"] == 1 and j["restarts"] == 0  # the same run, never started twice
     assert len(_starts(root)) == 1
     assert json.loads((root / "final.json").read_text())["w"] == expected_weights(200)
@@ -374,7 +374,7 @@ def test_a_group_killed_from_outside_is_an_infrastructure_loss_and_resumes(serve
     jid = ans["id"]
     s.wait_job(jid, tok, lambda j: j["state"] == "running" and j["checkpoint"]["committed_s"] > 0)
     os.killpg(_run_record(tmp_path, jid, 1)["pgid"], signal.SIGKILL)  # its "slot" went, no kill of ours
-    j = s.wait_job(jid, tok, lambda j: j["state"] == "finished", timeout=40)
+    j = s.wait_job(jid, tok, lambda j: j["state"] == "finished", timeout=90)
     assert j["infra_losses"] == 1 and j["failures"] == 0 and j["preemptions"] == 0 and j["epoch"] == 2
     assert [h["status"] for h in j["history"] if h["event"] == "exited"] == ["lost", "finished"]
     assert [h["reason"] for h in j["history"] if h["event"] == "requeued"] == ["infrastructure"]

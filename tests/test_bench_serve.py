@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+import time
+import urllib.error
+import urllib.request
 
-import pytest
 from typer.testing import CliRunner
 
 from goodput.cli.main import app
@@ -43,22 +46,42 @@ def test_cli_json_small(tmp_path) -> None:
     assert not list(tmp_path.iterdir())  # the work directory is removed without --keep
 
 
-@pytest.mark.filterwarnings("ignore:Using `httpx`")  # starlette's TestClient on this httpx
-def test_stats_is_admin_only(tmp_path) -> None:
-    from fastapi.testclient import TestClient
+def _get(url: str, token: str) -> tuple[int, dict]:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, {}
 
+
+def test_stats_is_admin_only(tmp_path) -> None:
+    """On a real uvicorn server in this process: /stats answers admins only, tokens are cached."""
+    import uvicorn
+
+    from goodput.sched.local import free_port
     from goodput.sched.service import Service, create_app, local_pools, new_token
 
-    svc = Service(f"sqlite:///{tmp_path / 's.db'}", local_pools(1, 1), state_dir=tmp_path / "state", url="http://x")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    svc = Service(f"sqlite:///{tmp_path / 's.db'}", local_pools(1, 1), state_dir=tmp_path / "state", url=url)
     svc.start()
+    server = uvicorn.Server(uvicorn.Config(create_app(svc), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
     try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.05)
         tenant, admin = new_token(svc.store, "a"), new_token(svc.store, "root", "admin")
-        client = TestClient(create_app(svc))
-        assert client.get("/stats", headers={"Authorization": f"Bearer {tenant}"}).status_code == 403
-        r = client.get("/stats", headers={"Authorization": f"Bearer {admin}"})
-        assert r.status_code == 200 and set(r.json()) >= {"passes", "pass_ms", "lock_wait_ms"}
+        assert _get(url + "/stats", tenant)[0] == 403
+        code, body = _get(url + "/stats", admin)
+        assert code == 200 and set(body) >= {"passes", "pass_ms", "lock_wait_ms"}
         # a token's second use is answered from the cache, the same caller
         assert svc.caller(f"Bearer {tenant}") is svc.caller(f"Bearer {tenant}")
-        assert client.get("/jobs", headers={"Authorization": "Bearer gp_unknown"}).status_code == 401
+        assert _get(url + "/jobs", "gp_unknown")[0] == 401
     finally:
+        server.should_exit = True
+        thread.join(timeout=10)
         svc.close()

@@ -146,6 +146,7 @@ class _Auditor:
             ev.FINISHED: self.on_finished,
             ev.FAILED: self.on_failed,
             ev.CANCELLED: self.on_cancelled,
+            ev.RESIZED: self.on_resized,
             ev.NODE_LOST: self.on_node_lost,
             ev.NODE_UP: self.on_node_up,
             ev.NODE_RECLAIM_NOTICE: self.on_ignored,
@@ -273,6 +274,16 @@ class _Auditor:
             self.flag("illegal_transition", t, f"job {jid}", "submitted twice")
             return
         self.jobs[jid] = _Job(jid, int(rec["nodes"]), int(rec["gpus_per_node"]))
+
+    def on_resized(self, rec: dict[str, Any], t: float) -> None:
+        """A pending job's shape changes for its next run; its starts are checked against it."""
+        j = self.job(rec, t, "resized")
+        if j is None:
+            return
+        if j.phase != _PENDING or j.held:
+            self.flag("illegal_transition", t, f"job {j.id}", "resized while not pending")
+            return
+        j.nodes, j.gpn = int(rec["nodes"]), int(rec["gpus_per_node"])
 
     def on_started(self, rec: dict[str, Any], t: float) -> None:
         j = self.job(rec, t, "started")

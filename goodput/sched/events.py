@@ -27,6 +27,7 @@ CANCELLED = "cancelled"
 COMMIT_REJECTED = "commit_rejected"  # + epoch, reason: a stale or foreign report
 NODE_RECLAIM_NOTICE = "node_reclaim_notice"  # + deadline_s
 NODE_UP = "node_up"
+RESIZED = "resized"  # + nodes, gpus_per_node: a pending job's gang shape for its next run
 
 CONTRACT = frozenset(
     {

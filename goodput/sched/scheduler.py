@@ -509,6 +509,37 @@ class Scheduler:
         self._dirty = True
         self._flush()
 
+    def resize(self, job_id: str, nodes: int, gpus_per_node: int | None = None) -> Job:
+        """Give a pending job another gang shape for its next run (it resumes from its committed
+        checkpoint, which reshards): a claim it held is dropped and it keeps its place in the order."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise SchedulerError(f"no job {job_id!r}")
+        if job.state is not JobState.PENDING:
+            raise SchedulerError(f"job {job_id!r} is {job.state.value}: only a pending job can be resized")
+        gpn = job.gpus_per_node if gpus_per_node is None else gpus_per_node
+        for name, v in (("nodes", nodes), ("gpus_per_node", gpn)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise SchedulerError(f"job {job_id!r}: {name} must be an integer >= 1, got {v!r}")
+        old = (job.nodes, job.gpus_per_node)
+        job.nodes, job.gpus_per_node = nodes, gpn
+        cls = self._class_of(job)
+        if not cls[2]:
+            job.nodes, job.gpus_per_node = old
+            raise SchedulerError(f"job {job_id!r}: no pool offers {nodes} nodes x {gpn} GPUs")
+        if job.claim:
+            self._drop_claim(job, requeue=False)
+        queued = self.queue.remove(job.id)
+        self._classes[job.id] = cls
+        self._reservation_cache = None  # it may have been computed for this job's old shape
+        if queued or job.substate == "queued":
+            self._enqueue(job)
+        self._touch(job)
+        self._emit(ev.RESIZED, job=job.id, nodes=nodes, gpus_per_node=gpn)
+        self._dirty = True
+        self._flush()
+        return job
+
     def cancel(self, job_id: str) -> None:
         job = self.jobs.get(job_id)
         if job is None:

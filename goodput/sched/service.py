@@ -86,6 +86,15 @@ class JobSpec(BaseModel):
     max_failures: int = Field(3, ge=0, le=100)
 
 
+class ResizeSpec(BaseModel):
+    """POST /jobs/{id}/resize: the new gang shape of a pending job."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    nodes: int = Field(ge=1, le=4096)
+    gpus_per_node: int | None = Field(None, ge=1, le=64)
+
+
 class CommitReport(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -384,6 +393,22 @@ def create_app(svc: Service) -> FastAPI:
     @app.delete("/jobs/{job_id}")
     def delete(job_id: str, c: Caller = Depends(person)) -> dict[str, Any]:
         return cancel(job_id, c)
+
+    @app.post("/jobs/{job_id}/resize")
+    def resize(job_id: str, spec: ResizeSpec, c: Caller = Depends(person)) -> dict[str, Any]:
+        """A pending job's gang shape for its next run (it resumes from its committed checkpoint,
+        which reshards onto the new number of workers); 409 unless it is pending."""
+        with svc.lock:
+            job = svc.own_job(c, job_id)
+            if job.state is not JobState.PENDING:
+                raise HTTPException(409, f"job {job.id!r} is {job.state.value}: only a pending job can be resized")
+            try:
+                svc.sched.resize(job.id, spec.nodes, spec.gpus_per_node)
+            except SchedulerError as e:
+                raise _field_error("nodes", str(e)) from None
+            out = {"id": job.id, "state": job.state.value, "nodes": job.nodes, "gpus_per_node": job.gpus_per_node}
+        svc.wake.set()
+        return out
 
     @app.post("/jobs/{job_id}/commits")
     def commit(job_id: str, rep: CommitReport, c: Caller = Depends(caller)) -> JSONResponse:

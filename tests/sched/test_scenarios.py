@@ -1038,3 +1038,36 @@ def test_a_run_lost_without_a_status_is_an_infrastructure_loss_not_a_failure() -
     assert b.s.commit_rejection("v", 2, 80.0).startswith("progress 80.0 is behind")
     assert b.s.commit_rejection("v", 2, 95.0) == "" and b.job("v").committed_s == 90.0  # it changes nothing
     b.assert_clean()
+
+
+def test_a_pending_job_resized_starts_with_its_new_shape_and_keeps_its_place() -> None:
+    # v runs on both nodes and is preempted by p (one node); requeued, v is resized to one node:
+    # it starts on the other node at once, from its committed progress, before the later w
+    b = Bench(nodes=2)
+    b.submit("v", nodes=2, limit=1000, ckpt=CKPT)
+    b.tick()
+    b.at(50).commit("v", 40.0)
+    b.at(60).exit("v", "preempted")
+    b.at(61).submit("p", prio=5, limit=100)
+    b.at(62).submit("w", nodes=1, limit=100)
+    b.tick()  # p starts on one node; v (2 nodes) cannot; w goes around it
+    b.new()
+    with pytest.raises(SchedulerError, match="only a pending job"):
+        b.s.resize("p", 1)
+    with pytest.raises(SchedulerError, match="nodes must be an integer >= 1"):
+        b.s.resize("v", 0)
+    with pytest.raises(SchedulerError, match="no pool offers 3 nodes"):
+        b.s.resize("v", 3)
+    assert (b.job("v").nodes, b.job("v").gpus_per_node) == (2, 8)  # a refused resize changes nothing
+    b.at(100).exit("w")
+    b.s.resize("v", 1)
+    b.tick()
+    assert b.new() == [
+        ("exited", "w", "finished"),
+        ("released", "w", (N1,)),
+        ("finished", "w"),
+        ("resized", "v"),
+        ("started", "v", (N1,), 40.0),
+    ]
+    assert b.last("resized", "v")["nodes"] == 1 and b.job("v").epoch == 2
+    b.assert_clean()

@@ -439,3 +439,27 @@ def test_demo_live_passes_its_checks(tmp_path):
     r = _cli("demo", "--part", "live", "--workdir", str(tmp_path / "demo"))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "all checks passed" in r.stdout
+
+
+def test_resize_a_pending_job_and_refuse_the_rest(server, tmp_path):
+    """POST /jobs/{id}/resize: a pending job gets its new shape (it then runs on it); a running job
+    is 409, a shape no pool offers 422, another tenant's job 404; nothing changes on a refusal."""
+    s = server(nodes=2)
+    alice, bob = s.token("alice"), s.token("bob")
+    s.start()
+    code, big = s.post("/jobs", _spec(tmp_path / "big", 400, nodes=2), alice)  # takes both slots
+    assert code == 201
+    s.wait_job(big["id"], alice, lambda j: j["state"] == "running")
+    code, small = s.post("/jobs", _spec(tmp_path / "small", 5, nodes=2), alice)  # waits behind it
+    assert code == 201 and s.get(f"/jobs/{small['id']}", alice)[1]["state"] == "pending"
+    assert s.post(f"/jobs/{big['id']}/resize", {"nodes": 1}, alice)[0] == 409
+    assert s.post(f"/jobs/{small['id']}/resize", {"nodes": 1}, bob)[0] == 404
+    code, err = s.post(f"/jobs/{small['id']}/resize", {"nodes": 3}, alice)
+    assert code == 422 and any("nodes" in d["loc"] for d in err["detail"]), err
+    assert s.get(f"/jobs/{small['id']}", alice)[1]["nodes"] == 2  # refusals changed nothing
+    code, ans = s.post(f"/jobs/{small['id']}/resize", {"nodes": 1}, alice)
+    assert code == 200 and ans["nodes"] == 1 and ans["state"] == "pending"
+    assert s.post(f"/jobs/{big['id']}/cancel", {}, alice)[0] == 200
+    j = s.wait_job(small["id"], alice, lambda j: j["state"] == "finished")
+    assert j["nodes"] == 1 and j["epoch"] == 1
+    assert any(r["event"] == "resized" for r in j["history"])

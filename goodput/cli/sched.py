@@ -376,6 +376,19 @@ def cancel_cmd(job_id: str = typer.Argument(...), url: str = _URL) -> None:
     print(f"{r['id']} {r['state']} {r['substate']}")
 
 
+@app.command("resize")
+def resize_cmd(
+    job_id: str = typer.Argument(...),
+    nodes: int = typer.Option(..., "--nodes", help="Its new gang size (slots)."),
+    gpus_per_node: int = typer.Option(0, "--gpus-per-node", help="Its new GPUs per node (default: unchanged)."),
+    url: str = _URL,
+) -> None:
+    """Give a pending job another gang shape: its next run resumes from its committed checkpoint there."""
+    body: dict = {"nodes": nodes} | ({"gpus_per_node": gpus_per_node} if gpus_per_node else {})
+    r = _call(url, "POST", f"/jobs/{job_id}/resize", body)
+    print(f"{r['id']} {r['state']} {r['nodes']}x{r['gpus_per_node']}")
+
+
 @app.command("events")
 def events_cmd(
     since: int = typer.Option(0, "--since", help="Start after this sequence number."),

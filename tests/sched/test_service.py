@@ -457,8 +457,8 @@ def test_resize_a_pending_job_and_refuse_the_rest(server, tmp_path):
     code, err = s.post(f"/jobs/{small['id']}/resize", {"nodes": 3}, alice)
     assert code == 422 and any("nodes" in d["loc"] for d in err["detail"]), err
     assert s.get(f"/jobs/{small['id']}", alice)[1]["nodes"] == 2  # refusals changed nothing
-    code, ans = s.post(f"/jobs/{small['id']}/resize", {"nodes": 1}, alice)
-    assert code == 200 and ans["nodes"] == 1 and ans["state"] == "pending"
+    r = _cli("sched", "resize", small["id"], "--nodes", "1", "--url", s.url, env={"GOODPUT_TOKEN": alice})
+    assert r.returncode == 0 and r.stdout.split() == [small["id"], "pending", "1x1"], (r.stdout, r.stderr)
     assert s.post(f"/jobs/{big['id']}/cancel", {}, alice)[0] == 200
     j = s.wait_job(small["id"], alice, lambda j: j["state"] == "finished")
     assert j["nodes"] == 1 and j["epoch"] == 1

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from goodput.sched import native
 from goodput.sched.executor import ManualClock
 from goodput.sched.model import Health, Job, JobState, Pool, PoolKind, Tenant
 from goodput.sched.placement import pools_for
@@ -386,6 +387,7 @@ def run(
             "sim_jobs": sim_jobs if sim else 0,
             "seed": seed,
             "policy": "goodput",
+            "core": native.status().label,  # compiled (mypyc) or pure Python: say which was timed
         },
         "scales": {},
     }
@@ -489,7 +491,8 @@ def render(res: dict, console: Any) -> None:
         f"[bold]goodput bench sched[/bold]: {cfg['nodes']} nodes x {cfg['gpus_per_node']} GPUs "
         f"(pools {', '.join(f'{k} {v}' for k, v in cfg['pools'].items())}), full of running jobs; "
         f"each pass preceded by one arrival, one finished exit, one commit report and the victims' exits; "
-        f"{cfg['ticks']} timed passes after {cfg['warmup_ticks']} warm-up, only tick() timed"
+        f"{cfg['ticks']} timed passes after {cfg['warmup_ticks']} warm-up, only tick() timed; "
+        f"scheduler core: {cfg['core']}"
     )
     t = Table(title="scheduling pass latency (Scheduler.tick; the naive pass on the same states)")
     for c in (

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,6 +116,9 @@ class Scheduler:
         self._pass_failed: dict[str, list[tuple[int, int, int]]] = {}
         self._health_gen = 0  # bumps whenever a node goes down, under notice, up, or is claimed
         self._per_node_cache: dict[str, tuple[int, tuple[tuple[str, int], ...]]] = {}
+        # called with each pass's reservation when it is made: nothing is logged for one, and a
+        # compiled Scheduler's methods cannot be wrapped, so observers (tests, tracing) hook here
+        self.on_reservation: Callable[[Reservation], None] | None = None
 
     # ------------------------------------------------------------------ persistence
 
@@ -374,6 +377,7 @@ class Scheduler:
             self._emit(ev.COMMIT_REJECTED, job=job_id, epoch=epoch, progress_s=progress_s, reason=reason)
             self._flush()
             return False
+        assert job is not None  # commit_rejection refuses unknown jobs
         job.committed_s = progress_s
         job.committed_at = self.clock.now()
         if job.id in self._order:
@@ -614,9 +618,9 @@ class Scheduler:
         for jid in sorted(self._claimants, key=lambda j: (-self.jobs[j].priority, self.jobs[j].seq)):
             started += self._try_claim(self.jobs[jid])
         self._pass_scans = 0
-        self._pass_failed: dict[str, list[tuple[int, int, int]]] = {}
-        self._pass_below: dict[tuple[str, int], int] = {}
-        self._outside: dict[tuple, tuple[int, int]] = {}
+        self._pass_failed = {}
+        self._pass_below = {}
+        self._outside = {}
         blocked: set[Class] = set()
         quota_blocked: set[tuple[str, Class]] = set()
         held_off: set[tuple[int, str, Class]] = set()  # keys whose jobs are all too long for the reservation
@@ -698,6 +702,8 @@ class Scheduler:
                         reservation = self._reserve(job, cls, now)
                         if reservation is not None:
                             self.cap.watch(reservation.nodes)
+                            if self.on_reservation is not None:
+                                self.on_reservation(reservation)
                         blocked.add(cls)
                         if not self.policy.backfill:
                             halted = True

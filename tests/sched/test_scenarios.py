@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from goodput.sched import native
 from goodput.sched.checker import check
 from goodput.sched.executor import ManualClock, RecordingExecutor
 from goodput.sched.model import Checkpointing, Health, Job, JobState, Pool, PoolKind, RetryPolicy, Tenant
@@ -967,7 +968,6 @@ def test_cancel_in_backoff() -> None:
         ({"nodes": 0}, "nodes"),
         ({"nodes": -1}, "nodes"),
         ({"gpn": 0}, "gpus_per_node"),
-        ({"gpn": 1.5}, "gpus_per_node"),
         ({"nodes": 3}, "no pool offers 3 nodes x 8 GPUs"),
         ({"gpn": 16}, "no pool offers 1 nodes x 16 GPUs"),
     ],
@@ -977,6 +977,20 @@ def test_submit_validation_names_job_and_field(kw: dict, field: str) -> None:
     with pytest.raises(SchedulerError) as err:
         b.submit("bad-job", **kw)
     assert "'bad-job'" in str(err.value) and field in str(err.value)
+    assert "bad-job" not in b.s.jobs and b.s.log.records == []
+
+
+def test_a_fractional_gang_is_refused() -> None:
+    """Where the model is compiled its fields are typed: a float count cannot even make a Job
+    (TypeError, from the constructor's line); as pure Python, submit refuses it naming the field.
+    Every outside input (workload CSV, HTTP spec, store row) checks types before building one."""
+    b = Bench(nodes=2)
+    if "model" in native.status().compiled:
+        with pytest.raises(TypeError, match="int object expected; got float"):
+            b.submit("bad-job", gpn=1.5)
+    else:
+        with pytest.raises(SchedulerError, match="'bad-job': gpus_per_node must be an integer"):
+            b.submit("bad-job", gpn=1.5)
     assert "bad-job" not in b.s.jobs and b.s.log.records == []
 
 

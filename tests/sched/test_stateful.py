@@ -18,11 +18,12 @@ the store at random steps, and requires identical events, executor calls and rec
 from __future__ import annotations
 
 import copy
+import copyreg
 import math
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import hypothesis.strategies as st
@@ -30,13 +31,33 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from goodput.sched import native
+from goodput.sched.capacity import Capacity
 from goodput.sched.checker import check
+from goodput.sched.eviction import VictimOrder
 from goodput.sched.executor import ManualClock, RecordingExecutor
 from goodput.sched.model import Checkpointing, Health, Job, JobState, Pool, PoolKind, RetryPolicy
 from goodput.sched.placement import pools_for
 from goodput.sched.policy import POLICIES, Policy
-from goodput.sched.scheduler import Scheduler, SchedulerError
+from goodput.sched.scheduler import Reservation, Scheduler, SchedulerError
 from goodput.sched.store import open_store
+
+
+def _blank(cls: type) -> Any:
+    """An instance to copy state into: compiled classes cannot be made without their __init__."""
+    if cls is Scheduler:
+        return Scheduler((), clock=ManualClock(0.0), executor=RecordingExecutor())
+    if cls is Capacity:
+        return Capacity((), ())
+    return VictimOrder("checkpoint-aware")
+
+
+if "scheduler" in native.status().compiled:
+    # copy.deepcopy of a probe: a compiled instance has __getstate__/__setstate__ but no bare __new__
+    for _cls in (Scheduler, Capacity, VictimOrder):
+        copyreg.pickle(_cls, lambda o: (_blank, (type(o),), o.__getstate__()))
+    # a frozen dataclass refuses the state set after the fact: it is rebuilt from its fields
+    copyreg.pickle(Reservation, lambda r: (Reservation, tuple(getattr(r, f.name) for f in fields(r))))
 
 POOLS = [
     Pool("od", PoolKind.ON_DEMAND, 3, 8, 4.0),
@@ -475,15 +496,11 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def spy(self, s: Scheduler) -> None:
         """Observe when a pass makes its reservation (nothing is logged for it)."""
-        inner = s._reserve
 
-        def _reserve(job, cls, now):
-            r = inner(job, cls, now)
-            if r is not None:
-                self.reservation_at = (len(s.log.records), r)
-            return r
+        def made(r) -> None:
+            self.reservation_at = (len(s.log.records), r)
 
-        s._reserve = _reserve
+        s.on_reservation = made
 
     @initialize()
     def setup(self) -> None:
@@ -699,7 +716,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def probe(self) -> Scheduler:
         """A copy of the scheduler to try a pass on."""
         p = copy.deepcopy(self.s)
-        p.__dict__.pop("_reserve", None)  # not the spy: it reports on the real one
+        p.on_reservation = None  # not the spy: it reports on the real one
         p.executor = RecordingExecutor()
         return p
 

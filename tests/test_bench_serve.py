@@ -37,6 +37,11 @@ def test_cli_json_small(tmp_path) -> None:
     assert out["accepted"] == 200 and out["errors"] == 0
     assert out["lost"] == 0 and out["duplicated"] == 0 and out["unacknowledged"] == 0
     assert out["restored"] is True and out["running_during_load"] == 0  # drained: nothing started
+    # the default SIGKILLs the service in the middle of the load and restarts it on the same store: the
+    # clients' retries with their idempotency keys neither lose nor double a submission
+    assert out["killed_mid_load"] is True and out["config"]["kill_after"] == 100
+    assert 100 <= out["accepted_at_kill"] < 200 and out["outage_s"] > 0
+    assert out["replayed"] <= out["retried"]
     for key in ("submissions_per_s", "latency_p50_ms", "latency_p99_ms"):
         assert isinstance(out[key], float) and math.isfinite(out[key]) and out[key] > 0, key
     assert out["latency_p99_ms"] >= out["latency_p50_ms"]

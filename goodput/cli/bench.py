@@ -215,10 +215,13 @@ def serve_cmd(
     tick_s: float = typer.Option(1.0, "--tick-s", help="The service's longest wait between passes."),
     directory: str = typer.Option("", "--dir", help="Where the store and state go (a temporary directory under it)."),
     keep: bool = typer.Option(False, "--keep", help="Keep the store, state and serve.log."),
+    kill_mid: bool = typer.Option(
+        True, "--kill-mid/--no-kill-mid", help="SIGKILL and restart the service half-way through the load too."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with every number."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when a goal is missed."),
 ) -> None:
-    """The live service on SQLite: submissions/s, latency p50/p99, tick p99; then SIGKILL, restart, 0 lost."""
+    """The live service on SQLite: submissions/s, latency p50/p99, tick p99; SIGKILLs, restarts, 0 lost."""
     from rich.console import Console
 
     from goodput.bench.serve import render, run
@@ -234,6 +237,7 @@ def serve_cmd(
                 directory=directory or None,
                 keep=keep,
                 on_step=status.update,
+                kill_mid=kill_mid,
             )
         except (RuntimeError, ValueError, OSError) as e:
             _fail(e)

@@ -307,6 +307,9 @@ def submit_cmd(
     ckpt_root: str = typer.Option("", "--ckpt-root"),
     spot: bool = typer.Option(False, "--spot"),
     grace_s: float = typer.Option(30.0, "--grace-s"),
+    key: str = typer.Option(
+        "", "--key", help="Idempotency key: a retry with the same key answers the first submission's id."
+    ),
     url: str = _URL,
 ) -> None:
     """Submit a job; prints its id alone on the last line."""
@@ -321,6 +324,8 @@ def submit_cmd(
         "spot": spot,
         "grace_s": grace_s,
     }
+    if key:
+        body["key"] = key
     print(_call(url, "POST", "/jobs", body)["id"])
 
 

@@ -219,9 +219,13 @@ class LocalExecutor:
                 _write_atomic(
                     Path(run.notice_file), {"checkpoint": checkpoint, "deadline_s": deadline_s, "epoch": run.epoch}
                 )
-            # both mean "checkpoint and leave" to goodput.ckpt.Checkpointer; SIGTERM is the plain stop
+            # both mean "checkpoint and leave" to goodput.ckpt.Checkpointer; SIGTERM is the plain stop.
+            # A launcher's group gets SIGUSR1 either way: torchrun has no handler and dies at once, so its
+            # workers are reparented to the supervisor, which reads their exits (75 after a checkpoint: a
+            # stop reads as the preemption it is). On SIGTERM torchrun would wait for them and exit 1,
+            # and a cancel under torchrun would read as failed.
             sig = signal.SIGUSR1 if checkpoint else signal.SIGTERM
-            self._signal_tree(run, sig)
+            self._signal_tree(run, sig, launcher_sig=signal.SIGUSR1)
 
     def kill(self, job: Job) -> None:
         with self._lock:
@@ -340,23 +344,29 @@ class LocalExecutor:
         except psutil.Error:
             return []
 
-    def _signal_tree(self, run: Run, sig: int) -> None:
-        """``sig`` to every process of the run once: its group, and each descendant outside it.
+    def _signal_tree(self, run: Run, sig: int, launcher_sig: int | None = None) -> None:
+        """``sig`` to every process of the run once: each descendant outside its group, then the group.
 
         torchrun starts each worker in a session of its own, so a signal to the group alone would
-        reach torchrun but never its workers. The supervisor ignores the signal itself.
+        reach torchrun but never its workers. When such workers exist (a launcher leads them) and
+        ``launcher_sig`` is given, the group gets ``launcher_sig`` instead. The supervisor ignores
+        both itself.
         """
         import psutil
 
-        procs = self._descendants(run)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(run.pgid, sig)
-        for p in procs:
+        outside = []
+        for p in self._descendants(run):
             try:
                 if os.getpgid(p.pid) != run.pgid:
-                    p.send_signal(sig)
-            except (psutil.Error, ProcessLookupError, PermissionError):
+                    outside.append(p)
+            except (ProcessLookupError, PermissionError):
                 pass
+        for p in outside:  # the workers first: the launcher may die of its signal and orphan them
+            with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
+                p.send_signal(sig)
+        group_sig = launcher_sig if launcher_sig is not None and outside else sig
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(run.pgid, group_sig)
 
     def _killpg(self, run: Run) -> None:
         import psutil

@@ -47,7 +47,54 @@ log = logging.getLogger("goodput.sched.service")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$")
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}\.[0-9a-f]{8}$")
 NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")  # a submission's idempotency key
 CALLER_CACHE = 100_000  # token hashes remembered after their first lookup
+
+
+class FairLock:
+    """A reentrant lock handed to its waiters in arrival order (``threading.RLock`` is not: a thread
+    that releases and re-acquires at once, or a lucky waiter, may pass the queue, and the loop thread
+    or a request can wait behind many later ones). Same use as an RLock (``with``)."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._owner: int | None = None
+        self._depth = 0
+        self._waiters: deque[tuple[int, threading.Lock]] = deque()
+
+    def acquire(self) -> bool:
+        me = threading.get_ident()
+        with self._mutex:
+            if self._owner == me:
+                self._depth += 1
+                return True
+            if self._owner is None:
+                self._owner, self._depth = me, 1
+                return True
+            gate = threading.Lock()
+            gate.acquire()
+            self._waiters.append((me, gate))
+        gate.acquire()  # released by the owner that hands the lock over to us (owner already set to us)
+        return True
+
+    def release(self) -> None:
+        with self._mutex:
+            if self._owner != threading.get_ident():
+                raise RuntimeError("cannot release a lock not held by this thread")
+            self._depth -= 1
+            if self._depth:
+                return
+            if self._waiters:
+                nxt, gate = self._waiters.popleft()
+                self._owner, self._depth = nxt, 1
+                gate.release()
+            else:
+                self._owner = None
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def digest(token: str) -> str:
@@ -84,6 +131,8 @@ class JobSpec(BaseModel):
     ckpt_write_s: float = Field(1.0, ge=0, allow_inf_nan=False)
     restart_s: float = Field(5.0, ge=0, allow_inf_nan=False)
     max_failures: int = Field(3, ge=0, le=100)
+    # the client's idempotency key: a retried POST with the same key (same tenant) answers the first one's id
+    key: str | None = Field(None, pattern=KEY.pattern)
 
 
 class ResizeSpec(BaseModel):
@@ -132,14 +181,19 @@ class Service:
         tick_s: float = 1.0,
         poll_s: float = 0.1,
     ) -> None:
-        self.lock = threading.RLock()
+        # first come, first served: neither the loop thread nor a request waits behind later ones
+        self.lock = FairLock()
         self.wake = threading.Event()
         self.tick_s = tick_s
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.store = open_store(db)
         self.pools = pools
-        self.last_commit: dict[str, dict[str, Any]] = {}
+        # the last accepted commit report of each job, kept in the store with the job (Store.along)
+        self.last_commit: dict[str, dict[str, Any]] = self.store.last_commits()
+        # (tenant, idempotency key) -> (job id, spec digest), and job id -> key: POST /jobs's replays
+        self.keys: dict[tuple[str, str], tuple[str, str]] = self.store.job_keys()
+        self.key_of: dict[str, str] = {j: k for (_t, k), (j, _s) in self.keys.items()}
         # token hash -> caller, filled on a token's first successful lookup: tokens are never revoked or
         # changed in the store, so a hit stays right, and a request no longer reads the store to
         # authenticate; an unknown hash is not cached (a token added later by the CLI works at once)
@@ -233,6 +287,19 @@ class Service:
         self._callers[h] = c = Caller(*found)
         return c
 
+    def replay(self, tenant: str, key: str, spec_digest: str) -> JSONResponse | None:
+        """The answer to a POST /jobs whose idempotency key this tenant already used, or None (a new key):
+        200 with the first submission's id, or 409 when the key came with a different spec."""
+        hit = self.keys.get((tenant, key))
+        if hit is None:
+            return None
+        job_id, first = hit
+        if first != spec_digest:
+            raise HTTPException(409, f"key {key!r} was used for another submission ({job_id}) with a different spec")
+        job = self.sched.jobs.get(job_id)
+        state = job.state.value if job is not None else None
+        return JSONResponse({"id": job_id, "state": state, "replayed": True}, status_code=200)
+
     def own_job(self, caller: Caller, job_id: str) -> Job:
         """The job if the caller may see it; 404 otherwise, so another tenant's ids are not disclosed."""
         if not JOB_ID.match(job_id):
@@ -264,6 +331,7 @@ class Service:
             "submit_s": job.submit_s,
             "placement": list(job.placement),
             "pool": job.pool if job.placement else "",
+            "key": self.key_of.get(job.id),
         }
         if detail:
             from goodput.ckpt import latest
@@ -318,6 +386,12 @@ def create_app(svc: Service) -> FastAPI:
             raise _field_error("ckpt_root", "must be an absolute path")
         if any(not a or "\x00" in a for a in spec.command):
             raise _field_error("command", "arguments must be non-empty strings without NUL")
+        spec_digest = ""
+        if spec.key is not None:
+            spec_digest = hashlib.sha256(spec.model_dump_json(exclude={"key"}).encode()).hexdigest()
+            replay = svc.replay(c.tenant, spec.key, spec_digest)  # before any work: a retry is cheap
+            if replay is not None:
+                return replay
         job_id = f"{spec.name}.{secrets.token_hex(4)}"
         root = spec.ckpt_root or str(svc.state_dir / "ckpt" / job_id)
         try:  # before taking the lock: a filesystem call need not hold up the scheduler
@@ -325,6 +399,10 @@ def create_app(svc: Service) -> FastAPI:
         except OSError as e:
             raise _field_error("ckpt_root", f"cannot create {root!r}: {e.strerror}") from None
         with svc.lock:
+            if spec.key is not None:  # again under the lock: the same key may be racing in another request
+                replay = svc.replay(c.tenant, spec.key, spec_digest)
+                if replay is not None:
+                    return replay
             now = svc.sched.clock.now()
             job = Job(
                 id=job_id,
@@ -346,11 +424,16 @@ def create_app(svc: Service) -> FastAPI:
                 name=spec.name,
             )
             job.retry.max_failures = spec.max_failures
+            keyed = [(c.tenant, spec.key, job_id, spec_digest)] if spec.key is not None else []
             try:
-                svc.sched.submit(job)
+                with svc.store.along(keys=keyed):  # the key is stored in the submission's own transaction
+                    svc.sched.submit(job)
             except SchedulerError as e:
                 field = "gpus_per_node" if "GPUs" in str(e) else "nodes"
                 raise _field_error(field, str(e)) from None
+            if spec.key is not None:
+                svc.keys[(c.tenant, spec.key)] = (job_id, spec_digest)
+                svc.key_of[job_id] = spec.key
         svc.wake.set()
         return JSONResponse({"id": job_id, "state": job.state.value}, status_code=201)
 
@@ -417,9 +500,13 @@ def create_app(svc: Service) -> FastAPI:
         with svc.lock:
             job = svc.own_job(c, job_id)
             reason = svc.sched.commit_rejection(job.id, rep.epoch, rep.progress_s)
-            ok = svc.sched.report_commit(job.id, rep.epoch, rep.progress_s)
+            report = rep.model_dump()
+            # an accepted report is stored with the job's step (one transaction), so a restarted service shows it
+            # (report_commit judges by commit_rejection itself, so the dry run and the step agree)
+            with svc.store.along(commits={job.id: report} if not reason else None):
+                ok = svc.sched.report_commit(job.id, rep.epoch, rep.progress_s)
             if ok:
-                svc.last_commit[job.id] = rep.model_dump()
+                svc.last_commit[job.id] = report
             elif not reason:  # the core refused for a reason its dry run did not give: say so, never ''
                 reason = "rejected"
         return JSONResponse({"accepted": ok, "reason": reason}, status_code=200 if ok else 409)

@@ -408,6 +408,9 @@ def simulate(
         )
 
 
+GC_THRESHOLD = (50_000, 20, 100)
+
+
 @contextmanager
 def _rare_collections() -> Iterator[None]:
     """A run allocates millions of short-lived tuples and almost no cycles, while the cyclic
@@ -416,7 +419,7 @@ def _rare_collections() -> Iterator[None]:
     old = gc.get_threshold()
     gc.collect()
     gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
+    gc.set_threshold(*GC_THRESHOLD)
     try:
         yield
     finally:

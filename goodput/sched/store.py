@@ -77,6 +77,15 @@ class Snapshot:
     events: list[dict[str, Any]] = field(default_factory=list)
 
 
+@dataclass
+class _Staged:
+    """What :meth:`Store.along` hands the next commit."""
+
+    commits: list[tuple[str, str]] = field(default_factory=list)
+    keys: list[tuple[str, str, str, str]] = field(default_factory=list)
+    written: bool = False
+
+
 # ---------------------------------------------------------------------------------------------------------
 # encoding
 
@@ -238,6 +247,7 @@ class Store:
         self.url = url
         self._conn = conn
         self._lock = threading.RLock()
+        self._staged = threading.local()  # Store.along's rows, per thread
         self._closed = False
         try:
             self._prepare()
@@ -272,6 +282,11 @@ class Store:
             # the service's bearer tokens, by their sha256 only: a leaked store leaks no usable token
             "CREATE TABLE IF NOT EXISTS tokens (hash TEXT PRIMARY KEY, tenant TEXT NOT NULL, role TEXT NOT NULL,"
             " job TEXT NOT NULL, created REAL NOT NULL)",
+            # the service's own facts about a job, written in the transaction of the step they belong to
+            # (Store.along): the last accepted commit report, and the client's idempotency key of a submission
+            "CREATE TABLE IF NOT EXISTS commits (job TEXT PRIMARY KEY, body TEXT NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS job_keys (tenant TEXT NOT NULL, key TEXT NOT NULL, job TEXT NOT NULL,"
+            " spec TEXT NOT NULL, PRIMARY KEY (tenant, key))",
         ]
 
     def _prepare(self) -> None:
@@ -399,16 +414,70 @@ class Store:
             if not isinstance(k, str):
                 raise TypeError(f"delete_jobs takes job ids (str), got {k!r}")
             dels.append((k,))
-        if not (job_rows or node_rows or tenant_rows or meta_rows or event_bodies or dels):
+        staged: _Staged | None = getattr(self._staged, "rows", None)
+        commit_rows = list(staged.commits) if staged is not None else []
+        key_rows = list(staged.keys) if staged is not None else []
+        if not (job_rows or node_rows or tenant_rows or meta_rows or event_bodies or dels or commit_rows or key_rows):
             return
         with self._use(), self._transaction(write=True) as cur:
             self._upsert(cur, "jobs", ("id", "state", "tenant", "body"), job_rows)
             self._upsert(cur, "nodes", ("name", "body"), node_rows)
             self._upsert(cur, "tenants", ("name", "body"), tenant_rows)
             self._upsert(cur, "meta", ("key", "value"), meta_rows)
+            self._upsert(cur, "commits", ("job", "body"), commit_rows)
+            if key_rows:  # never an upsert: a key names one submission for good (the service checks first)
+                cur.executemany(
+                    self._sql("INSERT INTO job_keys (tenant, key, job, spec) VALUES (?, ?, ?, ?)"), key_rows
+                )
             if dels:
                 cur.executemany(self._sql("DELETE FROM jobs WHERE id = ?"), dels)
+                cur.executemany(self._sql("DELETE FROM commits WHERE job = ?"), dels)
+                cur.executemany(self._sql("DELETE FROM job_keys WHERE job = ?"), dels)
             self._append_events(cur, event_bodies)
+        if staged is not None:  # once: a second commit in the same block writes them no more
+            staged.written = True
+            staged.commits.clear()
+            staged.keys.clear()
+
+    # -- the service's facts about jobs (goodput.sched.service) --------------------------------------------
+
+    @contextmanager
+    def along(
+        self,
+        *,
+        commits: dict[str, dict[str, Any]] | None = None,
+        keys: Iterable[tuple[str, str, str, str]] = (),
+    ) -> Iterator[_Staged]:
+        """Rows that the next :meth:`commit` made by this thread inside the block writes in its own
+        transaction: ``commits`` (job id -> its last accepted commit report) and ``keys`` ((tenant,
+        idempotency key, job id, spec digest) of a submission). So a service killed at any instant has
+        the job's step and these facts both or neither. Rows not written by the end of the block are
+        dropped (the step was refused before it reached the store); ``.written`` says which."""
+        rows = _Staged(
+            commits=[(k, _dumps(v)) for k, v in (commits or {}).items()],
+            keys=[(str(t), str(k), str(j), str(s)) for t, k, j, s in keys],
+        )
+        if getattr(self._staged, "rows", None) is not None:
+            raise RuntimeError("Store.along does not nest")
+        self._staged.rows = rows
+        try:
+            yield rows
+        finally:
+            self._staged.rows = None
+
+    def last_commits(self) -> dict[str, dict[str, Any]]:
+        """job id -> the last accepted commit report the service stored with it."""
+        with self._use(), self._transaction(write=False) as cur:
+            cur.execute(f"SELECT job, body FROM commits ORDER BY job{self.text_order}")
+            rows = cur.fetchall()
+        return {str(k): _loads("commits", k, b) for k, b in rows}
+
+    def job_keys(self) -> dict[tuple[str, str], tuple[str, str]]:
+        """(tenant, idempotency key) -> (job id, spec digest) of every keyed submission."""
+        with self._use(), self._transaction(write=False) as cur:
+            cur.execute("SELECT tenant, key, job, spec FROM job_keys")
+            rows = cur.fetchall()
+        return {(str(t), str(k)): (str(j), str(s)) for t, k, j, s in rows}
 
     @staticmethod
     def _records(records: Iterable[Any], typ: type) -> Iterator[Any]:

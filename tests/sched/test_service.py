@@ -329,14 +329,16 @@ def test_cli_submit_ls_cancel_and_events(server, tmp_path):
     s.start()
     env = {"GOODPUT_TOKEN": tok}
     root = tmp_path / "cli"
-    r = _cli(
-        "sched", "submit", "--name", "cli", "--ckpt-root", str(root), "--grace-s", "20", "--url", s.url,
-        "--", *JOB, "--steps", "2000", "--step-s", "0.02", "--interval", "10",
-        env=env,
+    submit = (
+        "sched", "submit", "--name", "cli", "--ckpt-root", str(root), "--grace-s", "20", "--key", "run-1",
+        "--url", s.url, "--", *JOB, "--steps", "2000", "--step-s", "0.02", "--interval", "10",
     )  # fmt: skip
+    r = _cli(*submit, env=env)
     assert r.returncode == 0, r.stderr
     jid = r.stdout.strip().splitlines()[-1]
     assert jid.startswith("cli.")
+    r = _cli(*submit, env=env)  # a retry with the same key: the same job, not a second one
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == jid, r.stderr
     j = s.wait_job(jid, tok, lambda j: j["state"] == "running" and j["checkpoint"]["committed_s"] > 0)
     assert j["name"] == "cli" and j["ckpt_root"] == str(root) and j["command"][:3] == JOB
     r = _cli("sched", "ls", "--name", "cli", "--json", "--url", s.url, env=env)

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NATIVE := $(VENV)/.native
 # the scheduler modules mypyc compiles (goodput/sched/native.py names them): an edit rebuilds them
-NATIVE_SRC := setup.py $(addprefix goodput/sched/,native.py model.py queue.py capacity.py eviction.py scheduler.py)
+NATIVE_SRC := setup.py $(addprefix goodput/sched/,native.py model.py queue.py capacity.py eviction.py placement.py policy.py executor.py events.py ledger.py scheduler.py sim.py)
 
 .PHONY: demo test lint format clean venv
 

@@ -16,8 +16,21 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-# the hot path of the simulator and of every scheduling pass, leaves first
-MODULES: tuple[str, ...] = ("model", "queue", "capacity", "eviction", "scheduler")
+# the hot path of every scheduling pass and of the simulator, leaves first (transitions.py is not
+# here: mypyc cannot compile its RuntimeError subclass, and it is not hot)
+MODULES: tuple[str, ...] = (
+    "model",
+    "queue",
+    "capacity",
+    "eviction",
+    "placement",
+    "policy",
+    "executor",
+    "events",
+    "ledger",
+    "scheduler",
+    "sim",
+)
 HERE = Path(__file__).resolve().parent
 MANIFEST = HERE / "native.json"
 

@@ -129,6 +129,8 @@ class SimResult:
 class World:
     """The executor of the simulation: a model of the training jobs and the machines."""
 
+    sched: Scheduler  # the scheduler it executes for: set once both exist
+
     def __init__(self, cluster: Cluster, jobs: Sequence[Job]) -> None:
         self.clock = ManualClock(0.0)
         self.cluster = cluster
@@ -145,7 +147,6 @@ class World:
         self.heap: list[tuple[float, int, str, Any]] = []
         self._seq = 0
         self.ledger = Ledger()
-        self.sched: Scheduler | None = None
         self.double_booked_starts = 0
         self.last_t = 0.0
 

@@ -166,11 +166,22 @@ def _run_record(tmp: Path, jid: str, epoch: int) -> dict:
 
 
 def _group_gone(pgid: int) -> bool:
+    """No live process left in the group. A zombie still counts for killpg until its parent reaps
+    it, and a run's supervisor orphaned by a SIGKILLed service is reaped by init, when init gets to
+    it; it holds nothing (no slot, no memory), so it counts as gone."""
+    import psutil
+
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return True
-    return False
+    for p in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                return False
+        except (ProcessLookupError, PermissionError):
+            continue
+    return True
 
 
 def _starts(root: Path) -> list[dict]:

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import copy
 import copyreg
+import importlib
 import math
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
 import hypothesis.strategies as st
@@ -39,7 +40,7 @@ from goodput.sched.executor import ManualClock, RecordingExecutor
 from goodput.sched.model import Checkpointing, Health, Job, JobState, Pool, PoolKind, RetryPolicy
 from goodput.sched.placement import pools_for
 from goodput.sched.policy import POLICIES, Policy
-from goodput.sched.scheduler import Reservation, Scheduler, SchedulerError
+from goodput.sched.scheduler import Scheduler, SchedulerError
 from goodput.sched.store import open_store
 
 
@@ -57,7 +58,10 @@ if "scheduler" in native.status().compiled:
     for _cls in (Scheduler, Capacity, VictimOrder):
         copyreg.pickle(_cls, lambda o: (_blank, (type(o),), o.__getstate__()))
     # a frozen dataclass refuses the state set after the fact: it is rebuilt from its fields
-    copyreg.pickle(Reservation, lambda r: (Reservation, tuple(getattr(r, f.name) for f in fields(r))))
+    for _mod in native.status().compiled:
+        for _obj in vars(importlib.import_module(f"goodput.sched.{_mod}")).values():
+            if isinstance(_obj, type) and is_dataclass(_obj) and _obj.__dataclass_params__.frozen:
+                copyreg.pickle(_obj, lambda r: (type(r), tuple(getattr(r, f.name) for f in fields(r))))
 
 POOLS = [
     Pool("od", PoolKind.ON_DEMAND, 3, 8, 4.0),

@@ -6,7 +6,8 @@ the results comes from the rule a baseline changes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,11 @@ class Policy:
     backfill: bool = True  # False: the blocked head blocks everyone behind it
     spot_rule: str = "arithmetic"  # | "price": any spot-allowed job goes to the cheapest pool first
     preemption: bool = True
+
+    def __reduce__(self) -> tuple[type[Policy], tuple[Any, ...]]:
+        """Rebuilt through its constructor (pickle, copy): compiled, a frozen dataclass refuses the
+        attribute-by-attribute state they would set otherwise."""
+        return (Policy, tuple(getattr(self, f.name) for f in fields(self)))
 
     def describe(self) -> str:
         return {

@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from sortedcontainers import SortedList
@@ -47,6 +47,11 @@ class Reservation:
     pool: str
     t: float
     nodes: frozenset[str]
+
+    def __reduce__(self) -> tuple[type[Reservation], tuple[Any, ...]]:
+        """Rebuilt through its constructor (pickle, copy): compiled, a frozen dataclass refuses the
+        attribute-by-attribute state they would set otherwise."""
+        return (Reservation, tuple(getattr(self, f.name) for f in fields(self)))
 
 
 class SchedulerError(ValueError):

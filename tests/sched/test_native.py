@@ -84,3 +84,44 @@ def test_compiled_and_pure_decide_the_same_events() -> None:
     assert pure.pop("label") == "pure Python"
     assert all(n > 5000 for n, _ in compiled.values()), compiled
     assert compiled == pure
+
+
+def test_records_pickle_and_copy() -> None:
+    """The comparison hands jobs and policies to worker processes by pickle; compiled, a frozen
+    dataclass must rebuild through its constructor (its __reduce__) to survive that."""
+    import copy
+    import pickle
+
+    from goodput.sched.model import Job
+    from goodput.sched.policy import POLICIES
+    from goodput.sched.scheduler import Reservation
+
+    job = Job("j", "t", 3, 2, 8, submit_s=1.5, duration_s=10.0, limit_s=20.0, spot=True)
+    job.ckpt.interval_s = 60.0
+    things = [*POLICIES.values(), Reservation("j", "od", 5.0, frozenset({"od-0001"})), job]
+    for x in things:
+        assert pickle.loads(pickle.dumps(x)) == x
+        assert copy.deepcopy(x) == x
+
+
+def test_the_comparison_in_worker_processes_matches_one_process() -> None:
+    from goodput.bench.sched import cap_gangs
+    from goodput.sched.compare import compare
+    from goodput.sched.policy import POLICIES
+    from goodput.sched.workload import synthetic, synthetic_cluster
+
+    cluster = synthetic_cluster(nodes=16, gpus_per_node=8)
+    jobs = synthetic(300, nodes=16, gpus_per_node=8, seed=3)
+    cap_gangs(jobs, list(cluster.pools))
+    policies = [POLICIES["goodput"], POLICIES["kueue-victims"]]
+
+    def figures(workers: int) -> list:
+        out = []
+        for r in compare(jobs, cluster, policies, workers=workers):
+            m = {k: v for k, v in r.metrics.items() if k not in ("wall_s", "events_per_s")}
+            out.append((r.name, m, r.tenants, r.waits))
+        return out
+
+    one = figures(1)
+    assert one == figures(2)
+    assert all(m["events"] > 500 for _, m, _, _ in one)

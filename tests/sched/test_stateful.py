@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import copy
 import copyreg
-import importlib
 import math
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import hypothesis.strategies as st
@@ -57,11 +56,6 @@ if "scheduler" in native.status().compiled:
     # copy.deepcopy of a probe: a compiled instance has __getstate__/__setstate__ but no bare __new__
     for _cls in (Scheduler, Capacity, VictimOrder):
         copyreg.pickle(_cls, lambda o: (_blank, (type(o),), o.__getstate__()))
-    # a frozen dataclass refuses the state set after the fact: it is rebuilt from its fields
-    for _mod in native.status().compiled:
-        for _obj in vars(importlib.import_module(f"goodput.sched.{_mod}")).values():
-            if isinstance(_obj, type) and is_dataclass(_obj) and _obj.__dataclass_params__.frozen:
-                copyreg.pickle(_obj, lambda r: (type(r), tuple(getattr(r, f.name) for f in fields(r))))
 
 POOLS = [
     Pool("od", PoolKind.ON_DEMAND, 3, 8, 4.0),

@@ -14,6 +14,22 @@ from goodput.cli.main import app
 runner = CliRunner()
 
 
+def test_ls_of_a_missing_or_empty_root_says_so(tmp_path: Path) -> None:
+    def words(r) -> str:  # rich wraps long lines
+        return " ".join(r.output.split())
+
+    r = runner.invoke(app, ["ckpt", "ls", str(tmp_path / "no-such-dir")])
+    assert r.exit_code == 2 and "does not exist" in words(r)
+    (tmp_path / "file").write_text("x")
+    r = runner.invoke(app, ["ckpt", "ls", str(tmp_path / "file")])
+    assert r.exit_code == 2 and "is not a directory" in words(r)
+    (tmp_path / "empty").mkdir()
+    r = runner.invoke(app, ["ckpt", "ls", str(tmp_path / "empty")])
+    assert r.exit_code == 0 and "no committed checkpoint in" in words(r)
+    r = runner.invoke(app, ["ckpt", "ls", str(tmp_path / "empty"), "--json"])
+    assert r.exit_code == 0 and json.loads(r.output) == []
+
+
 def test_ls_inspect_verify(tmp_path: Path) -> None:
     for step in (1, 2):
         gc.save(

@@ -35,8 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from goodput.localdist import run_ranks
-
-from . import human_bytes
+from goodput.plan.units import fmt_bytes
 
 GB = 1e9
 
@@ -709,7 +708,7 @@ def render(res: dict, console: Any) -> None:
     cfg = res["config"]
     ph = res["phases"]
     console.print(
-        f"[bold]goodput bench ckpt[/bold]: {human_bytes(cfg['size_bytes'])} ({cfg['size_bytes'] / GB:.3f} GB) "
+        f"[bold]goodput bench ckpt[/bold]: {fmt_bytes(cfg['size_bytes'])} ({cfg['size_bytes'] / GB:.3f} GB) "
         f"in {len(cfg['tensors'])} fp32/bf16 tensors, {cfg['ranks']} ranks (gloo), "
         f"dir {cfg['directory']}{' (kept)' if cfg['kept'] else ''}"
     )
@@ -747,7 +746,7 @@ def render(res: dict, console: Any) -> None:
             f"{p['seconds']:.3f}",
             f"{p['gbps']:.3f}",
             f"{p['gbps_best']:.3f}",
-            human_bytes(p["peak_rss_delta_bytes"]),
+            fmt_bytes(p["peak_rss_delta_bytes"]),
             vs_raw,
             vs_dcp,
             ok,

@@ -58,8 +58,7 @@ from goodput.ckpt.format import (
 )
 from goodput.ckpt.geometry import Region, flat_to_boxes
 from goodput.ckpt.readengine import Planner, Request
-
-from . import human_bytes
+from goodput.plan.units import fmt_bytes
 
 HIDDEN = 16384
 FFN = 53248
@@ -989,7 +988,7 @@ def render(res: dict, console: Any) -> None:
 
     rows = [
         ("chunks in metadata (DCP: flat ranges as boxes)", "chunks", "chunks", None, count),
-        ("metadata size", "metadata_bytes", "metadata_bytes", "metadata_bytes", human_bytes),
+        ("metadata size", "metadata_bytes", "metadata_bytes", "metadata_bytes", fmt_bytes),
         ("serialise (encode_metadata | pickle.dumps)", "encode_s", "pickle_s", "write_metadata", secs),
         ("read (decode + validate | pickle.loads)", "decode_validate_s", "unpickle_s", "read_metadata", secs),
         ("plan one rank's resharded load (slowest sampled)", "plan_s", "plan_s", "plan", secs),
@@ -1003,16 +1002,16 @@ def render(res: dict, console: Any) -> None:
     def commit_line(c: dict) -> str:
         return (
             f"goodput @ {cfg['ranks']} ranks through its own save/load code: msgpack decode of every rank's chunk "
-            f"records ({human_bytes(c['gathered_bytes'])}, decoded by rank 0 only, after gather_obj) "
+            f"records ({fmt_bytes(c['gathered_bytes'])}, decoded by rank 0 only, after gather_obj) "
             f"{c['gather_decode_s']:.3f} s; rank-0 commit (commit.commit: columns from the records, encode, "
             f"durable write, manifest) {c['commit_s']:.3f} s; Checkpoint(path) (manifest, metadata, decode, "
-            f"validate) {c['open_s']:.3f} s; {human_bytes(c['bytes_on_disk'])} on disk"
+            f"validate) {c['open_s']:.3f} s; {fmt_bytes(c['bytes_on_disk'])} on disk"
         )
 
     def agree_line(ag: dict) -> str:
         return (
             f"goodput save agreement @ {cfg['ranks']} ranks through agreement.agree: "
-            f"{ag['declarations']:,} declarations ({human_bytes(ag['gathered_bytes'])} gathered), "
+            f"{ag['declarations']:,} declarations ({fmt_bytes(ag['gathered_bytes'])} gathered), "
             f"{ag['replica_groups']:,} replica groups; one rank's declare + digest {ag['declare_s'] * 1e3:.2f} ms; "
             f"rank 0's decode + agree on a first save {ag['agree_s']:.3f} s; the largest rank writes "
             f"{ag['max_over_mean_bytes']:.3f} × the mean (stages hold unequal bytes: the embedding, lm_head), and "
@@ -1039,7 +1038,7 @@ def render(res: dict, console: Any) -> None:
             console.print(
                 f"DCP @ {n} ranks, not in the table: dcp.load also gathers every rank's load plan on the coordinator "
                 f"and scatters it back; unpickling them there would take ≈ {d['coordinator_unpickle_s_est']:.2f} s for "
-                f"≈ {human_bytes(d['coordinator_plans_bytes_est'])} (the sampled ranks' plans × {n}, an estimate). "
+                f"≈ {fmt_bytes(d['coordinator_plans_bytes_est'])} (the sampled ranks' plans × {n}, an estimate). "
                 "goodput's load has no collective."
             )
     g = Table(title="goals")

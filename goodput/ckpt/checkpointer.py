@@ -53,7 +53,7 @@ import torch.distributed as dist
 
 from . import collective, rng
 from .api import load
-from .async_save import AsyncSave, AsyncSaver, SaveTimings
+from .async_saver import AsyncSave, AsyncSaver, SaveTimings
 from .format import MANIFEST, CheckpointError
 from .reader import Checkpoint, latest, list_checkpoints
 from .storage import make_dirs, publish_atomic

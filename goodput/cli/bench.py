@@ -24,7 +24,7 @@ def _fail(e: Exception) -> None:
 
 
 def _size(text: str) -> int:
-    from goodput.bench import parse_size
+    from goodput.plan.units import parse_size
 
     try:
         return parse_size(text)
@@ -58,8 +58,8 @@ def ckpt(
     """Durable save and load (same layout, resharded) vs raw I/O, torch.save and DCP."""
     from rich.console import Console
 
-    from goodput.bench import parse_size
     from goodput.bench.ckpt import render, run
+    from goodput.plan.units import parse_size
 
     try:
         nbytes = parse_size(size)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -14,18 +15,11 @@ from rich.table import Table
 
 from goodput.ckpt.format import CheckpointError
 from goodput.ckpt.reader import Checkpoint, list_checkpoints
+from goodput.plan.units import UnitError, fmt_bytes, parse_size
 
 app = typer.Typer(no_args_is_help=True)
 console = Console()
 err = Console(stderr=True)
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"
 
 
 def _fail(e: Exception) -> None:
@@ -39,6 +33,15 @@ def ls(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Committed checkpoints under ROOT: step, size, files, commit time."""
+    if not root.is_dir():
+        what = "does not exist" if not root.exists() else "is not a directory"
+        err.print(f"[red]error:[/red] checkpoint root {str(root)!r} {what}")
+        raise typer.Exit(2)
+    try:
+        next(iter(os.scandir(root)), None)
+    except OSError as e:
+        err.print(f"[red]error:[/red] cannot read checkpoint root {str(root)!r}: {e.strerror}")
+        raise typer.Exit(2) from None
     found = list_checkpoints(root)
     rows = [
         {
@@ -55,13 +58,16 @@ def ls(
     if as_json:
         print(json.dumps(rows, indent=2))
         return
+    if not rows:
+        console.print(f"no committed checkpoint in {root}")
+        return
     t = Table(title=f"committed checkpoints in {root}")
     t.add_column("checkpoint", overflow="fold")
     for c in ("step", "size", "tensors", "files", "ranks", "committed"):
         t.add_column(c)
     for r in rows:
         t.add_row(
-            str(Path(r["path"]).relative_to(root)) if Path(r["path"]) != root else ".", str(r["step"]), human(r["bytes"]), str(r["tensors"]), str(r["files"]), str(r["world_size"]),
+            str(Path(r["path"]).relative_to(root)) if Path(r["path"]) != root else ".", str(r["step"]), fmt_bytes(r["bytes"]), str(r["tensors"]), str(r["files"]), str(r["world_size"]),
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created"])),
         )  # fmt: skip
     console.print(t)
@@ -111,7 +117,7 @@ def inspect(path: Path, as_json: bool = typer.Option(False, "--json")) -> None:
         print(json.dumps(out, indent=2, default=str))
         return
     console.print(
-        f"[bold]{path}[/bold]  step={ck.step}  save={ck.manifest.save_id}  ranks={ck.manifest.world_size}  data={human(ck.manifest.data_bytes)}"
+        f"[bold]{path}[/bold]  step={ck.step}  save={ck.manifest.save_id}  ranks={ck.manifest.world_size}  data={fmt_bytes(ck.manifest.data_bytes)}"
     )
     t = Table()
     for c in ("tensor", "dtype", "shape", "size", "chunks", "layout"):
@@ -120,13 +126,13 @@ def inspect(path: Path, as_json: bool = typer.Option(False, "--json")) -> None:
         layout = ", ".join(f"r{c['rank']}{c['region']}" for c in x["chunks"][:4])
         if len(x["chunks"]) > 4:
             layout += f", … (+{len(x['chunks']) - 4})"
-        t.add_row(x["name"], x["dtype"], str(tuple(x["shape"])), human(x["bytes"]), str(len(x["chunks"])), layout)
+        t.add_row(x["name"], x["dtype"], str(tuple(x["shape"])), fmt_bytes(x["bytes"]), str(len(x["chunks"])), layout)
     console.print(t)
     r = Table(title="bytes written per rank")
     r.add_column("rank")
     r.add_column("bytes")
     for k, v in out["bytes_per_rank"].items():
-        r.add_row(k, human(v))
+        r.add_row(k, fmt_bytes(v))
     console.print(r)
     if ck.values:
         console.print("values: " + ", ".join(f"{k}={v!r}" for k, v in list(ck.values.items())[:20]))
@@ -147,24 +153,16 @@ def verify(path: Path) -> None:
     except CheckpointError as e:
         _fail(e)
     console.print(
-        f"[green]ok[/green]: {path} ({human(checked)} in {ck.metadata.num_chunks} chunks, {len(ck.metadata.tensors)} tensors)"
+        f"[green]ok[/green]: {path} ({fmt_bytes(checked)} in {ck.metadata.num_chunks} chunks, {len(ck.metadata.tensors)} tensors)"
     )
 
 
 def _parse_bytes(text: str) -> int:
-    """``1073741824``, ``512MiB``, ``1G``, ``1.5GiB`` (binary units) -> bytes."""
-    s = text.strip().lower().removesuffix("ib").removesuffix("b")
-    mult = 1
-    if s and s[-1] in "kmgt":
-        mult = 1024 ** ("kmgt".index(s[-1]) + 1)
-        s = s[:-1]
+    """The project's one size parser: 1GB is 10^9 bytes, 1GiB 2^30."""
     try:
-        n = int(float(s) * mult)
-    except ValueError:
-        raise typer.BadParameter(f"not a size: {text!r} (try 1073741824, 512MiB or 2GiB)") from None
-    if n <= 0:
-        raise typer.BadParameter(f"must be positive: {text!r}")
-    return n
+        return parse_size(text)
+    except UnitError as e:
+        raise typer.BadParameter(str(e)) from None
 
 
 @app.command("import-dcp")
@@ -220,6 +218,6 @@ def import_dcp_cmd(
         err.print(f"[yellow]skipped[/yellow] {k}: {why}")
     how = "through a scratch file" if res.spilled else "in memory"
     console.print(
-        f"[green]ok[/green]: {dest} ({res.tensors} tensors, {human(res.bytes)}, {res.values} values, "
+        f"[green]ok[/green]: {dest} ({res.tensors} tensors, {fmt_bytes(res.bytes)}, {res.values} values, "
         f"{len(res.skipped)} skipped; {res.batches} batches {how}; {res.seconds:.1f}s)"
     )

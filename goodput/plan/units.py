@@ -80,6 +80,15 @@ def parse_bytes(text: str | float) -> float:
     return _positive(v * _scale_bytes(unit, text), text, "a size")
 
 
+def parse_size(text: str | int) -> int:
+    """A whole number of bytes (buffer sizes, benchmark sizes) read as :func:`parse_bytes` reads
+    one: "2GiB" is 2^31, "1GB" 10^9, "4096" bytes."""
+    n = parse_bytes(text)
+    if n != int(n):
+        raise UnitError(f"a size in bytes must be whole, got {text!r}")
+    return int(n)
+
+
 def parse_bandwidth(text: str | float) -> float:
     """Bytes/s from "100GB/s", "2TB/s", "400Gbps", "400Gb/s", "50 GiB/s"."""
     if isinstance(text, (int, float)):

@@ -185,3 +185,15 @@ def test_nccl_command(tmp_path: Path):
     assert r.exit_code == 0 and "1 of 2 inter-node connections" in r.output
     r = runner.invoke(app, ["plan", "nccl", str(tmp_path / "missing.log")])
     assert r.exit_code == 2
+
+
+def test_every_size_option_reads_units_the_same_way() -> None:
+    """One parser for the project: the ckpt and bench options read 1GB as 10^9 bytes, as plan does."""
+    from goodput.cli.bench import _size
+    from goodput.cli.ckpt import _parse_bytes
+
+    for text, n in (("1GB", 10**9), ("1GiB", 2**30), ("512MiB", 512 * 2**20), ("4096", 4096)):
+        assert U.parse_size(text) == _parse_bytes(text) == _size(text) == n
+    with pytest.raises(U.UnitError, match="whole"):
+        U.parse_size("1.5")
+    assert U.fmt_bytes(2**30) == "1.074 GB (1.000 GiB)"

@@ -162,12 +162,6 @@ class Prepared:
 _PLAN_CACHE: dict[tuple, CachedPlan] = {}  # (group, world, rank) -> the last agreement's part kept here
 
 
-def clear_plan_cache() -> None:
-    """Forget cached save plans (every rank must do so, or none: a rank that forgot just makes
-    the next save agree afresh)."""
-    _PLAN_CACHE.clear()
-
-
 def _cache_key(group: Any, rank: int, world: int) -> tuple:
     return (id(group) if group is not None and group is not collective.LOCAL else None, world, rank)
 

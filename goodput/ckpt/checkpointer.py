@@ -54,7 +54,7 @@ import torch.distributed as dist
 from . import collective, rng
 from .api import load
 from .async_saver import AsyncSave, AsyncSaver, SaveTimings
-from .format import MANIFEST, CheckpointError
+from .format import MANIFEST
 from .reader import Checkpoint, latest, list_checkpoints
 from .storage import make_dirs, publish_atomic
 
@@ -344,13 +344,3 @@ def _being_read(path: Path) -> bool:
             if now - m.stat().st_mtime < READER_TTL_S:
                 return True
     return False
-
-
-def latest_step(root: str | os.PathLike) -> int | None:
-    p = latest(root)
-    if p is None:
-        return None
-    try:
-        return Checkpoint(p).step
-    except CheckpointError:
-        return None

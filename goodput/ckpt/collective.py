@@ -112,10 +112,6 @@ def broadcast_bytes(payload: bytes | None, src: int = 0, group: Any = None) -> b
     return bytes(buf.cpu().numpy().tobytes())
 
 
-def all_gather_obj(obj: Any, group: Any = None) -> list[Any]:
-    return [msgspec.msgpack.decode(b) for b in all_gather_bytes(msgspec.msgpack.encode(obj), group)]
-
-
 def gather_obj(obj: Any, dst: int = 0, group: Any = None) -> list[Any] | None:
     got = gather_bytes(msgspec.msgpack.encode(obj), dst, group)
     return None if got is None else [msgspec.msgpack.decode(b) for b in got]

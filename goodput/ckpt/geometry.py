@@ -199,38 +199,6 @@ def build_index(shape: tuple[int, ...], regions: list[Region], owners: list[int]
     return BoxIndex(np.array(own, dtype=np.int64), lo, hi)
 
 
-def box_index_from_arrays(
-    shape: tuple[int, ...],
-    owner: np.ndarray,
-    offsets: np.ndarray,
-    sizes: np.ndarray,
-    flat_start: np.ndarray,
-    flat_count: np.ndarray,
-) -> BoxIndex:
-    """Vectorised :func:`build_index` for metadata columns; flat ranges are cut one by one."""
-    d = len(shape)
-    is_flat = flat_start >= 0
-    box_lo = offsets[~is_flat, :d]
-    box_hi = box_lo + sizes[~is_flat, :d]
-    box_own = owner[~is_flat]
-    nonempty = np.all(box_hi > box_lo, axis=1) if d else np.ones(len(box_own), bool)
-    parts_own = [box_own[nonempty]]
-    parts_lo = [box_lo[nonempty]]
-    parts_hi = [box_hi[nonempty]]
-    if is_flat.any():
-        regions = [Region.flat(int(s), int(c), d) for s, c in zip(flat_start[is_flat], flat_count[is_flat])]
-        flat_idx = build_index(shape, regions, [int(o) for o in owner[is_flat]])
-        parts_own.append(flat_idx.owner)
-        parts_lo.append(flat_idx.lo)
-        parts_hi.append(flat_idx.hi)
-    own = np.concatenate(parts_own)
-    return BoxIndex(
-        own,
-        np.concatenate(parts_lo).reshape(len(own), d),
-        np.concatenate(parts_hi).reshape(len(own), d),
-    )
-
-
 def tiling_error(shape: tuple[int, ...], regions: list[Region]) -> str | None:
     """Why ``regions`` do not tile a tensor of ``shape`` exactly (an overlap or a gap), or None."""
     numel = prod(shape)

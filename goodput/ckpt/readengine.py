@@ -607,26 +607,6 @@ def coalesce(spans: np.ndarray, block: int, budget: float) -> np.ndarray:
     return np.stack([starts, ends], axis=1)
 
 
-def copy_runs(
-    buf: np.ndarray,
-    lo: int,
-    hi: int,
-    src: np.ndarray,
-    end: np.ndarray,
-    dst: np.ndarray,
-    req: np.ndarray,
-    dests: list[np.ndarray],
-) -> None:
-    """Copy the parts of runs that fall in ``buf`` (chunk bytes [lo, hi)) to their destinations:
-    one strided numpy copy when the runs are evenly spaced (the resharding common case)."""
-    a = np.maximum(src, lo)
-    b = np.minimum(end, hi)
-    keep = a < b
-    if not keep.all():
-        a, b, src, dst, req = a[keep], b[keep], src[keep], dst[keep], req[keep]
-    copy_at(buf, a - lo, b - a, dst + (a - src), req, dests)
-
-
 def copy_at(buf: np.ndarray, sa: np.ndarray, n: np.ndarray, da: np.ndarray, req: np.ndarray, dests: list) -> None:
     """Copy ``n[i]`` bytes from ``buf[sa[i]:]`` to ``dests[req[i]][da[i]:]``: one strided numpy
     copy when the runs are evenly spaced on both sides (the resharding common case)."""

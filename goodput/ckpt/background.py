@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import time
 import traceback
 from pathlib import Path
@@ -29,13 +28,12 @@ import msgspec
 import numpy as np
 
 from .commit import _dec_region, commit, file_records, replica_mismatch
-from .format import MANIFEST, CheckpointError, decode_manifest
+from .format import DATA_FILE, MANIFEST, CheckpointError, decode_manifest
 from .geometry import Region, runs
 from .storage import remove_quietly
 from .writer import Piece, write_rank_files
 
 POLL_S = 0.01
-_OWN_FILE = re.compile(r"^data-[0-9a-f]{16}-r\d{5,}-\d+\.bin$")
 
 
 def report_failure(path: Path, save_id: str, rank: int, error: str) -> None:
@@ -176,7 +174,7 @@ def _commit_when_all_done(job: dict[str, Any], path: Path, t_start: float) -> di
         for r in range(world):  # this save's files are orphans now
             for m in reports.get(r, {}).get("files", []):
                 name = m[0][0]
-                if isinstance(name, str) and _OWN_FILE.match(name) and save_id in name:  # never a path from a file
+                if isinstance(name, str) and DATA_FILE.match(name) and save_id in name:  # never a path from a file
                     remove_quietly(path / name)
     for r in range(world):
         remove_quietly(path / done_name(save_id, r))

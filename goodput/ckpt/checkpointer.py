@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import signal
 import socket
@@ -54,13 +53,12 @@ import torch.distributed as dist
 from . import collective, rng
 from .api import load
 from .async_saver import AsyncSave, AsyncSaver, SaveTimings
-from .format import MANIFEST
+from .format import MANIFEST, STEP_DIR, step_dir_name
 from .reader import Checkpoint, latest, list_checkpoints
 from .storage import make_dirs, publish_atomic
 
 PREEMPTED_EXIT = 75
 LATEST = "latest"
-_STEP_DIR = re.compile(r"^step_(\d{9,})$")
 READER_TTL_S = 3600.0
 
 
@@ -78,7 +76,7 @@ class CommitEvent:
 
 
 def step_dir(root: Path, step: int) -> Path:
-    return root / f"step_{step:09d}"
+    return root / step_dir_name(step)
 
 
 class Checkpointer:
@@ -296,11 +294,11 @@ class Checkpointer:
         removed: list[Path] = []
         with self._lock:
             committed = [
-                (p, m.step) for p, m in list_checkpoints(self.root) if _STEP_DIR.match(p.name) and m.step is not None
+                (p, m.step) for p, m in list_checkpoints(self.root) if STEP_DIR.match(p.name) and m.step is not None
             ]
             committed_paths = {p for p, _ in committed}
             for p in sorted(self.root.iterdir()) if self.root.is_dir() else []:
-                mt = _STEP_DIR.match(p.name)
+                mt = STEP_DIR.match(p.name)
                 if not mt or not p.is_dir() or p in committed_paths:
                     continue
                 s = int(mt.group(1))

@@ -24,6 +24,7 @@ from .format import (
     TensorEntry,
     check_file_name,
     encode_metadata,
+    metadata_file_name,
 )
 from .geometry import Region
 from .storage import fsync_dir, publish_atomic, write_durable
@@ -100,7 +101,7 @@ def commit(
             cols["sizes"][i, : len(r.sizes)] = r.sizes
     md = Metadata(save_id, block_bytes, tensors, files, values, cols)
     raw = encode_metadata(md)
-    mname = f"metadata-{save_id}.bin"
+    mname = metadata_file_name(save_id)
     write_durable(path / mname, raw)
     fsync_dir(path)  # the data files' and metadata's names are durable before the commit
     manifest = Manifest(

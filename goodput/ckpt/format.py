@@ -29,6 +29,22 @@ DEFAULT_BLOCK = 4096  # bytes covered by one block checksum
 MAX_NDIM = 32
 _FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 _SAVE_ID_RE = re.compile(r"^[0-9a-f]{16,32}$")
+# the step directories a Checkpointer writes under its root, and what latest() recognises
+STEP_DIR = re.compile(r"^step_(\d{9,})$")
+# the data files one save writes (its save id in each name), which a failed save's cleanup may remove
+DATA_FILE = re.compile(r"^data-[0-9a-f]{16}-r\d{5,}-\d+\.bin$")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:09d}"
+
+
+def data_file_name(save_id: str, rank: int, index: int) -> str:
+    return f"data-{save_id}-r{rank:05d}-{index}.bin"
+
+
+def metadata_file_name(save_id: str) -> str:
+    return f"metadata-{save_id}.bin"
 
 
 class CheckpointError(Exception):

@@ -7,7 +7,6 @@ any tensor or sub-box of one as a numpy array, reading only the bytes that box n
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ import numpy as np
 from .dtypes import bf16_bits_to_f32, dtype
 from .format import (
     MANIFEST,
+    STEP_DIR,
     CheckpointError,
     Manifest,
     Metadata,
@@ -234,9 +234,6 @@ def open(path: str | os.PathLike) -> Checkpoint:  # noqa: A001 - mirrors the bui
     return Checkpoint(path)
 
 
-_STEP_NAME = re.compile(r"^step_(\d{9,})$")
-
-
 def is_committed(path: str | os.PathLike) -> bool:
     try:
         read_manifest(Path(path))
@@ -266,14 +263,14 @@ def latest(root: str | os.PathLike) -> Path | None:
     root = Path(root)
     try:
         name = (root / "latest").read_text().strip()
-        m = _STEP_NAME.match(name)
+        m = STEP_DIR.match(name)
         if m and is_committed(root / name):
             # a crash between a commit and the pointer's update leaves it behind: prefer any
             # newer committed step directory (names only are listed, manifests of newer ones read)
             newer = sorted(
                 (int(q.group(1)), p.name)
                 for p in root.iterdir()
-                if (q := _STEP_NAME.match(p.name)) and int(q.group(1)) > int(m.group(1))
+                if (q := STEP_DIR.match(p.name)) and int(q.group(1)) > int(m.group(1))
             )
             for _, n in reversed(newer):
                 if is_committed(root / n):

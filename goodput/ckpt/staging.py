@@ -22,9 +22,8 @@ import numpy as np
 import torch
 
 from .dtypes import dtype as dtype_info
+from .format import ALIGN  # page-aligned slots: the writer can use O_DIRECT straight from them
 from .state import TensorLeaf
-
-ALIGN = 4096  # page-aligned slots: the writer can use O_DIRECT straight from them
 
 
 @dataclass(frozen=True)

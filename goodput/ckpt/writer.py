@@ -20,7 +20,7 @@ import crc32c
 import numpy as np
 
 from .crc import combine_blocks
-from .format import ALIGN
+from .format import ALIGN, data_file_name
 from .geometry import Region
 from .storage import write_all
 
@@ -223,10 +223,6 @@ def _write(path: str, pieces: list[Piece], block_bytes: int, direct: bool) -> Fi
         raise
     out.close()
     return FileResult(os.path.basename(path), out.pos, crc_offset, len(crcs), records, time.perf_counter() - t0)
-
-
-def data_file_name(save_id: str, rank: int, index: int) -> str:
-    return f"data-{save_id}-r{rank:05d}-{index}.bin"
 
 
 AUTO_FILES_MIN_BYTES = 256 << 20  # a rank writing at least this much writes two files at once

@@ -1,5 +1,5 @@
 """Tests run ranks through the package's own launcher (real processes, real gloo)."""
 
-from goodput.localdist import RankFailure, run_ranks
+from goodput.demo.localdist import RankFailure, run_ranks
 
 __all__ = ["RankFailure", "run_ranks"]

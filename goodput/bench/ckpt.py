@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from goodput.localdist import run_ranks
+from goodput.demo.localdist import run_ranks
 from goodput.plan.units import fmt_bytes
 
 GB = 1e9

@@ -30,30 +30,30 @@ def demo(
 ) -> None:
     """Train with async checkpoints, kill a rank, resume on one, check every byte; then reshard."""
     if sched_live:
-        from goodput.demo_sched_live import run_sched_live_demo
+        from goodput.demo.sched_live import run_sched_live_demo
 
         raise typer.Exit(run_sched_live_demo(workdir or None))
     if part == "sched":
-        from goodput.demo_sched import run_sched_demo
+        from goodput.demo.sched import run_sched_demo
 
         raise typer.Exit(run_sched_demo(workdir or None))
     if part == "live":
-        from goodput.demo_live import run_live_demo
+        from goodput.demo.live import run_live_demo
 
         raise typer.Exit(run_live_demo(workdir or None))
     if part == "reshard":
-        from goodput.demo_reshard import run_reshard_demo
+        from goodput.demo.reshard import run_reshard_demo
 
         raise typer.Exit(run_reshard_demo(workdir or None))
-    from goodput.demo import run_demo
+    from goodput.demo.train import run_demo
 
     code = run_demo(workdir or None, "all" if part == "all" else "train", mtbf)
     if part == "all" and code == 0:
-        from goodput.demo_sched import run_sched_demo
+        from goodput.demo.sched import run_sched_demo
 
         code = run_sched_demo(None)
     if part == "all" and code == 0:
-        from goodput.demo_live import run_live_demo
+        from goodput.demo.live import run_live_demo
 
         code = run_live_demo(None)  # about 12 s on 2 cores
     raise typer.Exit(code)

@@ -6,7 +6,7 @@
     torchrun -m goodput.sched.example_dist_job --steps N     # K from PET_NPROC_PER_NODE (the executor sets it)
     python -m goodput.sched.example_dist_job --steps N       # one process: RANK 0 of WORLD_SIZE 1
 
-The model is the project demo's TinyGPT (``goodput.demo_worker``): every step's global batch is
+The model is the project demo's TinyGPT (``goodput.demo.worker``): every step's global batch is
 the same 8 samples whatever the world size (2 ranks take 4 each and all-reduce; 1 rank computes
 both halves and sums them in the same order), so a run resumed on another number of workers
 follows the same arithmetic. State = model + AdamW state, saved with the sharded
@@ -34,7 +34,7 @@ def build(seed: int = 0) -> tuple[Any, Any]:
     """The model and optimizer as every start builds them (Adam state created by a zero-lr step)."""
     import torch
 
-    from goodput.demo_worker import TinyGPT
+    from goodput.demo.worker import TinyGPT
 
     torch.manual_seed(seed)
     model = TinyGPT()
@@ -56,7 +56,7 @@ def reference(steps: int | list[int], seed: int = 0) -> Any:
     steps: ``{step: state}`` from one pass)."""
     import torch
 
-    from goodput.demo_worker import train_step
+    from goodput.demo.worker import train_step
 
     want = sorted({steps} if isinstance(steps, int) else set(steps))
     threads = torch.get_num_threads()
@@ -103,7 +103,7 @@ def main() -> int:
     import torch.distributed as dist
 
     from goodput.ckpt import Checkpointer
-    from goodput.demo_worker import train_step
+    from goodput.demo.worker import train_step
     from goodput.sched.client import CommitReporter
 
     torch.set_num_threads(1)

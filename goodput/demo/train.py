@@ -35,10 +35,10 @@ TOLERANCE = 1e-6
 
 def _spawn(root: Path, rank: int, world: int, init: str, *extra: str, quiet: bool = False) -> subprocess.Popen:
     env = dict(os.environ)
-    pkg_root = str(Path(__file__).resolve().parents[1])
+    pkg_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return subprocess.Popen(
-        [sys.executable, "-m", "goodput.demo_worker", str(root), str(rank), str(world), init, *extra],
+        [sys.executable, "-m", "goodput.demo.worker", str(root), str(rank), str(world), init, *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL if quiet else None,
         text=True,
@@ -240,7 +240,7 @@ def run_demo(workdir: str | None = None, part: str = "all", mtbf: str = "3.09h")
         if own:
             shutil.rmtree(base, ignore_errors=True)
     if part in ("all", "reshard"):
-        from goodput.demo_reshard import run_reshard_demo
+        from goodput.demo.reshard import run_reshard_demo
 
         ok &= run_reshard_demo(None) == 0
     console.rule("[green]all checks passed" if ok else "[red]a check failed")
@@ -254,7 +254,7 @@ def _restored_equals(path: Path) -> list[str]:
     import torch
 
     import goodput.ckpt as gc
-    from goodput.demo_worker import TinyGPT
+    from goodput.demo.worker import TinyGPT
 
     torch.manual_seed(1)
     model = TinyGPT()

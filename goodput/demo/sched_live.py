@@ -40,7 +40,7 @@ from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
-from goodput.demo_live import console, events_of, get, job_pythonpath, report_checks
+from goodput.demo.live import console, events_of, get, job_pythonpath, report_checks
 
 SLOTS = 4
 STEP_S = 0.1

@@ -119,7 +119,7 @@ def run_reshard_demo(workdir: str | None = None) -> int:
     import torch
 
     import goodput.ckpt as gc
-    from goodput.localdist import run_ranks
+    from goodput.demo.localdist import run_ranks
 
     own = workdir is None
     root = Path(workdir or tempfile.mkdtemp(prefix="goodput-demo-"))

@@ -72,7 +72,7 @@ def run_live_demo(workdir: str | None = None) -> int:
     base.mkdir(parents=True, exist_ok=True)
     checks: list[tuple[str, bool, str]] = []
     old_pp = os.environ.get("PYTHONPATH")
-    pkg_root = str(Path(__file__).resolve().parents[1])  # the jobs import goodput as this process does
+    pkg_root = str(Path(__file__).resolve().parents[2])  # the jobs import goodput as this process does
     os.environ["PYTHONPATH"] = pkg_root + (os.pathsep + old_pp if old_pp else "")
     svc = server = thread = None
     try:
@@ -199,7 +199,7 @@ def run_live_demo(workdir: str | None = None) -> int:
 
 
 def report_checks(checks: list[tuple[str, bool, str]]) -> int:
-    """Print the checks table; 0 if every check passed, else 1 (also used by goodput.demo_sched_live)."""
+    """Print the checks table; 0 if every check passed, else 1 (also used by goodput.demo.sched_live)."""
     t = Table("check", "", "details", title="checks", title_justify="left")
     for what, ok, detail in checks:
         t.add_row(what, "[green]ok[/green]" if ok else "[red]FAILED[/red]", detail)
@@ -213,7 +213,7 @@ def report_checks(checks: list[tuple[str, bool, str]]) -> int:
 def job_pythonpath() -> Iterator[None]:
     """Jobs started from here import goodput as this process does (PYTHONPATH), restored after."""
     old_pp = os.environ.get("PYTHONPATH")
-    pkg_root = str(Path(__file__).resolve().parents[1])
+    pkg_root = str(Path(__file__).resolve().parents[2])
     os.environ["PYTHONPATH"] = pkg_root + (os.pathsep + old_pp if old_pp else "")
     try:
         yield

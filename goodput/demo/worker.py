@@ -1,4 +1,4 @@
-"""One rank of the demo's training job: ``python -m goodput.demo_worker ...`` (see goodput.demo).
+"""One rank of the demo's training job: ``python -m goodput.demo.worker ...`` (see goodput.demo).
 
 A small GPT-style model trained data-parallel on the CPU (gloo). Every step's global batch is
 the same 8 samples whatever the world size: with 2 ranks each takes 4 and gradients are summed by

@@ -257,7 +257,7 @@ def test_cli_import_dcp(dcp_dir: Path, tmp_path: Path) -> None:
     assert "scratch file" in _flat(r.output)
     _check(dest, _tensors())
     r = runner.invoke(app, ["ckpt", "import-dcp", str(dcp_dir), str(tmp_path / "x"), "--max-batch-bytes", "lots"])
-    assert r.exit_code != 0 and "not a size" in _flat(r.output)
+    assert r.exit_code != 0 and "cannot read 'lots' as a size" in _flat(r.output)
 
 
 def test_cli_reports_skipped(tmp_path: Path) -> None:

@@ -1,0 +1,87 @@
+"""A checkpoint written by an earlier build loads, bit for bit, with this one (format version 1)."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import goodput.ckpt as gc
+from tests.ckpt import old_format as old
+
+DATA = Path(__file__).parent / "data" / "v1-5fe0497"
+
+
+@pytest.fixture
+def ck(tmp_path: Path) -> Path:
+    """A copy: a test must never be able to change the kept checkpoint."""
+    dst = tmp_path / "old"
+    shutil.copytree(DATA, dst)
+    return dst
+
+
+def _blank_like(state: dict) -> dict:
+    out: dict = {}
+    for k, v in state.items():
+        if isinstance(v, dict):
+            out[k] = _blank_like(v)
+        elif isinstance(v, torch.Tensor):
+            out[k] = torch.zeros_like(v)
+        elif isinstance(v, np.ndarray):
+            out[k] = np.zeros_like(v)
+        else:
+            out[k] = None
+    return out
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, float) and math.isnan(a):
+        return isinstance(b, float) and math.isnan(b)
+    return a == b
+
+
+def test_old_checkpoint_loads_whole(ck: Path) -> None:
+    want = old.replicated_state()
+    got = _blank_like(want)
+    got["tp"] = torch.zeros(old.GLOBAL)
+    got["zero"] = torch.zeros(old.FLAT_N)
+    res = gc.load(got, ck)
+    assert res.step == old.STEP
+    for k, t in want["model"].items():
+        assert torch.equal(got["model"][k], t), k
+        assert got["model"][k].dtype == t.dtype
+    assert np.array_equal(got["np"], want["np"])
+    for k in ("step", "lr", "nan", "pair", "groups", "name", "none"):
+        assert _same(got[k], want[k]), k
+    assert torch.equal(got["tp"], old.global_sharded())
+    assert torch.equal(got["zero"], old.global_flat())
+
+
+def test_old_checkpoint_loads_resharded(ck: Path) -> None:
+    """Into three ranks' worth of shards, none of them the layout it was saved with."""
+    full, flat = old.global_sharded(), old.global_flat()
+    for r in range(3):
+        cols = slice(r * 4, min(10, r * 4 + 4))
+        width = cols.stop - cols.start
+        lo, hi = r * 13, min(old.FLAT_N, r * 13 + 13)
+        state = {
+            "tp": gc.LocalShard(torch.zeros(old.GLOBAL[0], width), old.GLOBAL, (0, cols.start)),
+            "zero": gc.FlatShard(torch.zeros(hi - lo), (old.FLAT_N,), lo),
+        }
+        gc.load(state, ck, strict=False)
+        assert torch.equal(state["tp"].tensor, full[:, cols])
+        assert torch.equal(state["zero"].tensor, flat[lo:hi])
+
+
+def test_old_checkpoint_verifies_and_reads_without_torch_types(ck: Path) -> None:
+    assert gc.verify(ck) > 0
+    c = gc.open(ck)
+    assert c.step == old.STEP
+    assert c.manifest.user == old.USER
+    assert np.array_equal(c.read("model.i64"), old.replicated_state()["model"]["i64"].numpy())
+    assert np.array_equal(c.read("tp"), old.global_sharded().numpy())
+    assert gc.latest(ck.parent) is None or gc.latest(ck.parent) == ck

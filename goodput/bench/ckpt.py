@@ -490,7 +490,7 @@ def _ours_state(specs, rank, world, layout, fill):
 
 
 def _ours_save(rank, world, specs, root, sub="ours", files=None):
-    from goodput.ckpt.api import save  # imported before the clock starts
+    from goodput.ckpt.saver import save  # imported before the clock starts
 
     sd, _ = _ours_state(specs, rank, world, "rows", True)
 
@@ -506,7 +506,7 @@ def _ours_save_one_file(rank, world, specs, root):
 
 
 def _ours_load_any(rank, world, specs, root, layout, amplification=1.1):
-    from goodput.ckpt.api import load
+    from goodput.ckpt.loader import load
 
     sd, locs = _ours_state(specs, rank, world, layout, False)
 

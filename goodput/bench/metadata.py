@@ -57,7 +57,7 @@ from goodput.ckpt.format import (
     encode_metadata,
 )
 from goodput.ckpt.geometry import Region, flat_to_boxes
-from goodput.ckpt.readengine import Planner, Request
+from goodput.ckpt.read_plan import ReadPlanner, Request
 from goodput.plan.units import fmt_bytes
 
 HIDDEN = 16384
@@ -402,13 +402,13 @@ def load_wants(lay: Layout, new: Parallel, rank: int) -> list[Want]:
 
 
 def plan_ours(md: Metadata, wants: list[Want]) -> tuple[float, dict]:
-    """Time ``Planner(md).plan`` for one rank's requests. Planning only checks a destination's
+    """Time ``ReadPlanner(md).plan`` for one rank's requests. Planning only checks a destination's
     length, so each is a zero-stride view of one byte: no memory, and no mapping of gigabytes
     for the kernel to set up and tear down around the timed call."""
     one = np.zeros(1, np.uint8)
     reqs = [Request(w.name, w.region, np.lib.stride_tricks.as_strided(one, (w.nbytes,), (0,))) for w in wants]
     t0 = time.perf_counter()
-    ops = Planner(md).plan(reqs)
+    ops = ReadPlanner(md).plan(reqs)
     secs = time.perf_counter() - t0
     # the byte runs are expanded batch by batch as the load consumes the plan (DCP, likewise,
     # works out each read item's byte range as it reads): reported apart, not in the goal

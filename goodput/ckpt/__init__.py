@@ -14,16 +14,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from .format import CheckpointError
+from .errors import CheckpointError
 from .reader import Checkpoint, TensorInfo, latest, list_checkpoints, open
 
 _LAZY = {
-    "save": ".api",
-    "load": ".api",
-    "verify": ".api",
-    "SaveError": ".api",
-    "SaveResult": ".api",
-    "LoadResult": ".api",
+    "save": ".saver",
+    "SaveResult": ".saver",
+    "load": ".loader",
+    "LoadResult": ".loader",
+    "verify": ".loader",
+    "SaveError": ".errors",
     "async_save": ".async_saver",
     "AsyncSaver": ".async_saver",
     "AsyncSave": ".async_saver",

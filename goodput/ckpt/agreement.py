@@ -1,4 +1,10 @@
-"""The save's agreement: from every rank's declarations, one verdict and one write plan, in columns.
+"""The save's agreement: from every rank's declarations, one verdict and one save plan, in columns.
+
+The *save plan* says who writes what: chunks held by one rank are written by it; a chunk held by
+several ranks (a replica) is written by one of them, and a large replica is first cut along a
+dimension into pieces so that the load can be balanced (longest-processing-time first, onto the
+least-loaded holder): with DDP, where everything is replicated, each rank writes about 1/N of the
+bytes. (The read side has its own plan, :mod:`goodput.ckpt.read_plan`.)
 
 Rank 0 receives what every rank holds and decides, for everyone: one dtype and shape per tensor,
 equal values, shards that tile every tensor exactly, and who writes what (a chunk held by one
@@ -32,17 +38,52 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from .chunk_index import tiling_errors_columns
 from .dtypes import dtype as dtype_info
-from .format import CheckpointError, shape_error
+from .errors import SaveError
+from .format import shape_error
 from .geometry import Region
-from .index import tiling_errors_columns
 
 PIECE_FRACTION = 1 / 32  # a replica is cut into pieces of about this share of a rank's bytes
 MIN_PIECE = 4 << 10  # but no smaller than a checksum block (pieces stay ~3 % of a share: balance holds)
 
 
-class SaveError(CheckpointError):
-    """A save failed; nothing was committed. The message names the rank, key or file at fault."""
+# --------------------------------------------------------------------------- the save plan
+
+
+@dataclass(frozen=True)
+class Assignment:
+    rank: int
+    name: str
+    piece: Region  # the region written
+    source: Region  # the holder's local region it is cut from
+
+
+def split_region(region: Region, k: int) -> list[Region]:
+    """Cut a region into up to ``k`` pieces of nearly equal size, along one dimension."""
+    if k <= 1 or region.numel <= 1:
+        return [region]
+    if region.is_flat:
+        n = region.flat_count
+        k = min(k, n)
+        edges = [region.flat_start + (n * i) // k for i in range(k + 1)]
+        d = len(region.offsets)
+        return [Region.flat(a, b - a, d) for a, b in zip(edges, edges[1:]) if b > a]
+    dims = [j for j, s in enumerate(region.sizes) if s >= 2]
+    if not dims:
+        return [region]
+    j = dims[0]
+    n = region.sizes[j]
+    k = min(k, n)
+    edges = [(n * i) // k for i in range(k + 1)]
+    out = []
+    for a, b in zip(edges, edges[1:]):
+        offs = list(region.offsets)
+        sizes = list(region.sizes)
+        offs[j] += a
+        sizes[j] = b - a
+        out.append(Region.box(offs, sizes))
+    return out
 
 
 # --------------------------------------------------------------------------- one rank's side
@@ -97,7 +138,7 @@ DECL_FIELDS = ("names", "specs", "spec_of", "ndim", "regions")
 
 
 def digest(decl: dict[str, Any]) -> bytes:
-    """What identifies a rank's declarations (for the plan cache): all of them, not values."""
+    """What identifies a rank's declarations (for the agreement cache): all of them, not values."""
     h = hashlib.blake2b(digest_size=16)
     for k in DECL_FIELDS:
         v = decl[k]
@@ -257,7 +298,7 @@ def agree_values(msgs: list[dict], meta: dict) -> dict[str, Any]:
     return values
 
 
-def _group(keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def group_rows(keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Rows grouped by equal keys: ``(order, starts)`` with the rows of group g at
     ``order[starts[g]:starts[g+1]]``, in their original (rank) order within the group."""
     n = len(keys[0])
@@ -290,7 +331,7 @@ def _group(keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 def _pieces(rows: _Rows, ndims: np.ndarray, nbytes: np.ndarray, numel: np.ndarray, k: np.ndarray) -> _Rows:
     """Each row cut into ``k[i]`` nearly equal pieces along one dimension (the first of size >= 2;
-    a flat range along itself), as :func:`plan_save.split_region` cuts one region."""
+    a flat range along itself), as :func:`split_region` cuts one region."""
     n = len(rows.tid)
     D = rows.offs.shape[1]
     flat = rows.fs >= 0
@@ -322,7 +363,7 @@ def _pieces(rows: _Rows, ndims: np.ndarray, nbytes: np.ndarray, numel: np.ndarra
 
 
 def agree(msgs: list[dict], world: int, path: Path | str) -> Agreement:
-    """The verdict and write plan from every rank's message (``declare`` output plus ``rank``
+    """The verdict and save plan from every rank's message (``declare`` output plus ``rank``
     and ``values``, msgpack bytes). Pure: the same messages give the same agreement."""
     names, meta, rows = _declared(msgs)
     values = agree_values(msgs, meta)
@@ -349,7 +390,7 @@ def agree(msgs: list[dict], world: int, path: Path | str) -> Agreement:
         rows = rows.take(keep)
         numel = numel[keep]
 
-    order, starts = _group(rows.keys())
+    order, starts = group_rows(rows.keys())
     first = order[starts[:-1]]  # one row per distinct (tensor, region)
     count = np.diff(starts)
     u = rows.take(first)
@@ -491,10 +532,10 @@ def decode_orders(
 
 
 @dataclass
-class CachedPlan:
+class CachedAgreement:
     """What a rank keeps of the last agreement: its id and this rank's part of it."""
 
-    plan_id: bytes
+    agreement_id: bytes
     digest: bytes  # this rank's declarations it was made from
     orders: dict[str, Any]
     has_replicas: bool
@@ -504,7 +545,7 @@ class CachedPlan:
     agreement: Agreement | None = None
 
 
-def plan_id(digests: list[bytes]) -> bytes:
+def agreement_id(digests: list[bytes]) -> bytes:
     h = hashlib.blake2b(digest_size=16)
     for d in digests:
         h.update(d)

@@ -11,7 +11,8 @@ while the training loop runs its own. Here the background talks through the file
    timeout writes an *abort file* with the reason and commits nothing;
 3. the other ranks wait for the manifest carrying their save id, or the abort file.
 
-numpy only: it runs in a persistent worker process (no torch import) or in a thread.
+numpy only: it runs in the persistent writer process (:mod:`goodput.ckpt.writer_process`, no
+torch import) or in a thread of the trainer.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +27,9 @@ import crc32c
 import msgspec
 import numpy as np
 
-from .commit import _dec_region, commit, file_records, replica_mismatch
-from .format import DATA_FILE, MANIFEST, CheckpointError, decode_manifest
+from .commit import commit_round, file_records
+from .errors import CheckpointError, describe
+from .format import DATA_FILE, MANIFEST, decode_manifest
 from .geometry import Region, runs
 from .storage import remove_quietly
 from .writer import Piece, write_rank_files
@@ -98,7 +99,7 @@ def run_job(job: dict[str, Any], buf: np.ndarray) -> dict[str, Any]:
         pieces = []
         for name, piece_enc, source_enc in job["pieces"]:
             off, _nbytes, shape, item = leaves[name]
-            piece, source = _dec_region(piece_enc), _dec_region(source_enc)
+            piece, source = Region.decode(piece_enc), Region.decode(source_enc)
             if piece.is_flat and source.is_flat:
                 a = off + (piece.flat_start - source.flat_start) * item
                 data = buf[a : a + piece.flat_count * item]
@@ -109,7 +110,7 @@ def run_job(job: dict[str, Any], buf: np.ndarray) -> dict[str, Any]:
             str(path), save_id, rank, pieces, job["block_bytes"], job.get("files_per_rank"), job.get("direct", False)
         )
     except BaseException as e:  # noqa: BLE001 - reported to rank 0 and to the caller
-        error = f"{type(e).__name__}: {e}"
+        error = describe(e)
     timings["write_s"] = time.perf_counter() - t0
     try:
         _put(
@@ -150,22 +151,22 @@ def _commit_when_all_done(job: dict[str, Any], path: Path, t_start: float) -> di
                 error = f"ranks {missing} did not finish writing within {job['timeout']:.0f} s (crashed or stalled)"
                 break
             time.sleep(POLL_S)
-    if error is None:
-        errs = [f"rank {m['rank']}: {m['error']}" for m in reports.values() if m.get("error")]
-        if errs:
-            error = "; ".join(errs)
-    if error is None:
-        c = job["commit"]
-        keys = [(name, _dec_region(reg)) for name, reg in c["replica_keys"]]
-        error = replica_mismatch(path, keys, [reports[r] for r in range(world)])
     stale: list[Path] = []
     if error is None:
-        try:
-            meta = {k: (v[0], v[1], v[2]) for k, v in c["meta"].items()}
-            written = [reports[r] for r in range(world)]
-            stale = commit(path, save_id, job["step"], world, meta, c["values"], written, job["block_bytes"], c["user"])
-        except Exception as e:  # noqa: BLE001 - raised before the manifest's rename: nothing committed
-            error = f"commit failed: {type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
+        c = job["commit"]
+        outcome = commit_round(
+            path,
+            save_id,
+            job["step"],
+            world,
+            {k: (v[0], v[1], v[2]) for k, v in c["meta"].items()},
+            c["values"],
+            [reports[r] for r in range(world)],
+            job["block_bytes"],
+            c["user"],
+            [(name, Region.decode(reg)) for name, reg in c["replica_keys"]],
+        )
+        error, stale = outcome.error, outcome.stale
     for p in stale:  # past the commit point: best effort, never an abort
         remove_quietly(p)
     if error is not None:
@@ -203,133 +204,9 @@ def _wait_for_commit(job: dict[str, Any], path: Path, t_start: float) -> dict[st
         time.sleep(POLL_S)
 
 
-def _recv(f: Any) -> Any:
-    head = f.read(8)
-    if len(head) < 8:
-        return None
-    n = int.from_bytes(head, "little")
-    return msgspec.msgpack.decode(f.read(n))
+def __getattr__(name: str) -> Any:  # transitional: async_saver imports WriterProcess from here
+    if name == "WriterProcess":
+        from .writer_process import WriterProcess
 
-
-def _send(f: Any, obj: Any) -> None:
-    raw = msgspec.msgpack.encode(obj)
-    f.write(len(raw).to_bytes(8, "little") + raw)
-    f.flush()
-
-
-class WriterProcess:
-    """A persistent writer process, started with ``python -m goodput.ckpt.background`` (not
-    multiprocessing's spawn, which would re-run the user's training script), fed length-prefixed
-    msgpack jobs on stdin, answering on stdout."""
-
-    def __init__(self) -> None:
-        import subprocess
-        import sys
-
-        root = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "goodput.ckpt.background"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
-        )
-        self.attached: str | None = None
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def attach(self, shm_name: str) -> None:
-        """Map the staging segment now, so that its name can be unlinked at once: a killed job
-        then leaks no shared memory (the mappings keep it alive, nothing else does)."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        _send(self.proc.stdin, ["attach", shm_name])
-        out = _recv(self.proc.stdout)
-        if not out or not out.get("ok"):
-            raise RuntimeError(f"the writer process could not map the staging buffer: {out and out.get('error')}")
-        self.attached = shm_name
-
-    def run(self, job: dict[str, Any], shm_name: str, size: int) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        _send(self.proc.stdin, [job, shm_name, size])
-        out = _recv(self.proc.stdout)
-        if out is None:
-            raise RuntimeError(f"the writer process exited (status {self.proc.poll()})")
-        return out
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except Exception:  # noqa: BLE001
-            self.proc.kill()
-
-
-def serve() -> None:
-    """The writer process's loop: one job at a time, from the trainer's shared staging buffer."""
-    import sys
-
-    inp, out = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # nothing but answers on the pipe
-    attached: dict[str, Any] = {}
-    _lower_priority()
-
-    def attach(name: str) -> Any:
-        shm = attached.get(name)
-        if shm is None:
-            for old in attached.values():  # a grown buffer replaces the old one: one mapping at a time
-                with contextlib.suppress(BufferError):
-                    old.close()
-            attached.clear()
-            shm = attached[name] = _attach(name)
-        return shm
-
-    while True:
-        msg = _recv(inp)
-        if msg is None:
-            break
-        if msg[0] == "attach":
-            try:
-                attach(msg[1])
-                _send(out, {"ok": True})
-            except BaseException as e:  # noqa: BLE001
-                _send(out, {"ok": False, "error": f"{type(e).__name__}: {e}"})
-            continue
-        job, shm_name, size = msg
-        try:
-            shm = attach(shm_name)
-            buf = np.ndarray((size,), np.uint8, buffer=shm.buf)
-            res = run_job(job, buf)
-            del buf
-        except BaseException as e:  # noqa: BLE001
-            res = {"ok": False, "error": f"writer process: {type(e).__name__}: {e}", "bytes": 0, "timings": {}}
-        _send(out, res)
-    for shm in attached.values():
-        with contextlib.suppress(BufferError):
-            shm.close()
-
-
-def _lower_priority() -> None:
-    """Stay out of the trainer's way: CPU only when it is idle, disk in the idle class."""
-    with contextlib.suppress(OSError, AttributeError):
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    with contextlib.suppress(OSError):
-        os.nice(19)
-    with contextlib.suppress(OSError, FileNotFoundError):
-        import subprocess
-
-        subprocess.run(["ionice", "-c", "3", "-p", str(os.getpid())], check=False, capture_output=True, timeout=5)
-
-
-def _attach(name: str) -> Any:
-    """Attach to the trainer's segment without letting this process's resource tracker own it."""
-    from multiprocessing import resource_tracker, shared_memory
-
-    shm = shared_memory.SharedMemory(name=name)
-    with contextlib.suppress(Exception):
-        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-    return shm
-
-
-if __name__ == "__main__":
-    serve()
+        return WriterProcess
+    raise AttributeError(name)

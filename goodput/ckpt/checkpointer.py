@@ -51,9 +51,9 @@ import torch
 import torch.distributed as dist
 
 from . import collective, rng
-from .api import load
 from .async_saver import AsyncSave, AsyncSaver, SaveTimings
 from .format import MANIFEST, STEP_DIR, step_dir_name
+from .loader import load
 from .reader import Checkpoint, latest, list_checkpoints
 from .storage import make_dirs, publish_atomic
 

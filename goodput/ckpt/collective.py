@@ -126,3 +126,15 @@ def broadcast_obj(obj: Any, src: int = 0, group: Any = None) -> Any:
     rank, _ = world(group)
     raw = msgspec.msgpack.encode(obj) if rank == src else None
     return msgspec.msgpack.decode(broadcast_bytes(raw, src, group))
+
+
+def name_ranks(msg: str, group: Any) -> str:
+    """Ranks in messages are positions in the save's group; on a sub-group, say which processes
+    those are (global ranks), so the message names the process at fault."""
+    if group is None or group is LOCAL or not dist.is_initialized():
+        return msg
+    members = dist.get_process_group_ranks(group)
+    if members == list(range(dist.get_world_size())):
+        return msg
+    shown = str(members) if len(members) <= 16 else f"[{members[0]}, {members[1]}, ..., {members[-1]}] ({len(members)})"
+    return f"{msg} [ranks are numbered within the save's process group; its ranks 0, 1, ... are global ranks {shown}]"

@@ -1,11 +1,17 @@
 """The commit: rank 0 turns every rank's chunk records into the global metadata, then publishes
-the manifest (the commit point). numpy only, so the background writer process can run it
-without importing torch.
+the manifest (the commit point).
+
+:func:`commit_round` is rank 0's one decision once every rank has reported (its files and chunk
+records, the checksums of the replicas it holds, or its error): a save gathers the reports with a
+collective (:mod:`goodput.ckpt.saver`), an asynchronous save through done files
+(:mod:`goodput.ckpt.background`); both then decide here, and word a failure the same way.
+numpy only, so the background writer process can run it without importing torch.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +19,7 @@ import crc32c
 import msgspec
 import numpy as np
 
+from .errors import CheckpointError, describe, rank_errors
 from .format import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -31,26 +38,55 @@ from .storage import fsync_dir, publish_atomic, write_durable
 from .writer import FileResult
 
 
-def _enc_region(r: Region) -> list:
-    return [list(r.offsets), list(r.sizes), r.flat_start, r.flat_count]
-
-
-def _dec_region(x: list) -> Region:
-    return Region(tuple(x[0]), tuple(x[1]), int(x[2]), int(x[3]))
-
-
 def file_records(results: list[FileResult]) -> list[list]:
     """This rank's files and chunk records, as sent to the committing rank."""
     return [
         [
             [r.name, r.bytes, r.crc_offset, r.crc_count],
-            [
-                [c.name, _enc_region(c.region), c.offset, c.length, c.crc32c, c.block0, c.blocks_crc32c]
-                for c in r.records
-            ],
+            [[c.name, c.region.encode(), c.offset, c.length, c.crc32c, c.block0, c.blocks_crc32c] for c in r.records],
         ]
         for r in results
     ]
+
+
+@dataclass
+class Outcome:
+    """Rank 0's verdict on a save: committed, or why not; and the files of older saves that the
+    commit made garbage (removed after the other ranks are released)."""
+
+    ok: bool
+    error: str | None = None
+    stale: list[Path] = field(default_factory=list)
+
+
+def commit_round(
+    path: Path,
+    save_id: str,
+    step: int | None,
+    world: int,
+    meta: dict[str, tuple[str, list[int], str]],
+    values: dict[str, Any],
+    reports: list[dict],
+    block_bytes: int,
+    user: dict[str, Any],
+    replica_keys: list[tuple[str, Region]] | None = None,
+) -> Outcome:
+    """Commit if every rank wrote and (given ``replica_keys``) every replica group agrees.
+
+    ``reports``: one per rank, ``{"rank", "error", "files"[, "crcs"]}``. Nothing is committed on
+    any failure; the error names the ranks at fault."""
+    errs = rank_errors(reports)
+    if errs:
+        return Outcome(False, f"failed while writing; nothing was committed. {errs}")
+    if replica_keys:
+        mismatch = replica_mismatch(replica_keys, reports)
+        if mismatch:
+            return Outcome(False, f"failed: {mismatch}")
+    try:
+        stale = commit(path, save_id, step, world, meta, values, reports, block_bytes, user)
+    except Exception as e:  # raised before the manifest's rename: nothing committed
+        return Outcome(False, f"failed at commit on rank 0: {describe(e)}")
+    return Outcome(True, None, stale)
 
 
 def commit(
@@ -76,7 +112,7 @@ def commit(
         check_file_name(name, f"rank {rank}'s report")
         files.append(FileEntry(name, nbytes, crc_off, crc_count, rank))
         for tname, reg, off, length, crc, block0, table_crc in records:
-            r = _dec_region(reg)
+            r = Region.decode(reg)
             rows.append((tid[tname], r.flat_start, tuple(r.offsets), fid, off, length, crc, block0, r, table_crc))
     rows.sort(key=lambda x: (x[0], x[1], x[2]))
     ndim = max([len(t.shape) for t in tensors], default=0)
@@ -127,7 +163,7 @@ LEFTOVER_AGE_S = 600.0
 
 def previous_files(path: Path) -> set[str]:
     """The files the manifest about to be replaced references (they go once the new one is in)."""
-    from .format import CheckpointError, decode_manifest, decode_metadata
+    from .format import decode_manifest, decode_metadata
 
     try:
         old = decode_manifest((path / MANIFEST).read_bytes(), str(path / MANIFEST))
@@ -156,7 +192,7 @@ def stale_files(path: Path, keep: set[str], replaced: set[str]) -> list[Path]:
     return out
 
 
-def replica_mismatch(path: Path, replica_keys: list[tuple[str, Region]], reports: list[dict]) -> str | None:
+def replica_mismatch(replica_keys: list[tuple[str, Region]], reports: list[dict]) -> str | None:
     """The first replica group whose holders reported different checksums, as an error message.
 
     ``reports``: one per rank, ``{"rank": r, "crcs": [[group index, crc], ...]}``. Vectorised:
@@ -173,7 +209,7 @@ def replica_mismatch(path: Path, replica_keys: list[tuple[str, Region]], reports
     if len(g) == 0:
         return None
     if g.min() < 0 or g.max() >= len(replica_keys):
-        return f"save to {str(path)!r} failed: a rank reported a checksum for an unknown replica group"
+        return "a rank reported a checksum for an unknown replica group"
     lo = np.full(len(replica_keys), np.iinfo(np.int64).max)
     hi = np.full(len(replica_keys), np.iinfo(np.int64).min)
     np.minimum.at(lo, g, c)
@@ -189,7 +225,11 @@ def replica_mismatch(path: Path, replica_keys: list[tuple[str, Region]], reports
         groups.setdefault(int(c[k]), []).append(int(r[k]))
     desc = " vs ".join(f"ranks {v}" for v in groups.values())
     return (
-        f"save to {str(path)!r} failed: replicas of {name!r} {region.describe()} differ across ranks ({desc}); "
+        f"replicas of {name!r} {region.describe()} differ across ranks ({desc}); "
         "a tensor without a declared layout must be identical on every rank (declare shards with "
         "DTensor, LocalShard or FlatShard)"
     )
+
+
+def _enc_region(r: Region) -> list:  # transitional: async_saver imports it from here
+    return r.encode()

@@ -18,6 +18,7 @@ import msgspec
 import numpy as np
 
 from .dtypes import DTYPES, dtype
+from .errors import CheckpointError
 from .geometry import Region
 
 FORMAT_NAME = "goodput.ckpt"
@@ -45,10 +46,6 @@ def data_file_name(save_id: str, rank: int, index: int) -> str:
 
 def metadata_file_name(save_id: str) -> str:
     return f"metadata-{save_id}.bin"
-
-
-class CheckpointError(Exception):
-    """A checkpoint is missing, corrupt, foreign or malformed. The message names what is wrong."""
 
 
 class MetadataRef(msgspec.Struct, forbid_unknown_fields=False):
@@ -135,9 +132,9 @@ class Metadata:
     _box_table: Any = field(default=None, repr=False, compare=False)
 
     def box_table(self) -> Any:
-        """The chunks' spatial index (:class:`goodput.ckpt.index.BoxTable`), built once."""
+        """The chunks' spatial index (:class:`goodput.ckpt.chunk_index.BoxTable`), built once."""
         if self._box_table is None:
-            from .index import build_box_table
+            from .chunk_index import build_box_table
 
             self._box_table = build_box_table(self)
         return self._box_table
@@ -490,7 +487,7 @@ def validate_metadata(md: Metadata, where: str) -> None:
 def check_disjoint(md: Metadata, where: str) -> None:
     """No two chunks of a tensor may share an element: a reader would otherwise take an overlap
     for coverage and could fill a request from the wrong bytes while the counts still add up."""
-    from .index import overlapping_chunks
+    from .chunk_index import overlapping_chunks
 
     try:
         pair = overlapping_chunks(md.box_table())

@@ -69,6 +69,14 @@ class Region:
         strides = row_major_strides(self.sizes)
         return strides, -int(np.dot(strides, np.asarray(self.offsets, dtype=np.int64)))
 
+    def encode(self) -> list:
+        """As sent between ranks and processes (msgpack): ``[offsets, sizes, flat_start, flat_count]``."""
+        return [list(self.offsets), list(self.sizes), self.flat_start, self.flat_count]
+
+    @staticmethod
+    def decode(x: list) -> Region:
+        return Region(tuple(x[0]), tuple(x[1]), int(x[2]), int(x[3]))
+
     def describe(self) -> str:
         if self.is_flat:
             return f"flat[{self.flat_start}:{self.flat_start + self.flat_count}]"
@@ -149,72 +157,6 @@ def runs(
     # dims were expanded from inner to outer; sort so runs follow source order (sequential I/O)
     order = np.argsort(src_start, kind="stable")
     return src_start[order], dst_start[order], run
-
-
-class BoxIndex:
-    """Finds the saved boxes that meet a query box without looking at all of them.
-
-    Boxes are sorted by their start along dimension 0; a query looks only at the window of starts
-    that could reach it (``[q_lo - max_extent, q_hi)``), then tests the other dimensions
-    vectorised. For row-sharded layouts (the common case: TP, FSDP, DP shards along dim 0) the
-    window holds just the boxes that meet the query, so a plan costs O(log n + hits) per query.
-    """
-
-    def __init__(self, owner: np.ndarray, lo: np.ndarray, hi: np.ndarray):
-        self.ndim = lo.shape[1] if lo.ndim == 2 else 0
-        if self.ndim == 0 or len(owner) == 0:
-            self.owner, self.lo, self.hi = owner, lo, hi
-            self.max_extent = 0
-            return
-        order = np.argsort(lo[:, 0], kind="stable")
-        self.owner, self.lo, self.hi = owner[order], lo[order], hi[order]
-        self.max_extent = int((self.hi[:, 0] - self.lo[:, 0]).max())
-
-    def query(self, qlo: np.ndarray, qhi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(owner, lo, hi) of each non-empty intersection of the query with an indexed box."""
-        if self.ndim == 0:
-            return self.owner, self.lo, self.hi
-        starts = self.lo[:, 0]
-        a = int(np.searchsorted(starts, qlo[0] - self.max_extent, side="right"))
-        b = int(np.searchsorted(starts, qhi[0], side="left"))
-        lo = np.maximum(self.lo[a:b], qlo)
-        hi = np.minimum(self.hi[a:b], qhi)
-        keep = np.all(hi > lo, axis=1)
-        return self.owner[a:b][keep], lo[keep], hi[keep]
-
-
-def build_index(shape: tuple[int, ...], regions: list[Region], owners: list[int]) -> BoxIndex:
-    """Index the boxes of saved regions (flat ranges cut into boxes), each tagged by its owner."""
-    d = len(shape)
-    own: list[int] = []
-    los: list[tuple[int, ...]] = []
-    his: list[tuple[int, ...]] = []
-    for region, owner in zip(regions, owners):
-        for offs, sizes in region.boxes(shape):
-            own.append(owner)
-            los.append(offs)
-            his.append(tuple(o + s for o, s in zip(offs, sizes)))
-    lo = np.array(los, dtype=np.int64).reshape(len(los), d)
-    hi = np.array(his, dtype=np.int64).reshape(len(his), d)
-    return BoxIndex(np.array(own, dtype=np.int64), lo, hi)
-
-
-def tiling_error(shape: tuple[int, ...], regions: list[Region]) -> str | None:
-    """Why ``regions`` do not tile a tensor of ``shape`` exactly (an overlap or a gap), or None."""
-    numel = prod(shape)
-    if len(regions) > 1:
-        idx = build_index(shape, regions, list(range(len(regions))))
-        for i, r in enumerate(regions):
-            for offs, sizes in r.boxes(shape):
-                lo = np.asarray(offs, np.int64)
-                owners, _, _ = idx.query(lo, lo + np.asarray(sizes, np.int64))
-                if np.any(owners != i):
-                    j = int(owners[owners != i][0])
-                    return f"{r.describe()} and {regions[j].describe()} overlap"
-    total = sum(r.numel for r in regions)
-    if total != numel:
-        return f"the pieces hold {total} of the tensor's {numel} elements (shape {shape})"
-    return None
 
 
 # --------------------------------------------------------------------------- vectorised forms

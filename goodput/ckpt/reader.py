@@ -26,7 +26,8 @@ from .format import (
     decode_value,
 )
 from .geometry import Region
-from .readengine import DEFAULT_READ_BUFFER, Files, Planner, ReadStats, Request, read_requests
+from .read_exec import DEFAULT_READ_BUFFER, Files, ReadStats, read_requests
+from .read_plan import ReadPlanner, Request
 from .storage import pread_into, read_inside
 
 MAX_MANIFEST_BYTES = 64 << 20  # a manifest is a few hundred bytes plus the user's own dict
@@ -72,7 +73,7 @@ class Checkpoint:
         mpath = self.path / mref.name
         raw = read_inside(mpath, "metadata file", mref.bytes)
         self.metadata: Metadata = decode_metadata(raw, str(mpath), self.manifest)
-        self._planner = Planner(self.metadata)
+        self._planner = ReadPlanner(self.metadata)
         self._tensors: dict[str, TensorInfo] | None = None
 
     # ------------------------------------------------------------------ description
@@ -183,7 +184,7 @@ class Checkpoint:
             for fid in range(len(md.files)):
                 files.fd(fid)  # presence and size, even for files with no chunk
             from .crc import combine_blocks
-            from .readengine import check_blocks, chunk_block_crcs
+            from .read_exec import check_blocks, chunk_block_crcs
 
             for ch in np.argsort(c["file"].astype(np.int64) * (1 << 40) + c["offset"], kind="stable").tolist():
                 fd = files.fd(int(c["file"][ch]))

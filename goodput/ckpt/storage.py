@@ -13,6 +13,16 @@ import contextlib
 import os
 import stat
 from pathlib import Path
+from typing import Any
+
+
+def checkpoint_path(path: Any, checkpoint_id: Any) -> Path:
+    """The checkpoint a call names, given as ``path`` or as DCP's ``checkpoint_id=``."""
+    if path is None and checkpoint_id is None:
+        raise TypeError("give the checkpoint's path (or checkpoint_id=)")
+    if path is not None and checkpoint_id is not None and Path(path) != Path(checkpoint_id):
+        raise TypeError("give either path or checkpoint_id, not two different ones")
+    return Path(path if path is not None else checkpoint_id)
 
 
 def fsync_dir(path: str | os.PathLike) -> None:

@@ -250,7 +250,7 @@ def write_rank_files(
     Pieces are spread largest first over the files; only when that leaves the files more than
     10 % apart are large pieces cut along their leading dimension (a contiguous byte range each),
     so the metadata gains chunks only where balance needs them."""
-    from .plan_save import split_region
+    from .agreement import split_region
 
     if not pieces:
         return []

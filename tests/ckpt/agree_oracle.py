@@ -8,12 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from goodput.ckpt.agreement import SaveError
-from goodput.ckpt.commit import _dec_region, _enc_region
+from goodput.ckpt.agreement import Assignment, split_region
 from goodput.ckpt.dtypes import dtype as dtype_info
+from goodput.ckpt.errors import SaveError
 from goodput.ckpt.geometry import Region
-from goodput.ckpt.index import tiling_errors
-from goodput.ckpt.plan_save import Assignment, split_region
+from tests.ckpt.geometry_oracle import tiling_errors
 
 
 @dataclass(frozen=True)
@@ -48,7 +47,7 @@ def agree(gathered: list[dict], world: int, path: Path) -> OldAgreement:
             prev = meta.setdefault(name, (dt, shape, kind))
             if prev != (dt, shape, kind):
                 raise SaveError(f"{name!r}: rank {m['rank']} holds {dt}{shape}, another rank {prev[0]}{prev[1]}")
-            region = _dec_region(reg)
+            region = Region.decode(reg)
             if region.numel:
                 ds.append(Decl(name, region, nbytes))
         per_rank.append(ds)
@@ -77,7 +76,7 @@ def agree(gathered: list[dict], world: int, path: Path) -> OldAgreement:
     if bad:
         name = names[bad[0]] if names else "?"
         raise SaveError(f"save to {str(path)!r} failed: {name!r}: the ranks' shards do not tile it: {bad[1]}")
-    replica_keys = sorted((k for k, hs in holders.items() if len(hs) > 1), key=lambda k: (k[0], _enc_region(k[1])))
+    replica_keys = sorted((k for k, hs in holders.items() if len(hs) > 1), key=lambda k: (k[0], k[1].encode()))
     plan = plan_writes(per_rank)
     bytes_per_rank = [0] * world
     for a in plan:

@@ -14,10 +14,8 @@ from hypothesis import strategies as st
 
 import goodput.ckpt as gc
 from goodput.ckpt.agreement import Declaration as FakeLeaf
-from goodput.ckpt.agreement import SaveError, agree, declare, decode_orders
-from goodput.ckpt.commit import _enc_region
+from goodput.ckpt.agreement import SaveError, agree, declare, decode_orders, split_region
 from goodput.ckpt.geometry import Region
-from goodput.ckpt.plan_save import split_region
 from tests.ckpt.agree_oracle import agree as old_agree
 from tests.distributed import run_ranks
 
@@ -82,7 +80,7 @@ def _old_msgs(ranks: list[list[FakeLeaf]]) -> list[dict]:
                 lf.dtype,
                 list(lf.global_shape),
                 lf.kind,
-                _enc_region(lf.region),
+                lf.region.encode(),
                 lf.region.numel * dtype_info(lf.dtype).itemsize,
             ]
             for lf in ls
@@ -178,15 +176,15 @@ def test_replica_writing_balances_within_1_1(world: int, shapes: list, unique_ro
 
 
 def test_groups_found_despite_a_hash_collision_fallback() -> None:
-    from goodput.ckpt.agreement import _group
+    from goodput.ckpt.agreement import group_rows
 
     keys = [np.array([3, 1, 3, 2, 1]), np.array([0, 0, 0, 5, 0])]
-    order, starts = _group(keys)
+    order, starts = group_rows(keys)
     groups = [sorted(order[a:b].tolist()) for a, b in zip(starts[:-1], starts[1:])]
     assert sorted(groups) == [[0, 2], [1, 4], [3]]
 
 
-# --------------------------------------------------------------------------- the plan cache, on real ranks
+# --------------------------------------------------------------------------- the agreement cache, on real ranks
 
 
 def _save_three_times(rank: int, world: int, path: str) -> list:

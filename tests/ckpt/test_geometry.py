@@ -9,10 +9,11 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from goodput.ckpt.agreement import split_region
 from goodput.ckpt.format import FileEntry, Metadata, TensorEntry
-from goodput.ckpt.geometry import Region, build_index, cut_flat_many, expand_runs, flat_to_boxes, runs
-from goodput.ckpt.plan_save import split_region
-from goodput.ckpt.readengine import Planner, Request
+from goodput.ckpt.geometry import Region, cut_flat_many, expand_runs, flat_to_boxes, runs
+from goodput.ckpt.read_plan import ReadPlanner, Request
+from tests.ckpt.geometry_oracle import build_index
 
 shapes = st.lists(st.integers(1, 6), min_size=0, max_size=4).map(tuple)
 
@@ -247,7 +248,7 @@ def test_planner_fills_many_requests_at_once_like_the_oracle(tensor_shapes, data
     reqs = [Request(f"t{t}", q, d.view(np.uint8)) for t, q, d in zip(asks, qs, dests)]
     # a small run budget cuts boxes and batches: the plan must still be exact
     budget = data.draw(st.sampled_from([1, 2, 3, 7, 1 << 18]))
-    plan = Planner(md).plan(reqs, run_budget=budget)
+    plan = ReadPlanner(md).plan(reqs, run_budget=budget)
     written = [np.zeros(q.numel, bool) for q in qs]
     last = (-1, -1)
     for ops in plan:
@@ -277,24 +278,24 @@ def test_planner_names_the_tensor_it_cannot_fill():
 
     md = metadata_for([("a", (8, 4), [Region.box((0, 0), (4, 4))]), ("b", (6,), [Region.flat(0, 6, 1)])])
     with pytest.raises(CheckpointError, match=r"tensor 'a'.*\[2:6, 0:4\].*8 of 16"):
-        Planner(md).plan(
+        ReadPlanner(md).plan(
             [
                 Request("b", Region.flat(0, 6, 1), np.zeros(48, np.uint8)),
                 Request("a", Region.box((2, 0), (4, 4)), np.zeros(128, np.uint8)),
             ]
         )
     with pytest.raises(CheckpointError, match="'c' is not in the checkpoint"):
-        Planner(md).plan([Request("c", Region.flat(0, 1, 1), np.zeros(8, np.uint8))])
+        ReadPlanner(md).plan([Request("c", Region.flat(0, 1, 1), np.zeros(8, np.uint8))])
     with pytest.raises(CheckpointError, match=r"'b': region flat\[4:8\] lies outside its shape \(6,\)"):
-        Planner(md).plan([Request("b", Region.flat(4, 4, 1), np.zeros(32, np.uint8))])
+        ReadPlanner(md).plan([Request("b", Region.flat(4, 4, 1), np.zeros(32, np.uint8))])
     with pytest.raises(CheckpointError, match=r"'a': region \[-1:3, 0:4\] lies outside"):
-        Planner(md).plan([Request("a", Region.box((-1, 0), (4, 4)), np.zeros(128, np.uint8))])
+        ReadPlanner(md).plan([Request("a", Region.box((-1, 0), (4, 4)), np.zeros(128, np.uint8))])
     with pytest.raises(CheckpointError, match="'a': region .* has 1 dims, the tensor 2"):
-        Planner(md).plan([Request("a", Region.box((0,), (4,)), np.zeros(32, np.uint8))])
+        ReadPlanner(md).plan([Request("a", Region.box((0,), (4,)), np.zeros(32, np.uint8))])
     with pytest.raises(CheckpointError, match="'b': region .* has 3 dims, the tensor 1"):
-        Planner(md).plan([Request("b", Region.box((0, 0, 0), (1, 1, 6)), np.zeros(48, np.uint8))])
+        ReadPlanner(md).plan([Request("b", Region.box((0, 0, 0), (1, 1, 6)), np.zeros(48, np.uint8))])
     with pytest.raises(ValueError, match="'b': destination holds 40 bytes"):
-        Planner(md).plan([Request("b", Region.flat(0, 6, 1), np.zeros(40, np.uint8))])
+        ReadPlanner(md).plan([Request("b", Region.flat(0, 6, 1), np.zeros(40, np.uint8))])
 
 
 def test_validation_refuses_overlaps_even_when_counts_add_up():
@@ -335,7 +336,7 @@ def test_planner_on_many_column_shards_stays_linear():
     n = 4096
     md = metadata_for([("c", (2, n), [Region.box((0, i), (2, 1)) for i in range(n)])])
     reqs = [Request("c", Region.box((0, i), (2, 1)), np.zeros(16, np.uint8)) for i in range(n)]
-    plan = Planner(md).plan(reqs)
+    plan = ReadPlanner(md).plan(reqs)
     assert len(plan) == n and plan.runs == n
     assert plan.candidates <= 2 * n  # not n * n
 
@@ -345,8 +346,7 @@ def test_planner_on_many_column_shards_stays_linear():
 def test_tiling_errors_agrees_with_the_per_tensor_check(tensor_shapes, data):
     """The vectorised all-tensor check (save path) gives the same verdict as the reference
     per-tensor one, on tilings with a piece dropped or an extra piece added."""
-    from goodput.ckpt.geometry import tiling_error
-    from goodput.ckpt.index import tiling_errors
+    from tests.ckpt.geometry_oracle import tiling_error, tiling_errors
 
     regions: list[tuple[int, Region]] = []
     want = None
@@ -372,8 +372,8 @@ def test_tiling_errors_agrees_with_the_per_tensor_check(tensor_shapes, data):
 def test_index_scans_the_dimension_with_the_fewest_comparisons():
     """Row 0 one box, row 1 cut into unit cells: counting starts past 0 would pick rows and
     compare every pair of cells; the index picks columns and compares next to nothing."""
+    from goodput.ckpt.chunk_index import overlapping_chunks
     from goodput.ckpt.format import validate_metadata
-    from goodput.ckpt.index import overlapping_chunks
 
     m = 3000
     regions = [Region.box((0, 0), (1, m))] + [Region.box((1, j), (1, 1)) for j in range(m)]
@@ -387,7 +387,7 @@ def test_index_scans_the_dimension_with_the_fewest_comparisons():
 def test_index_refuses_extents_that_would_wrap_its_keys():
     import pytest
 
-    from goodput.ckpt.index import build_box_table_from
+    from goodput.ckpt.chunk_index import build_box_table_from
 
     T = (1 << 14) + 1  # sum of extents 2**48 each: past 2**62
     shapes = np.full((T, 1), 1 << 48, np.int64)
@@ -417,7 +417,7 @@ def test_a_plan_holds_at_most_its_run_budget():
     rows = 10_000
     md = metadata_for([("w", (rows, 4), [Region.box((0, i), (rows, 1)) for i in range(4)])])
     dest = np.zeros(rows * 4 * 8, np.uint8)
-    plan = Planner(md).plan([Request("w", Region.box((0, 0), (rows, 4)), dest)], run_budget=1000)
+    plan = ReadPlanner(md).plan([Request("w", Region.box((0, 0), (rows, 4)), dest)], run_budget=1000)
     assert plan.runs == 4 * rows
     seen = np.zeros(rows * 4, np.int64)
     batches = list(plan.batches())

@@ -193,30 +193,6 @@ def overlapping_chunks(t: BoxTable, batch: int | None = None) -> tuple[int, int]
     return None
 
 
-def tiling_errors(shapes: list[tuple[int, ...]], regions: list[tuple[int, Region]]) -> tuple[int, str] | None:
-    """Why the regions do not tile their tensors exactly, as ``(tensor index, reason)``, or None.
-
-    ``regions`` pairs a tensor index with a region of it; see :func:`tiling_errors_columns`.
-    """
-    T = len(shapes)
-    D = max([len(s) for s in shapes], default=0)
-    shape_t = np.ones((T, max(D, 1)), np.int64)
-    for i, s in enumerate(shapes):
-        shape_t[i, : len(s)] = s
-    ndims = np.array([len(s) for s in shapes], np.int64)
-    n = len(regions)
-    tid = np.array([t for t, _ in regions], np.int64)
-    fs = np.array([r.flat_start for _, r in regions], np.int64)
-    fc = np.array([r.flat_count for _, r in regions], np.int64)
-    offs = np.zeros((n, D), np.int64)
-    sizes = np.zeros((n, D), np.int64)
-    for i, (_, r) in enumerate(regions):
-        if not r.is_flat and r.sizes:
-            offs[i, : len(r.offsets)] = r.offsets
-            sizes[i, : len(r.sizes)] = r.sizes
-    return tiling_errors_columns(shape_t, ndims, tid, fs, fc, offs, sizes, lambda i: regions[i][1])
-
-
 def tiling_errors_columns(
     shape_t: np.ndarray,
     ndims: np.ndarray,

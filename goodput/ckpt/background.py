@@ -18,7 +18,6 @@ torch import) or in a thread of the trainer.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -29,9 +28,9 @@ import numpy as np
 
 from .commit import commit_round, file_records
 from .errors import CheckpointError, describe
-from .format import DATA_FILE, MANIFEST, decode_manifest
+from .format import DATA_FILE, MANIFEST, MAX_MANIFEST_BYTES, decode_manifest
 from .geometry import Region, runs
-from .storage import remove_quietly
+from .storage import Storage, storage_for
 from .writer import Piece, write_rank_files
 
 POLL_S = 0.01
@@ -40,7 +39,7 @@ POLL_S = 0.01
 def report_failure(path: Path, save_id: str, rank: int, error: str) -> None:
     """Tell rank 0 at once that this rank will not write (it aborts instead of timing out)."""
     with contextlib.suppress(OSError):
-        _put(path / done_name(save_id, rank), {"rank": rank, "error": error, "files": [], "crcs": []})
+        _put(storage_for(path), path, done_name(save_id, rank), {"rank": rank, "error": error, "files": [], "crcs": []})
 
 
 def done_name(save_id: str, rank: int) -> str:
@@ -51,10 +50,22 @@ def abort_name(save_id: str) -> str:
     return f".goodput-{save_id}.abort"
 
 
-def _put(path: Path, obj: Any) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_bytes(msgspec.msgpack.encode(obj))
-    os.replace(tmp, path)
+REPORT_LIMIT = 1 << 30  # a done or abort file: one rank's chunk records, or a reason
+
+
+def _put(storage: Storage, path: Path, name: str, obj: Any) -> None:
+    """Atomically: rank 0 polls for these files and must never read half of one."""
+    storage.publish(path, name, msgspec.msgpack.encode(obj))
+
+
+def _get(storage: Storage, path: Path, name: str, what: str) -> Any:
+    raw = storage.get_if_exists(path, name, what, REPORT_LIMIT)
+    if raw is None:
+        return None
+    try:
+        return msgspec.msgpack.decode(raw)
+    except msgspec.DecodeError:
+        return None
 
 
 def staged_piece(
@@ -86,6 +97,7 @@ def run_job(job: dict[str, Any], buf: np.ndarray) -> dict[str, Any]:
     """Write this rank's share of a save from ``buf`` (the staged copy), and commit if rank 0."""
     t0 = time.perf_counter()
     path = Path(job["path"])
+    storage = storage_for(job["path"])
     save_id, rank = job["save_id"], job["rank"]
     timings: dict[str, float] = {}
     results = []
@@ -107,23 +119,32 @@ def run_job(job: dict[str, Any], buf: np.ndarray) -> dict[str, Any]:
                 data = staged_piece(buf, off, source, piece, tuple(shape), item)
             pieces.append(Piece(name, piece, data))
         results = write_rank_files(
-            str(path), save_id, rank, pieces, job["block_bytes"], job.get("files_per_rank"), job.get("direct", False)
+            storage,
+            str(path),
+            save_id,
+            rank,
+            pieces,
+            job["block_bytes"],
+            job.get("files_per_rank"),
+            job.get("direct", False),
         )
     except BaseException as e:  # noqa: BLE001 - reported to rank 0 and to the caller
         error = describe(e)
     timings["write_s"] = time.perf_counter() - t0
     try:
         _put(
-            path / done_name(save_id, rank),
+            storage,
+            path,
+            done_name(save_id, rank),
             {"rank": rank, "error": error, "files": file_records(results), "crcs": crcs},
         )
     except OSError as e:
         error = error or f"cannot report to rank 0: {e}"
     t1 = time.perf_counter()
     if rank == 0:
-        outcome = _commit_when_all_done(job, path, t1)
+        outcome = _commit_when_all_done(storage, job, path, t1)
     else:
-        outcome = _wait_for_commit(job, path, t1)
+        outcome = _wait_for_commit(storage, job, path, t1)
     timings["commit_s"] = time.perf_counter() - t1
     timings["total_s"] = time.perf_counter() - t0
     if error and outcome.get("ok"):
@@ -132,7 +153,7 @@ def run_job(job: dict[str, Any], buf: np.ndarray) -> dict[str, Any]:
     return {**outcome, "error": outcome.get("error") or error, "bytes": written, "timings": timings, "rank": rank}
 
 
-def _commit_when_all_done(job: dict[str, Any], path: Path, t_start: float) -> dict[str, Any]:
+def _commit_when_all_done(storage: Storage, job: dict[str, Any], path: Path, t_start: float) -> dict[str, Any]:
     save_id, world = job["save_id"], job["world"]
     deadline = t_start + job["timeout"]
     reports: dict[int, dict] = {}
@@ -141,20 +162,21 @@ def _commit_when_all_done(job: dict[str, Any], path: Path, t_start: float) -> di
         for r in range(world):
             if r in reports:
                 continue
-            f = path / done_name(save_id, r)
-            if f.exists():
-                with contextlib.suppress(OSError, msgspec.DecodeError):
-                    reports[r] = msgspec.msgpack.decode(f.read_bytes())
+            with contextlib.suppress(OSError):
+                got = _get(storage, path, done_name(save_id, r), f"rank {r}'s done file")
+                if isinstance(got, dict):
+                    reports[r] = got
         if len(reports) < world:
             if time.perf_counter() > deadline:
                 missing = sorted(set(range(world)) - set(reports))
                 error = f"ranks {missing} did not finish writing within {job['timeout']:.0f} s (crashed or stalled)"
                 break
             time.sleep(POLL_S)
-    stale: list[Path] = []
+    stale: list[str] = []
     if error is None:
         c = job["commit"]
         outcome = commit_round(
+            storage,
             path,
             save_id,
             job["step"],
@@ -167,38 +189,37 @@ def _commit_when_all_done(job: dict[str, Any], path: Path, t_start: float) -> di
             [(name, Region.decode(reg)) for name, reg in c["replica_keys"]],
         )
         error, stale = outcome.error, outcome.stale
-    for p in stale:  # past the commit point: best effort, never an abort
-        remove_quietly(p)
+    for name in stale:  # past the commit point: best effort, never an abort
+        storage.remove(path, name)
     if error is not None:
         with contextlib.suppress(OSError):
-            _put(path / abort_name(save_id), {"error": error})
+            _put(storage, path, abort_name(save_id), {"error": error})
         for r in range(world):  # this save's files are orphans now
             for m in reports.get(r, {}).get("files", []):
                 name = m[0][0]
                 if isinstance(name, str) and DATA_FILE.match(name) and save_id in name:  # never a path from a file
-                    remove_quietly(path / name)
+                    storage.remove(path, name)
     for r in range(world):
-        remove_quietly(path / done_name(save_id, r))
+        storage.remove(path, done_name(save_id, r))
     return {"ok": error is None, "error": error}
 
 
-def _wait_for_commit(job: dict[str, Any], path: Path, t_start: float) -> dict[str, Any]:
+def _wait_for_commit(storage: Storage, job: dict[str, Any], path: Path, t_start: float) -> dict[str, Any]:
     save_id = job["save_id"]
     # rank 0 may start its own wait later than this rank (it writes too): wait well past its deadline
     deadline = t_start + 2 * job["timeout"] + 60
     while True:
-        ab = path / abort_name(save_id)
-        if ab.exists():
+        if storage.exists(path, abort_name(save_id)):
             try:
-                reason = msgspec.msgpack.decode(ab.read_bytes()).get("error")
-            except (OSError, msgspec.DecodeError):
+                got = _get(storage, path, abort_name(save_id), "abort file")
+                reason = got.get("error") if isinstance(got, dict) else "unknown"
+            except OSError:
                 reason = "unknown"
             return {"ok": False, "error": f"rank 0 aborted the save: {reason}"}
-        mf = path / MANIFEST
-        if mf.exists():
-            with contextlib.suppress(OSError, CheckpointError):
-                if decode_manifest(mf.read_bytes(), str(mf)).save_id == save_id:
-                    return {"ok": True, "error": None}
+        with contextlib.suppress(OSError, CheckpointError):
+            raw = storage.get_if_exists(path, MANIFEST, "manifest", MAX_MANIFEST_BYTES)
+            if raw is not None and decode_manifest(raw, str(path / MANIFEST)).save_id == save_id:
+                return {"ok": True, "error": None}
         if time.perf_counter() > deadline:
             return {"ok": False, "error": f"no commit from rank 0 within {2 * job['timeout'] + 60:.0f} s"}
         time.sleep(POLL_S)

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import sys
@@ -52,13 +51,12 @@ import torch.distributed as dist
 
 from . import collective, rng
 from .async_saver import AsyncSave, AsyncSaver, SaveTimings
-from .format import MANIFEST, STEP_DIR, step_dir_name
+from .format import LATEST, MANIFEST, STEP_DIR, step_dir_name
 from .loader import load
 from .reader import Checkpoint, latest, list_checkpoints
-from .storage import make_dirs, publish_atomic
+from .storage import Storage, storage_for
 
 PREEMPTED_EXIT = 75
-LATEST = "latest"
 READER_TTL_S = 3600.0
 
 
@@ -101,6 +99,7 @@ class Checkpointer:
     ):
         from goodput.plan.units import parse_duration
 
+        self.storage: Storage = storage_for(root)
         self.root = Path(root)
         self.group = process_group
         self.rank, self.world = collective.world(process_group)
@@ -132,7 +131,7 @@ class Checkpointer:
         self._preempt_signal: int | None = None
         self._preempt_step: int | None = None
         self._lock = threading.Lock()
-        make_dirs(self.root)
+        self.storage.prepare(self.root)
         self._old_handlers: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in preempt_signals:
@@ -198,7 +197,7 @@ class Checkpointer:
         self.saver.wait()
         with contextlib.suppress(Exception):
             self.saver.raise_pending()  # an earlier failure must not stop the preemption save
-        need = step != self._last_step or not (step_dir(self.root, step) / MANIFEST).exists()
+        need = step != self._last_step or not self.storage.exists(step_dir(self.root, step), MANIFEST)
         if self.world > 1:  # every rank decides alike, or the save's collective would hang
             flag = torch.tensor([int(need)], dtype=torch.int32, device=collective._device(self.group))
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
@@ -234,9 +233,9 @@ class Checkpointer:
             path = Path(chosen) if chosen is not None else None
         if path is None:
             return None
-        marker = path / f".reader-{socket.gethostname()}-{os.getpid()}"
+        marker = f".reader-{socket.gethostname()}-{os.getpid()}"
         with contextlib.suppress(OSError):
-            marker.touch()
+            self.storage.put(path, marker, b"")
         try:
             ck = Checkpoint(path)
             saved_world = ck.manifest.world_size
@@ -255,8 +254,7 @@ class Checkpointer:
                 rng.apply(mine["rng"], reseed_with=self.rank if self.rank >= saved_world else None)
             step = ck.step
         finally:
-            with contextlib.suppress(OSError):
-                marker.unlink()
+            self.storage.remove(path, marker)
         self._last_step = step
         self._last_save_time = time.monotonic()
         return step
@@ -278,7 +276,7 @@ class Checkpointer:
         )
         if self.rank == 0:
             with contextlib.suppress(OSError):
-                publish_atomic(self.root, LATEST, handle.path.name.encode())
+                self.storage.publish(self.root, LATEST, handle.path.name.encode())
             with contextlib.suppress(OSError):
                 self.cleanup(orphans=False, committed_step=handle.step)
         for fn in list(self.listeners):
@@ -297,13 +295,18 @@ class Checkpointer:
                 (p, m.step) for p, m in list_checkpoints(self.root) if STEP_DIR.match(p.name) and m.step is not None
             ]
             committed_paths = {p for p, _ in committed}
-            for p in sorted(self.root.iterdir()) if self.root.is_dir() else []:
-                mt = STEP_DIR.match(p.name)
-                if not mt or not p.is_dir() or p in committed_paths:
+            try:
+                entries = self.storage.list(self.root)
+            except OSError:
+                entries = []
+            for e in entries:
+                p = self.root / e.name
+                mt = STEP_DIR.match(e.name)
+                if not mt or e.kind != "dir" or p in committed_paths:
                     continue
                 s = int(mt.group(1))
                 if orphans or (committed_step is not None and s < committed_step):
-                    shutil.rmtree(p, ignore_errors=True)
+                    self.storage.remove_tree(p)
                     removed.append(p)
             if not committed:
                 return removed
@@ -316,9 +319,9 @@ class Checkpointer:
             if self.keep is None and not self.keep_every:
                 keep.update(steps)
             for p, s in committed:
-                if s in keep or _being_read(p):
+                if s in keep or _being_read(self.storage, p):
                     continue
-                shutil.rmtree(p, ignore_errors=True)
+                self.storage.remove_tree(p)
                 removed.append(p)
         return removed
 
@@ -335,10 +338,10 @@ class Checkpointer:
         self._old_handlers = {}
 
 
-def _being_read(path: Path) -> bool:
+def _being_read(storage: Storage, path: Path) -> bool:
     now = time.time()
-    for m in path.glob(".reader-*"):
-        with contextlib.suppress(OSError):
-            if now - m.stat().st_mtime < READER_TTL_S:
-                return True
-    return False
+    try:
+        entries = storage.list(path)
+    except OSError:
+        return False
+    return any(e.name.startswith(".reader-") and now - e.mtime < READER_TTL_S for e in entries)

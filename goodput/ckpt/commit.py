@@ -34,7 +34,7 @@ from .format import (
     metadata_file_name,
 )
 from .geometry import Region
-from .storage import fsync_dir, publish_atomic, write_durable
+from .storage import Storage
 from .writer import FileResult
 
 
@@ -56,10 +56,11 @@ class Outcome:
 
     ok: bool
     error: str | None = None
-    stale: list[Path] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)  # names in the checkpoint directory
 
 
 def commit_round(
+    storage: Storage,
     path: Path,
     save_id: str,
     step: int | None,
@@ -83,13 +84,14 @@ def commit_round(
         if mismatch:
             return Outcome(False, f"failed: {mismatch}")
     try:
-        stale = commit(path, save_id, step, world, meta, values, reports, block_bytes, user)
+        stale = commit(storage, path, save_id, step, world, meta, values, reports, block_bytes, user)
     except Exception as e:  # raised before the manifest's rename: nothing committed
         return Outcome(False, f"failed at commit on rank 0: {describe(e)}")
     return Outcome(True, None, stale)
 
 
 def commit(
+    storage: Storage,
     path: Path,
     save_id: str,
     step: int | None,
@@ -99,7 +101,7 @@ def commit(
     written: list[dict],
     block_bytes: int,
     user: dict[str, Any],
-) -> list[Path]:
+) -> list[str]:
     """Write the metadata and the manifest (the commit point); return files of older saves."""
     names = sorted(meta)
     tid = {n: i for i, n in enumerate(names)}
@@ -138,8 +140,8 @@ def commit(
     md = Metadata(save_id, block_bytes, tensors, files, values, cols)
     raw = encode_metadata(md)
     mname = metadata_file_name(save_id)
-    write_durable(path / mname, raw)
-    fsync_dir(path)  # the data files' and metadata's names are durable before the commit
+    storage.put(path, mname, raw)
+    storage.sync(path)  # the data files' and metadata's names are durable before the commit
     manifest = Manifest(
         format=FORMAT_NAME,
         version=FORMAT_VERSION,
@@ -153,42 +155,45 @@ def commit(
         step=step,
         user=user,
     )
-    replaced = previous_files(path)
-    publish_atomic(path, MANIFEST, msgspec.json.encode(manifest))  # the commit point
-    return stale_files(path, keep={mname, MANIFEST} | {f.name for f in files}, replaced=replaced)
+    replaced = previous_files(storage, path)
+    storage.publish(path, MANIFEST, msgspec.json.encode(manifest))  # the commit point
+    return stale_files(storage, path, keep={mname, MANIFEST} | {f.name for f in files}, replaced=replaced)
 
 
 LEFTOVER_AGE_S = 600.0
 
 
-def previous_files(path: Path) -> set[str]:
+def previous_files(storage: Storage, path: Path) -> set[str]:
     """The files the manifest about to be replaced references (they go once the new one is in)."""
-    from .format import decode_manifest, decode_metadata
+    from .format import MAX_MANIFEST_BYTES, decode_manifest, decode_metadata
 
     try:
-        old = decode_manifest((path / MANIFEST).read_bytes(), str(path / MANIFEST))
-        md = decode_metadata((path / old.metadata.name).read_bytes(), str(path), old)
+        raw = storage.get_if_exists(path, MANIFEST, "manifest", MAX_MANIFEST_BYTES)
+        if raw is None:
+            return set()
+        old = decode_manifest(raw, str(path / MANIFEST))
+        meta = storage.get(path, old.metadata.name, "metadata file", old.metadata.bytes)
+        md = decode_metadata(meta, str(path), old)
     except (OSError, CheckpointError):
         return set()
     return {old.metadata.name} | {f.name for f in md.files}
 
 
-def stale_files(path: Path, keep: set[str], replaced: set[str]) -> list[Path]:
+def stale_files(storage: Storage, path: Path, keep: set[str], replaced: set[str]) -> list[str]:
     """Files to remove after a commit: those of the replaced checkpoint, and leftovers of saves
     that never committed once nobody has touched them for ten minutes. A save still running
     into the same directory touches its files, so they are never taken from under it."""
     now = time.time()
     out = []
-    for p in path.iterdir():
-        if p.name in keep or not p.name.startswith(("data-", "metadata-", f".{MANIFEST}.tmp", ".goodput-")):
+    try:
+        entries = storage.list(path)
+    except OSError:
+        return out
+    for e in entries:
+        if e.name in keep or not e.name.startswith(("data-", "metadata-", f".{MANIFEST}.tmp", ".goodput-")):
             continue
-        try:
-            if not p.is_file():
-                continue
-            if p.name in replaced or now - p.stat().st_mtime > LEFTOVER_AGE_S:
-                out.append(p)
-        except OSError:
-            continue
+        if e.kind == "file" and (e.name in replaced or now - e.mtime > LEFTOVER_AGE_S):
+            out.append(e.name)
     return out
 
 

@@ -24,10 +24,13 @@ from .geometry import Region
 FORMAT_NAME = "goodput.ckpt"
 FORMAT_VERSION = 1
 MANIFEST = "MANIFEST.json"
+LATEST = "latest"  # a Checkpointer's root: the name of its newest committed step directory
+MAX_POINTER_BYTES = 4096
 META_MAGIC = b"GPCKMETA"
 ALIGN = 4096  # every chunk starts on a page boundary in its data file
 DEFAULT_BLOCK = 4096  # bytes covered by one block checksum
 MAX_NDIM = 32
+MAX_MANIFEST_BYTES = 64 << 20  # a manifest is a few hundred bytes plus the user's own dict
 _FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 _SAVE_ID_RE = re.compile(r"^[0-9a-f]{16,32}$")
 # the step directories a Checkpointer writes under its root, and what latest() recognises

@@ -25,7 +25,7 @@ from .crc import combine_blocks
 from .errors import CheckpointError
 from .format import Metadata
 from .read_plan import ChunkOps, ReadPlanner, Request
-from .storage import open_inside, pread_into
+from .storage import Source, Storage, storage_for
 
 DEFAULT_READ_BUFFER = 256 << 20
 PIECE = 16 << 20  # unit of work handed to one I/O thread
@@ -55,32 +55,31 @@ class ReadStats:
 class Files:
     """Opened data files, each checked against the size the metadata promises."""
 
-    def __init__(self, directory: Path, md: Metadata):
+    def __init__(self, directory: Path, md: Metadata, storage: Storage | None = None):
         self.dir = directory
         self.md = md
-        self._fds: dict[int, int] = {}
+        self.storage = storage or storage_for(directory)
+        self._open: dict[int, Source] = {}
         self._lock = threading.Lock()
 
-    def fd(self, fid: int) -> int:
+    def source(self, fid: int) -> Source:
         with self._lock:
-            fd = self._fds.get(fid)
-            if fd is not None:
-                return fd
+            src = self._open.get(fid)
+            if src is not None:
+                return src
             f = self.md.files[fid]
-            path = self.dir / f.name
             try:
-                fd = open_inside(path, "data file")
+                src = self.storage.open(self.dir, f.name, "data file")
             except CheckpointError as e:
                 raise CheckpointError(f"{e} (it holds {self._tensors_in(fid)})") from None
-            size = os.fstat(fd).st_size
-            if size != f.bytes:
-                os.close(fd)
+            if src.size != f.bytes:
+                src.close()
                 raise CheckpointError(
-                    f"data file {str(path)!r} is {size} bytes, the metadata says {f.bytes} "
+                    f"data file {str(self.dir / f.name)!r} is {src.size} bytes, the metadata says {f.bytes} "
                     f"(truncated or replaced; it holds {self._tensors_in(fid)})"
                 )
-            self._fds[fid] = fd
-            return fd
+            self._open[fid] = src
+            return src
 
     def _tensors_in(self, fid: int) -> str:
         tids = np.unique(self.md.cols["tensor"][self.md.cols["file"] == fid])
@@ -90,9 +89,9 @@ class Files:
 
     def close(self) -> None:
         with self._lock:
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
+            for src in self._open.values():
+                src.close()
+            self._open.clear()
 
 
 def chunk_block_crcs(files: Files, md: Metadata, ch: int, stats: ReadStats) -> np.ndarray:
@@ -102,7 +101,7 @@ def chunk_block_crcs(files: Files, md: Metadata, ch: int, stats: ReadStats) -> n
     f = md.files[fid]
     nblocks = -(-int(md.cols["length"][ch]) // md.block_bytes)
     buf = np.empty(nblocks, dtype="<u4")
-    pread_into(files.fd(fid), memoryview(buf).cast("B"), f.crc_offset + 4 * int(md.cols["block0"][ch]), f.name)
+    files.source(fid).read_into(memoryview(buf).cast("B"), f.crc_offset + 4 * int(md.cols["block0"][ch]), f.name)
     stats.add(checksum_bytes_read=4 * nblocks, reads=1)
     if crc32c.crc32c(buf.tobytes()) != int(md.cols["blocks_crc32c"][ch]):
         raise CheckpointError(
@@ -203,7 +202,8 @@ class ChunkReader:
         that one large chunk is still read and verified by all threads at once."""
         md = self.md
         ch = o.chunk
-        fd = self.files.fd(int(md.cols["file"][ch]))
+        src = self.files.source(int(md.cols["file"][ch]))
+        fd = src.fd  # POSIX: the hot loop below calls os.preadv directly
         fname = md.describe_chunk(ch)  # read errors name the file and the tensor
         base = int(md.cols["offset"][ch])
         length = int(md.cols["length"][ch])
@@ -223,7 +223,7 @@ class ChunkReader:
 
             def plain(group: list[tuple[int, int, int, int]]) -> None:
                 for s, d, n, r in group:
-                    pread_into(fd, memoryview(dests[r])[d : d + n], base + s, fname)
+                    src.read_into(memoryview(dests[r])[d : d + n], base + s, fname)
                 self.stats.add(bytes_read=sum(g[2] for g in group), reads=len(group))
 
             return [partial(plain, g) for g in groups if g]
@@ -237,7 +237,7 @@ class ChunkReader:
 
             def direct(a: int) -> None:
                 part = view[a : a + piece]
-                pread_into(fd, part, base + a, fname)
+                src.read_into(part, base + a, fname)
                 self.stats.add(
                     verified_blocks=check_blocks(md, ch, part, a // B, expect), reads=1, bytes_read=len(part)
                 )
@@ -287,12 +287,15 @@ class ChunkReader:
             buf = self.scratch(total)
             preadv = os.preadv
             for a, m, at in zip((lo + base).tolist(), n.tolist(), pos[:-1].tolist()):
+                if fd is None:
+                    src.read_into(buf[at : at + m], a, fname)
+                    continue
                 try:
                     got = preadv(fd, [buf[at : at + m]], a)
                 except OSError:
-                    got = 0  # pread_into retries and, if it fails again, names the file
+                    got = 0  # read_into retries and, if it fails again, names the file
                 if got != m:  # short read: finish it, or fail naming the file
-                    pread_into(fd, buf[at + max(got, 0) : at + m], a + max(got, 0), fname)
+                    src.read_into(buf[at + max(got, 0) : at + m], a + max(got, 0), fname)
             nv = self._verify_pieces(ch, buf, lo, hi, pos, expect)
             # the runs meeting each piece, clipped to it, at their place in the buffer
             c0, c1 = i0s[g0:g1], i1s[g0:g1]

@@ -15,10 +15,13 @@ from typing import Any
 import numpy as np
 
 from .dtypes import bf16_bits_to_f32, dtype
+from .errors import CheckpointError
 from .format import (
+    LATEST,
     MANIFEST,
+    MAX_MANIFEST_BYTES,
+    MAX_POINTER_BYTES,
     STEP_DIR,
-    CheckpointError,
     Manifest,
     Metadata,
     decode_manifest,
@@ -28,9 +31,7 @@ from .format import (
 from .geometry import Region
 from .read_exec import DEFAULT_READ_BUFFER, Files, ReadStats, read_requests
 from .read_plan import ReadPlanner, Request
-from .storage import pread_into, read_inside
-
-MAX_MANIFEST_BYTES = 64 << 20  # a manifest is a few hundred bytes plus the user's own dict
+from .storage import Storage, storage_for
 
 
 @dataclass(frozen=True)
@@ -56,11 +57,11 @@ class TensorInfo:
         return int(np.prod(self.shape, dtype=np.int64)) * dtype(self.dtype).itemsize
 
 
-def read_manifest(path: Path) -> Manifest:
-    mpath = path / MANIFEST
-    if not mpath.exists() and not mpath.is_symlink():
+def read_manifest(path: Path, storage: Storage | None = None) -> Manifest:
+    storage = storage or storage_for(path)
+    if not storage.exists(path, MANIFEST):
         raise CheckpointError(f"{str(path)!r} is not a committed checkpoint (no {MANIFEST})")
-    return decode_manifest(read_inside(mpath, "manifest", MAX_MANIFEST_BYTES), str(mpath))
+    return decode_manifest(storage.get(path, MANIFEST, "manifest", MAX_MANIFEST_BYTES), str(path / MANIFEST))
 
 
 class Checkpoint:
@@ -68,10 +69,11 @@ class Checkpoint:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        self.manifest = read_manifest(self.path)
+        self.storage = storage_for(self.path)
+        self.manifest = read_manifest(self.path, self.storage)
         mref = self.manifest.metadata
         mpath = self.path / mref.name
-        raw = read_inside(mpath, "metadata file", mref.bytes)
+        raw = self.storage.get(self.path, mref.name, "metadata file", mref.bytes)
         self.metadata: Metadata = decode_metadata(raw, str(mpath), self.manifest)
         self._planner = ReadPlanner(self.metadata)
         self._tensors: dict[str, TensorInfo] | None = None
@@ -176,24 +178,24 @@ class Checkpoint:
                 f"tensor {t.name!r}: its chunks do not tile it: the pieces hold {int(held[short[0]])} of the "
                 f"tensor's {int(tables.numel[short[0]])} elements (shape {tuple(t.shape)})"
             )
-        files = Files(self.path, md)
+        files = Files(self.path, md, self.storage)
         stats = ReadStats()
         checked = 0
         buf = np.empty(max(md.block_bytes, read_buffer // md.block_bytes * md.block_bytes), np.uint8)
         try:
             for fid in range(len(md.files)):
-                files.fd(fid)  # presence and size, even for files with no chunk
+                files.source(fid)  # presence and size, even for files with no chunk
             from .crc import combine_blocks
             from .read_exec import check_blocks, chunk_block_crcs
 
             for ch in np.argsort(c["file"].astype(np.int64) * (1 << 40) + c["offset"], kind="stable").tolist():
-                fd = files.fd(int(c["file"][ch]))
+                src = files.source(int(c["file"][ch]))
                 fname = md.files[int(c["file"][ch])].name
                 base, length = int(c["offset"][ch]), int(c["length"][ch])
                 expect = chunk_block_crcs(files, md, ch, stats)
                 for a in range(0, length, len(buf)):
                     part = memoryview(buf)[: min(len(buf), length - a)]
-                    pread_into(fd, part, base + a, fname)
+                    src.read_into(part, base + a, fname)
                     check_blocks(md, ch, part, a // md.block_bytes, expect)
                     checked += len(part)
                     if progress:
@@ -243,15 +245,23 @@ def is_committed(path: str | os.PathLike) -> bool:
         return False
 
 
+def _subdirs(storage: Storage, root: Path) -> list[str]:
+    """Directories directly under ``root``; links are never followed (a link to another run's
+    checkpoint is not this run's checkpoint)."""
+    try:
+        return [e.name for e in storage.list(root) if e.kind == "dir"]
+    except OSError:
+        return []
+
+
 def list_checkpoints(root: str | os.PathLike) -> list[tuple[Path, Manifest]]:
     """Committed checkpoints directly under ``root`` (and ``root`` itself), oldest first."""
     root = Path(root)
+    storage = storage_for(root)
     found: list[tuple[Path, Manifest]] = []
-    subdirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()) if root.is_dir() else []
-    candidates = [root, *subdirs]
-    for p in candidates:
+    for p in [root, *(root / n for n in _subdirs(storage, root))]:
         try:
-            found.append((p, read_manifest(p)))
+            found.append((p, read_manifest(p, storage)))
         except (CheckpointError, OSError):
             continue
     found.sort(key=lambda pm: (pm[1].step if pm[1].step is not None else -1, pm[1].created))
@@ -262,22 +272,23 @@ def latest(root: str | os.PathLike) -> Path | None:
     """The newest committed checkpoint under ``root``: the ``latest`` pointer a Checkpointer
     keeps, when it names a committed checkpoint; else the newest by listing (step, then time)."""
     root = Path(root)
+    storage = storage_for(root)
     try:
-        name = (root / "latest").read_text().strip()
+        raw = storage.get_if_exists(root, LATEST, "latest pointer", MAX_POINTER_BYTES)
+        name = raw.decode("utf-8", "replace").strip() if raw is not None else ""
         m = STEP_DIR.match(name)
-        if m and is_committed(root / name):
+        dirs = set(_subdirs(storage, root)) if m else set()
+        if m and name in dirs and is_committed(root / name):
             # a crash between a commit and the pointer's update leaves it behind: prefer any
             # newer committed step directory (names only are listed, manifests of newer ones read)
             newer = sorted(
-                (int(q.group(1)), p.name)
-                for p in root.iterdir()
-                if (q := STEP_DIR.match(p.name)) and int(q.group(1)) > int(m.group(1))
+                (int(q.group(1)), n) for n in dirs if (q := STEP_DIR.match(n)) and int(q.group(1)) > int(m.group(1))
             )
             for _, n in reversed(newer):
                 if is_committed(root / n):
                     return root / n
             return root / name
-    except OSError:
+    except (OSError, CheckpointError):
         pass
     found = list_checkpoints(root)
     return found[-1][0] if found else None

@@ -56,7 +56,7 @@ from .errors import SaveError, describe, raise_rank_errors
 from .format import DEFAULT_BLOCK, encode_value
 from .geometry import Region
 from .state import TensorLeaf, flatten, host_bytes
-from .storage import checkpoint_path, make_dirs, remove_quietly
+from .storage import Storage, checkpoint_path, storage_for
 from .writer import FileResult, Piece, write_rank_files
 
 
@@ -148,7 +148,7 @@ def prepare(state_dict: dict[str, Any], path: Path, group: Any, block_bytes: int
     dg = b""
     try:
         check_block_bytes(block_bytes)
-        make_dirs(path)
+        storage_for(path).prepare(path)
         leaves, value_leaves = flatten(state_dict)
         vals = msgspec.msgpack.encode({v.name: encode_value(v.value, v.name) for v in value_leaves})
         decl = declare(leaves)
@@ -278,6 +278,7 @@ def save(
     """
     t0 = time.perf_counter()
     path = checkpoint_path(path, checkpoint_id)
+    storage: Storage = storage_for(path)
     group = collective.LOCAL if no_dist else process_group
     timings: dict[str, float] = {}
     prep = prepare(state_dict, path, group, block_bytes)
@@ -315,7 +316,7 @@ def save(
         pieces = [
             Piece(a.name, a.piece, host_bytes(slice_local(prep.by_name[a.name], a.piece))) for a in prep.my_pieces()
         ]
-        results = write_rank_files(str(path), prep.save_id, rank, pieces, block_bytes, files_per_rank, direct)
+        results = write_rank_files(storage, str(path), prep.save_id, rank, pieces, block_bytes, files_per_rank, direct)
     except Exception as e:
         error = describe(e)
     rec = {"rank": rank, "error": error, "files": file_records(results)}
@@ -325,14 +326,14 @@ def save(
 
     def discard() -> None:
         for r in results:
-            remove_quietly(path / r.name)
+            storage.remove(path, r.name)
 
     outcome: dict[str, Any] = {"ok": True, "error": None}
-    stale: list[Path] = []
+    stale: list[str] = []
     if rank == 0:
         assert written is not None
         decided = commit_round(
-            path, prep.save_id, step, prep.world, prep.meta, prep.values, written, block_bytes, user or {}
+            storage, path, prep.save_id, step, prep.world, prep.meta, prep.values, written, block_bytes, user or {}
         )
         stale = decided.stale
         outcome = {"ok": decided.ok, "error": name_ranks(decided.error, group) if decided.error else None}
@@ -340,8 +341,8 @@ def save(
     if not outcome["ok"]:
         discard()
         raise SaveError(f"save to {str(path)!r} {outcome['error']}")
-    for p in stale:  # after the other ranks were released: not on their critical path
-        remove_quietly(p)
+    for name in stale:  # after the other ranks were released: not on their critical path
+        storage.remove(path, name)
     timings["commit_s"] = time.perf_counter() - t2
     timings["total_s"] = time.perf_counter() - t0
     mine_bytes = sum(r.bytes for r in results)

@@ -1,19 +1,33 @@
-"""Where checkpoint bytes live, behind the few operations the commit protocol needs.
+"""Where checkpoint bytes live: the storage seam, and its POSIX implementation.
 
 The protocol (docs/FORMAT.md) is chosen so that it needs no rename of directories and no
 overwrite of data: every data and metadata file carries the save's id in its name and is written
 once; the manifest, written last, is the commit. On POSIX the manifest is published by
 write-temp, fsync, rename, fsync-directory; an object store publishes it with one PUT, which is
-atomic there. So one protocol serves both; this module holds the POSIX side.
+atomic there. So one protocol serves both, through the few operations of :class:`Storage`:
+write a file once (streamed, or whole), publish a small file atomically, read a range or a whole
+small file, list a directory, remove. The save, the load, the asynchronous writer, the
+Checkpointer with its retention, and the CLI reach storage only through :func:`storage_for`; a
+new kind of storage is one more implementation of :class:`Storage`.
+
+Everything read is named by checkpoint metadata or a listing and so is not trusted: no
+operation follows a symbolic link, only regular files are read, and every whole-file read is
+bounded.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import mmap
 import os
+import shutil
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+ALIGN = 4096  # O_DIRECT's unit here; the format's page alignment (format.ALIGN) is the same
 
 
 def checkpoint_path(path: Any, checkpoint_id: Any) -> Path:
@@ -22,7 +36,9 @@ def checkpoint_path(path: Any, checkpoint_id: Any) -> Path:
         raise TypeError("give the checkpoint's path (or checkpoint_id=)")
     if path is not None and checkpoint_id is not None and Path(path) != Path(checkpoint_id):
         raise TypeError("give either path or checkpoint_id, not two different ones")
-    return Path(path if path is not None else checkpoint_id)
+    given = path if path is not None else checkpoint_id
+    storage_for(given)  # an unsupported scheme is refused here, not made a directory
+    return Path(given)
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -60,7 +76,7 @@ def open_inside(path: str | os.PathLike, what: str) -> int:
     """Open a file named by checkpoint metadata for reading, refusing a symbolic link: a name
     that passed the plain-name check must not lead out of the checkpoint directory through a
     link planted there. Any failure is a CheckpointError naming the file and what it holds."""
-    from .format import CheckpointError
+    from .errors import CheckpointError
 
     try:
         # O_NONBLOCK: a FIFO planted under the name must not hang the open; only files are read
@@ -81,7 +97,7 @@ def open_inside(path: str | os.PathLike, what: str) -> int:
 
 def read_inside(path: str | os.PathLike, what: str, limit: int) -> bytes:
     """The whole file at ``path`` (see :func:`open_inside`), refusing one over ``limit`` bytes."""
-    from .format import CheckpointError
+    from .errors import CheckpointError
 
     fd = open_inside(path, what)
     try:
@@ -118,11 +134,11 @@ def pread_into(fd: int, buf: memoryview, offset: int, what: str) -> None:
             mv = mv[n:]
             offset += n
     except OSError as e:  # EIO and the like: name the file, never a bare traceback
-        from .format import CheckpointError
+        from .errors import CheckpointError
 
         raise CheckpointError(f"{what}: read failed at byte {offset}: {e.strerror or e}") from None
     if len(mv):
-        from .format import CheckpointError
+        from .errors import CheckpointError
 
         raise CheckpointError(f"{what}: file ends early at byte {offset} (truncated)")
 
@@ -152,3 +168,248 @@ def remove_quietly(path: str | os.PathLike) -> None:
     """Best-effort removal (cleanup after a commit must never turn it into a failure)."""
     with contextlib.suppress(OSError):
         os.unlink(path)
+
+
+# --------------------------------------------------------------------------- the seam
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One name in a listing. ``kind``: "file", "dir", "link" (never followed) or "other"."""
+
+    name: str
+    kind: str
+    mtime: float
+    size: int
+
+
+class Sink:
+    """A file being written once, sequentially; durable after :meth:`finish`."""
+
+    pos: int
+
+    def write(self, data: memoryview) -> None:
+        raise NotImplementedError
+
+    def align(self, to: int) -> None:
+        """Pad with zeros to a multiple of ``to`` bytes."""
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class Source:
+    """A file opened for reading by ranges. ``fd`` is set where the storage has descriptors
+    (POSIX), so the hot read loop can call ``os.preadv`` without a method call per read."""
+
+    size: int
+    name: str
+    fd: int | None = None
+
+    def read_into(self, buf: memoryview, offset: int, what: str | None = None) -> None:
+        """Fill ``buf`` from ``offset``; a short file is a CheckpointError naming it (or ``what``)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class Storage:
+    """The operations the commit protocol and its readers need; ``directory`` is a checkpoint
+    (or a root of checkpoints), ``name`` a plain file name in it."""
+
+    def prepare(self, directory: Path) -> None:
+        """Make ``directory`` exist (durably), so that files can be written into it."""
+        raise NotImplementedError
+
+    def create(self, directory: Path, name: str, direct: bool = False) -> Sink:
+        """A new file, written once; ``direct`` asks to bypass caches where the storage can."""
+        raise NotImplementedError
+
+    def put(self, directory: Path, name: str, data: bytes) -> None:
+        """Write a small file once, durably."""
+        raise NotImplementedError
+
+    def publish(self, directory: Path, name: str, data: bytes) -> None:
+        """Replace a small file atomically: readers see the old content or the new, never a part."""
+        raise NotImplementedError
+
+    def sync(self, directory: Path) -> None:
+        """Make the names written into ``directory`` durable (before a commit names them)."""
+        raise NotImplementedError
+
+    def open(self, directory: Path, name: str, what: str) -> Source:
+        raise NotImplementedError
+
+    def get(self, directory: Path, name: str, what: str, limit: int) -> bytes:
+        """A whole small file, refusing one over ``limit`` bytes; CheckpointError if missing."""
+        raise NotImplementedError
+
+    def get_if_exists(self, directory: Path, name: str, what: str, limit: int) -> bytes | None:
+        from .errors import CheckpointError
+
+        if not self.exists(directory, name):
+            return None
+        try:
+            return self.get(directory, name, what, limit)
+        except CheckpointError:
+            return None
+
+    def exists(self, directory: Path, name: str) -> bool:
+        raise NotImplementedError
+
+    def list(self, directory: Path) -> list[Entry]:
+        """The names in ``directory``, sorted; OSError if it cannot be listed."""
+        raise NotImplementedError
+
+    def remove(self, directory: Path, name: str) -> None:
+        """Best effort: cleanup must never turn a commit into a failure."""
+        raise NotImplementedError
+
+    def remove_tree(self, directory: Path) -> None:
+        """Remove a whole checkpoint directory (retention), best effort."""
+        raise NotImplementedError
+
+
+class PosixFile(Sink):
+    """Sequential writes to a file, buffered or O_DIRECT (whole aligned blocks, tails bounced)."""
+
+    def __init__(self, path: str, direct: bool):
+        self.direct = direct
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0), 0o644)
+        self.pos = 0
+        self._bounce: mmap.mmap | None = None
+
+    def write(self, data: memoryview) -> None:
+        """Write ``data`` at the current position; in direct mode a ragged tail is padded with
+        zeros to the next page (the padding the format puts before the next chunk anyway)."""
+        n = len(data)
+        if not self.direct:
+            write_all(self.fd, data)
+            self.pos += n
+            return
+        whole = n - n % ALIGN
+        if whole:
+            write_all(self.fd, data[:whole])
+        tail = n - whole
+        if tail:
+            if self._bounce is None:
+                self._bounce = mmap.mmap(-1, ALIGN)
+            b = memoryview(self._bounce)
+            b[:tail] = data[whole:]
+            b[tail:] = bytes(ALIGN - tail)
+            write_all(self.fd, b)
+            b.release()
+        self.pos += n
+
+    def align(self, to: int) -> None:
+        pad = (-self.pos) % to
+        if pad and not self.direct:
+            write_all(self.fd, bytes(pad))
+        self.pos += pad  # in direct mode the bounced tail already wrote these zeros
+
+    def finish(self) -> None:
+        if self.direct:
+            os.ftruncate(self.fd, self.pos)
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
+        if self._bounce is not None:
+            self._bounce.close()
+
+
+class PosixSource(Source):
+    def __init__(self, fd: int, name: str):
+        self.fd = fd
+        self.name = name
+        self.size = os.fstat(fd).st_size
+
+    def read_into(self, buf: memoryview, offset: int, what: str | None = None) -> None:
+        assert self.fd is not None
+        pread_into(self.fd, buf, offset, what or self.name)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class PosixStorage(Storage):
+    """Local and parallel file systems (anything with POSIX semantics)."""
+
+    def prepare(self, directory: Path) -> None:
+        make_dirs(directory)
+
+    def create(self, directory: Path, name: str, direct: bool = False) -> Sink:
+        path = os.path.join(directory, name)
+        if direct and hasattr(os, "O_DIRECT"):
+            try:
+                return PosixFile(path, True)
+            except OSError as e:  # a file system that refuses O_DIRECT gets buffered writes
+                if e.errno != errno.EINVAL:
+                    raise
+        return PosixFile(path, False)
+
+    def put(self, directory: Path, name: str, data: bytes) -> None:
+        write_durable(Path(directory) / name, data)
+
+    def publish(self, directory: Path, name: str, data: bytes) -> None:
+        publish_atomic(directory, name, data)
+
+    def sync(self, directory: Path) -> None:
+        fsync_dir(directory)
+
+    def open(self, directory: Path, name: str, what: str) -> Source:
+        path = Path(directory) / name
+        return PosixSource(open_inside(path, what), str(path))
+
+    def get(self, directory: Path, name: str, what: str, limit: int) -> bytes:
+        return read_inside(Path(directory) / name, what, limit)
+
+    def exists(self, directory: Path, name: str) -> bool:
+        return os.path.lexists(Path(directory) / name)
+
+    def list(self, directory: Path) -> list[Entry]:
+        out = []
+        with os.scandir(directory) as it:
+            for e in it:
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                kind = (
+                    "link"
+                    if stat.S_ISLNK(st.st_mode)
+                    else "dir"
+                    if stat.S_ISDIR(st.st_mode)
+                    else "file"
+                    if stat.S_ISREG(st.st_mode)
+                    else "other"
+                )
+                out.append(Entry(e.name, kind, st.st_mtime, st.st_size))
+        out.sort(key=lambda x: x.name)
+        return out
+
+    def remove(self, directory: Path, name: str) -> None:
+        remove_quietly(Path(directory) / name)
+
+    def remove_tree(self, directory: Path) -> None:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+POSIX = PosixStorage()
+
+
+def storage_for(location: str | os.PathLike) -> Storage:
+    """The storage a checkpoint location lives on. Plain paths are POSIX; a URL scheme this
+    build does not implement is refused, never taken for a directory name."""
+    s = os.fspath(location)
+    if isinstance(s, str) and "://" in s:
+        scheme = s.split("://", 1)[0]
+        raise ValueError(f"{s!r}: storage scheme {scheme + '://'!r} is not supported (plain paths are)")
+    return POSIX

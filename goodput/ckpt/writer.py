@@ -8,13 +8,12 @@ is folded from its block CRCs (:mod:`goodput.ckpt.crc`), not computed by a secon
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import mmap
-import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import crc32c
 import numpy as np
@@ -22,7 +21,7 @@ import numpy as np
 from .crc import combine_blocks
 from .format import ALIGN, data_file_name
 from .geometry import Region
-from .storage import write_all
+from .storage import Storage
 
 SEGMENT = 32 << 20
 
@@ -95,7 +94,9 @@ def copy_block_crcs(src: memoryview, dst: memoryview, block: int, out: list[int]
         time.sleep(0)
 
 
-def write_data_file(path: str, pieces: list[Piece], block_bytes: int, direct: bool = False) -> FileResult:
+def write_data_file(
+    storage: Storage, directory: str, name: str, pieces: list[Piece], block_bytes: int, direct: bool = False
+) -> FileResult:
     """Write pieces page-aligned, then the block-checksum table; fsync. With ``direct`` the bytes
     go by O_DIRECT, straight from page-aligned buffers or through two 32 MiB page-aligned bounce
     buffers (copy one while the other is written): no copy into the page cache and no writeback
@@ -103,66 +104,21 @@ def write_data_file(path: str, pieces: list[Piece], block_bytes: int, direct: bo
     memory, 1.4-1.6 through the bounce buffers, against 0.8-1.6 GB/s for buffered writes + fsync
     (``dd conv=fsync``) and 2.0-2.1 for ``dd oflag=direct``. Where the file system refuses
     O_DIRECT, buffered writes are used."""
-    if direct and hasattr(os, "O_DIRECT"):
+    if direct:
         try:
-            return _write(path, pieces, block_bytes, True)
+            return _write(storage, directory, name, pieces, block_bytes, True)
         except OSError as e:
             if e.errno != errno.EINVAL:
                 raise
-    return _write(path, pieces, block_bytes, False)
+    return _write(storage, directory, name, pieces, block_bytes, False)
 
 
-class _Out:
-    """Sequential writes to a file, buffered or O_DIRECT (whole aligned blocks, tails bounced)."""
-
-    def __init__(self, path: str, direct: bool):
-        self.direct = direct
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0), 0o644)
-        self.pos = 0
-        self._bounce: mmap.mmap | None = None
-
-    def write(self, data: memoryview) -> None:
-        """Write ``data`` at the current position; in direct mode a ragged tail is padded with
-        zeros to the next page (the padding the format puts before the next chunk anyway)."""
-        n = len(data)
-        if not self.direct:
-            write_all(self.fd, data)
-            self.pos += n
-            return
-        whole = n - n % ALIGN
-        if whole:
-            write_all(self.fd, data[:whole])
-        tail = n - whole
-        if tail:
-            if self._bounce is None:
-                self._bounce = mmap.mmap(-1, ALIGN)
-            b = memoryview(self._bounce)
-            b[:tail] = data[whole:]
-            b[tail:] = bytes(ALIGN - tail)
-            write_all(self.fd, b)
-            b.release()
-        self.pos += n
-
-    def align(self, to: int) -> None:
-        pad = (-self.pos) % to
-        if pad and not self.direct:
-            write_all(self.fd, bytes(pad))
-        self.pos += pad  # in direct mode the bounced tail already wrote these zeros
-
-    def finish(self) -> None:
-        if self.direct:
-            os.ftruncate(self.fd, self.pos)
-        os.fsync(self.fd)
-
-    def close(self) -> None:
-        os.close(self.fd)
-        if self._bounce is not None:
-            self._bounce.close()
-
-
-def _write(path: str, pieces: list[Piece], block_bytes: int, direct: bool) -> FileResult:
+def _write(
+    storage: Storage, directory: str, name: str, pieces: list[Piece], block_bytes: int, direct: bool
+) -> FileResult:
     t0 = time.perf_counter()
-    out = _Out(path, direct)
+    out = storage.create(Path(directory), name, direct)
+    direct = bool(getattr(out, "direct", False))  # the storage may have refused it, or have no such mode
     bounces: list[np.ndarray] = []
     k = 0
     records: list[ChunkRecord] = []
@@ -218,11 +174,10 @@ def _write(path: str, pieces: list[Piece], block_bytes: int, direct: bool) -> Fi
         out.finish()
     except BaseException:
         out.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        storage.remove(Path(directory), name)
         raise
     out.close()
-    return FileResult(os.path.basename(path), out.pos, crc_offset, len(crcs), records, time.perf_counter() - t0)
+    return FileResult(name, out.pos, crc_offset, len(crcs), records, time.perf_counter() - t0)
 
 
 AUTO_FILES_MIN_BYTES = 256 << 20  # a rank writing at least this much writes two files at once
@@ -237,6 +192,7 @@ def auto_files(nbytes: int) -> int:
 
 
 def write_rank_files(
+    storage: Storage,
     directory: str,
     save_id: str,
     rank: int,
@@ -282,15 +238,17 @@ def write_rank_files(
                 pos += n
         groups, load = spread(cut)
     groups = [g for g in groups if g]
-    paths = [os.path.join(directory, data_file_name(save_id, rank, i)) for i in range(len(groups))]
+    names = [data_file_name(save_id, rank, i) for i in range(len(groups))]
     try:
         if len(groups) == 1:
-            return [write_data_file(paths[0], groups[0], block_bytes, direct)]
+            return [write_data_file(storage, directory, names[0], groups[0], block_bytes, direct)]
         with ThreadPoolExecutor(len(groups), thread_name_prefix="goodput-file") as pool:
-            futs = [pool.submit(write_data_file, path, g, block_bytes, direct) for path, g in zip(paths, groups)]
+            futs = [
+                pool.submit(write_data_file, storage, directory, n, g, block_bytes, direct)
+                for n, g in zip(names, groups)
+            ]
             return [f.result() for f in futs]
     except BaseException:
-        for path in paths:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+        for n in names:
+            storage.remove(Path(directory), n)
         raise

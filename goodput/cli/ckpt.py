@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from rich.table import Table
 
 from goodput.ckpt.format import CheckpointError
 from goodput.ckpt.reader import Checkpoint, list_checkpoints
+from goodput.ckpt.storage import storage_for
 from goodput.plan.units import UnitError, fmt_bytes, parse_size
 
 app = typer.Typer(no_args_is_help=True)
@@ -33,14 +33,14 @@ def ls(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Committed checkpoints under ROOT: step, size, files, commit time."""
-    if not root.is_dir():
-        what = "does not exist" if not root.exists() else "is not a directory"
-        err.print(f"[red]error:[/red] checkpoint root {str(root)!r} {what}")
-        raise typer.Exit(2)
     try:
-        next(iter(os.scandir(root)), None)
-    except OSError as e:
-        err.print(f"[red]error:[/red] cannot read checkpoint root {str(root)!r}: {e.strerror}")
+        storage_for(root).list(root)
+    except (FileNotFoundError, NotADirectoryError) as e:
+        what = "does not exist" if isinstance(e, FileNotFoundError) else "is not a directory"
+        err.print(f"[red]error:[/red] checkpoint root {str(root)!r} {what}")
+        raise typer.Exit(2) from None
+    except (OSError, ValueError) as e:
+        err.print(f"[red]error:[/red] cannot read checkpoint root {str(root)!r}: {getattr(e, 'strerror', None) or e}")
         raise typer.Exit(2) from None
     found = list_checkpoints(root)
     rows = [

@@ -14,6 +14,7 @@ import pytest
 from goodput.ckpt import writer
 from goodput.ckpt.crc import combine_blocks
 from goodput.ckpt.geometry import Region
+from goodput.ckpt.storage import POSIX
 
 
 def _reference(data: bytes, block: int) -> list[int]:
@@ -47,7 +48,7 @@ def test_write_data_file_from_unaligned_source(tmp_path: Path, direct: bool) -> 
     raws = [rng.integers(0, 256, s + 64, dtype=np.uint8)[64:] for s in sizes]
     pieces = [writer.Piece(f"t{i}", Region((0,), (len(r),)), r) for i, r in enumerate(raws)]
     path = tmp_path / "d.bin"
-    res = writer.write_data_file(str(path), pieces, 4096, direct=direct)
+    res = writer.write_data_file(POSIX, str(path.parent), path.name, pieces, 4096, direct=direct)
     blob = path.read_bytes()
     assert len(blob) == res.bytes == os.path.getsize(path)
     table = np.frombuffer(blob[res.crc_offset : res.crc_offset + 4 * res.crc_count], "<u4")

@@ -63,13 +63,10 @@ def block_crcs(data: memoryview, block: int, out: list[int]) -> None:
     """Append the crc32c of each ``block`` bytes of ``data``. The C call holds the GIL for blocks
     this small, so the loop hands the GIL over every MiB: a writer thread returning from its
     syscall would otherwise wait out the interpreter's 5 ms switch interval while the device
-    idles (measured: one O_DIRECT stream 1.3 GB/s with the loop holding on, 1.7 with it yielding).
-    ``time.sleep(0)`` costs its timer slack (~0.1 ms: the loop runs at ~4 GB/s, not ~6.5), yet it
-    is the hand-over that measured best: releasing the GIL in every C call instead (the crc32c
-    package's ``gil_release_mode=1``) made the GIL ping-pong between the writer's threads and
-    slowed a training loop running beside a save by +99 % (writer thread) and +17 % (writer
-    process) against +26 % and +1 % (``goodput bench async``); ``os.sched_yield`` does not
-    hand it over at all."""
+    idles. ``time.sleep(0)`` is the hand-over: ``os.sched_yield`` does not hand the GIL over at
+    all, and releasing it in every C call instead (the crc32c package's ``gil_release_mode=1``)
+    makes it ping-pong between the writer's threads and slows a training loop running beside the
+    save (docs/BENCHMARKS.md has the figures)."""
     crc = crc32c.crc32c
     step = max(block, YIELD_BYTES - YIELD_BYTES % block)
     for j in range(0, len(data), step):
@@ -100,10 +97,8 @@ def write_data_file(
     """Write pieces page-aligned, then the block-checksum table; fsync. With ``direct`` the bytes
     go by O_DIRECT, straight from page-aligned buffers or through two 32 MiB page-aligned bounce
     buffers (copy one while the other is written): no copy into the page cache and no writeback
-    storm at fsync. On this project's 2-core VM, one 1 GiB file: 1.7-2.0 GB/s from page-aligned
-    memory, 1.4-1.6 through the bounce buffers, against 0.8-1.6 GB/s for buffered writes + fsync
-    (``dd conv=fsync``) and 2.0-2.1 for ``dd oflag=direct``. Where the file system refuses
-    O_DIRECT, buffered writes are used."""
+    storm at fsync, and close to ``dd oflag=direct`` (docs/BENCHMARKS.md). Where the file system
+    refuses O_DIRECT, buffered writes are used."""
     if direct:
         try:
             return _write(storage, directory, name, pieces, block_bytes, True)

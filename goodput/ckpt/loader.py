@@ -1,4 +1,4 @@
-"""load: the entry point of the load path: fill a state dict in place from a checkpoint, in any layout; and verify.
+"""load: the entry point of the load path; fill a state dict in place from a checkpoint, and verify.
 
 What each rank reads is decided by the layout of the tensors it passes, whatever layout the
 checkpoint was saved with: the metadata (:mod:`goodput.ckpt.reader`) is intersected with the

@@ -131,6 +131,14 @@ def _agreement_key(group: Any, rank: int, world: int) -> tuple:
     return (id(group) if group is not None and group is not collective.LOCAL else None, world, rank)
 
 
+def _planning_error(e: Exception, path: Path, group: Any) -> str:
+    """Rank 0's failure while planning, as the message every rank raises: a SaveError as it is
+    worded, anything else (a bug) as one, so that every rank still hears of it."""
+    if isinstance(e, SaveError):
+        return name_ranks(str(e), group)
+    return name_ranks(f"save to {str(path)!r} failed on rank 0 while planning: {describe(e)}", group)
+
+
 def prepare(state_dict: dict[str, Any], path: Path, group: Any, block_bytes: int, cache: bool = True) -> Prepared:
     """Collective 1: every rank's declarations go to rank 0, which checks them, plans the writes
     and sends each rank its part; errors anywhere reach every rank as data, never a hang.
@@ -178,12 +186,8 @@ def prepare(state_dict: dict[str, Any], path: Path, group: Any, block_bytes: int
                 common = {"error": None, "save_id": uuid.uuid4().hex[:16], "cached": True, "values": None}
             else:
                 common = {"error": None, "cached": False}
-        except SaveError as e:
-            common = {"error": name_ranks(str(e), group)}
-        except Exception as e:  # a bug in planning: still every rank hears of it
-            common = {
-                "error": name_ranks(f"save to {str(path)!r} failed on rank 0 while planning: {describe(e)}", group)
-            }
+        except Exception as e:
+            common = {"error": _planning_error(e, path, group)}
     common = collective.broadcast_obj(common, 0, group)
     if common["error"]:
         raise SaveError(common["error"])
@@ -215,12 +219,8 @@ def prepare(state_dict: dict[str, Any], path: Path, group: Any, block_bytes: int
                     "bytes_per_rank": ag.bytes_per_rank,
                     "agreement_id": pid,
                 }
-            except SaveError as e:
-                common = {"error": name_ranks(str(e), group)}
-            except Exception as e:  # a bug in planning: still every rank hears of it
-                common = {
-                    "error": name_ranks(f"save to {str(path)!r} failed on rank 0 while planning: {describe(e)}", group)
-                }
+            except Exception as e:
+                common = {"error": _planning_error(e, path, group)}
         common = collective.broadcast_obj(common, 0, group)
         if common["error"]:
             raise SaveError(common["error"])

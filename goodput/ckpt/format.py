@@ -362,8 +362,8 @@ def decode_metadata(raw: bytes, where: str, manifest: Manifest | None = None) ->
             f"{where}: metadata belongs to save {h.save_id}, the manifest to save {manifest.save_id} "
             "(metadata from another checkpoint)"
         )
-    if not (1 <= h.block_bytes <= 1 << 30) or not (0 <= h.ndim <= MAX_NDIM):
-        raise CheckpointError(f"{where}: bad block size {h.block_bytes} or ndim {h.ndim}")
+    if not (1 <= h.block_bytes <= 1 << 30) or h.block_bytes & (h.block_bytes - 1) or not (0 <= h.ndim <= MAX_NDIM):
+        raise CheckpointError(f"{where}: bad block size {h.block_bytes} (a power of two) or ndim {h.ndim}")
     body_start = 16 + hlen + ((-(16 + hlen)) % 64)
     body = memoryview(raw)[body_start:]
     n = None

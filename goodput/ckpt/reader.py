@@ -142,6 +142,7 @@ class Checkpoint:
         shape = tuple(t.shape)
         region = box_from_index(shape, index, name)
         dt = dtype(t.dtype)
+        self._check_readable(name, region, dt.itemsize)
         out = np.empty(region.sizes, dtype=np.dtype(dt.raw))
         dest = out.reshape(-1).view(np.uint8)
         read_requests(
@@ -153,6 +154,20 @@ class Checkpoint:
         if dt.name == "bfloat16":
             return bf16_bits_to_f32(out)
         return out.view(np.dtype(dt.numpy))
+
+    def _check_readable(self, name: str, region: Region, itemsize: int) -> None:
+        """Before allocating the output: the saved chunks must cover the region exactly, and the
+        files they lie in must hold the bytes the metadata claims. A forged shape then fails
+        cleanly instead of allocating what no file on storage backs."""
+        probe = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), (region.numel * itemsize,), (0,))
+        plan = self._planner.plan([Request(name, region, probe)])
+        fids = np.unique(self.metadata.cols["file"][plan.P[:, plan.cols[4]]]) if len(plan.P) else []
+        files = Files(self.path, self.metadata, self.storage)
+        try:
+            for fid in fids:
+                files.source(int(fid))
+        finally:
+            files.close()
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.read(name)

@@ -578,6 +578,7 @@ def measure_commit(lay: Layout, md: Metadata) -> dict:
     try:
         from goodput.ckpt.commit import commit
         from goodput.ckpt.reader import Checkpoint
+        from goodput.ckpt.storage import POSIX
     except ImportError as e:  # pragma: no cover - torch missing
         return {"error": str(e)}
     import dataclasses
@@ -626,7 +627,7 @@ def measure_commit(lay: Layout, md: Metadata) -> dict:
         path = Path(tmp)
         t0 = time.perf_counter()
         try:
-            commit(path, SAVE_ID, None, lay.par.world, meta, {}, written, md.block_bytes, {})
+            commit(POSIX, path, SAVE_ID, None, lay.par.world, meta, {}, written, md.block_bytes, {})
         except Exception as e:  # noqa: BLE001 - reported, not fatal to the rest of the bench
             return {"error": f"{type(e).__name__}: {e}"}
         commit_s = time.perf_counter() - t0

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import crc32c
-import msgspec
 import numpy as np
 
 from .errors import CheckpointError, describe, rank_errors
@@ -30,6 +29,7 @@ from .format import (
     MetadataRef,
     TensorEntry,
     check_file_name,
+    encode_manifest,
     encode_metadata,
     metadata_file_name,
 )
@@ -137,7 +137,7 @@ def commit(
         if not r.is_flat and r.offsets:
             cols["offsets"][i, : len(r.offsets)] = r.offsets
             cols["sizes"][i, : len(r.sizes)] = r.sizes
-    md = Metadata(save_id, block_bytes, tensors, files, values, cols)
+    md = Metadata(save_id, block_bytes, tensors, files, values, cols, manifest_sealed=True)
     raw = encode_metadata(md)
     mname = metadata_file_name(save_id)
     storage.put(path, mname, raw)
@@ -156,7 +156,7 @@ def commit(
         user=user,
     )
     replaced = previous_files(storage, path)
-    storage.publish(path, MANIFEST, msgspec.json.encode(manifest))  # the commit point
+    storage.publish(path, MANIFEST, encode_manifest(manifest))  # the commit point
     return stale_files(storage, path, keep={mname, MANIFEST} | {f.name for f in files}, replaced=replaced)
 
 

@@ -103,6 +103,9 @@ class Header(msgspec.Struct):
     files: list[FileEntry]
     values: dict[str, Any]
     columns: dict[str, ColumnEntry]
+    # the manifest naming this metadata is sealed (ends in its own CRC-32C): a manifest that
+    # lost its seal is then corrupt, not old. Absent in metadata written before seals (False).
+    manifest_sealed: bool = False
 
 
 # column name -> (dtype, is 2-D with ``ndim`` columns)
@@ -131,6 +134,7 @@ class Metadata:
     files: list[FileEntry]
     values: dict[str, Any]
     cols: dict[str, np.ndarray]
+    manifest_sealed: bool = False  # see Header.manifest_sealed
     _tables: TensorTables | None = field(default=None, repr=False, compare=False)
     _box_table: Any = field(default=None, repr=False, compare=False)
 
@@ -290,6 +294,7 @@ def encode_metadata(md: Metadata) -> bytes:
         files=md.files,
         values=md.values,
         columns=columns,
+        manifest_sealed=md.manifest_sealed,
     )
     hj = msgspec.json.encode(header)
     head = META_MAGIC + struct.pack("<Q", len(hj)) + hj
@@ -304,10 +309,41 @@ def md_ndim(md: Metadata) -> int:
 # --------------------------------------------------------------------------- decode + validate
 
 
+_SEAL = re.compile(rb',"crc32c":(\d{1,10})\}\s*\Z')
+
+
+def encode_manifest(m: Manifest) -> bytes:
+    """The manifest's JSON, sealed: it ends in ``,"crc32c":N}`` where N is the CRC-32C of the
+    same JSON without that member (the bytes up to it, closed by ``}``). The commit record is
+    then protected like every other byte of a checkpoint."""
+    body = msgspec.json.encode(m)
+    return body[:-1] + b',"crc32c":%d}' % crc32c.crc32c(body)
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        dup = next(k for k in keys if keys.count(k) > 1)
+        raise ValueError(f"duplicate key {dup!r}")
+    return dict(pairs)
+
+
 def decode_manifest(raw: bytes, where: str) -> Manifest:
+    return decode_sealed_manifest(raw, where)[0]
+
+
+def decode_sealed_manifest(raw: bytes, where: str) -> tuple[Manifest, bool]:
+    """The manifest, and whether it carried its seal (see :func:`encode_manifest`); a broken seal,
+    a duplicate key or any malformed field is a :class:`CheckpointError`."""
+    import json
+
+    seal = _SEAL.search(raw)
+    if seal is not None and crc32c.crc32c(raw[: seal.start()] + b"}") != int(seal.group(1)):
+        raise CheckpointError(f"{where}: manifest checksum does not match its content (corrupt)")
     try:
+        json.loads(raw, object_pairs_hook=_no_duplicate_keys)
         m = msgspec.json.decode(raw, type=Manifest)
-    except (msgspec.DecodeError, RecursionError) as e:
+    except (ValueError, msgspec.DecodeError, RecursionError) as e:
         raise CheckpointError(f"{where}: not a valid manifest ({e})") from None
     if m.format != FORMAT_NAME:
         raise CheckpointError(f"{where}: format {m.format!r} is not {FORMAT_NAME!r}")
@@ -326,7 +362,7 @@ def decode_manifest(raw: bytes, where: str) -> Manifest:
         raise CheckpointError(f"{where}: invalid file or tensor count ({m.num_files}, {m.num_tensors})")
     if m.step is not None and not (-(1 << 62) < m.step < 1 << 62):
         raise CheckpointError(f"{where}: invalid step {m.step}")
-    return m
+    return m, seal is not None
 
 
 def check_file_name(name: str, where: str) -> None:
@@ -383,7 +419,7 @@ def decode_metadata(raw: bytes, where: str, manifest: Manifest | None = None) ->
         if c.offset < 0 or c.offset + nbytes > len(body):
             raise CheckpointError(f"{where}: column {name!r} lies outside the metadata file")
         cols[name] = np.frombuffer(body[c.offset : c.offset + nbytes], dtype=dt).reshape(want)
-    md = Metadata(h.save_id, h.block_bytes, h.tensors, h.files, h.values, cols)
+    md = Metadata(h.save_id, h.block_bytes, h.tensors, h.files, h.values, cols, manifest_sealed=h.manifest_sealed)
     validate_metadata(md, where)
     return md
 

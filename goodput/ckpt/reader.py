@@ -7,6 +7,7 @@ any tensor or sub-box of one as a numpy array, reading only the bytes that box n
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +25,8 @@ from .format import (
     STEP_DIR,
     Manifest,
     Metadata,
-    decode_manifest,
     decode_metadata,
+    decode_sealed_manifest,
     decode_value,
 )
 from .geometry import Region
@@ -58,10 +59,20 @@ class TensorInfo:
 
 
 def read_manifest(path: Path, storage: Storage | None = None) -> Manifest:
+    return read_sealed_manifest(path, storage)[0]
+
+
+def read_sealed_manifest(path: Path, storage: Storage | None = None) -> tuple[Manifest, bool]:
     storage = storage or storage_for(path)
     if not storage.exists(path, MANIFEST):
         raise CheckpointError(f"{str(path)!r} is not a committed checkpoint (no {MANIFEST})")
-    return decode_manifest(storage.get(path, MANIFEST, "manifest", MAX_MANIFEST_BYTES), str(path / MANIFEST))
+    raw = storage.get(path, MANIFEST, "manifest", MAX_MANIFEST_BYTES)
+    return decode_sealed_manifest(raw, str(path / MANIFEST))
+
+
+class UnsealedManifestWarning(UserWarning):
+    """A checkpoint written before manifests carried their own checksum: it loads, but a
+    corrupted step or user dict in its manifest would go unnoticed."""
 
 
 class Checkpoint:
@@ -70,11 +81,23 @@ class Checkpoint:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.storage = storage_for(self.path)
-        self.manifest = read_manifest(self.path, self.storage)
+        self.manifest, self.sealed = read_sealed_manifest(self.path, self.storage)
         mref = self.manifest.metadata
         mpath = self.path / mref.name
         raw = self.storage.get(self.path, mref.name, "metadata file", mref.bytes)
         self.metadata: Metadata = decode_metadata(raw, str(mpath), self.manifest)
+        if self.metadata.manifest_sealed and not self.sealed:
+            raise CheckpointError(
+                f"{str(self.path / MANIFEST)!r}: the manifest lost its checksum (its metadata says it was "
+                "written with one): corrupt"
+            )
+        if not self.sealed:
+            warnings.warn(
+                f"{str(self.path)!r}: its manifest has no checksum (written by an older goodput); "
+                "it loads, but damage to its step or user fields cannot be detected",
+                UnsealedManifestWarning,
+                stacklevel=3,
+            )
         self._planner = ReadPlanner(self.metadata)
         self._tensors: dict[str, TensorInfo] | None = None
 

@@ -152,8 +152,9 @@ def verify(path: Path) -> None:
             checked = ck.verify(progress=lambda n: prog.advance(task, n))
     except CheckpointError as e:
         _fail(e)
+    seal = "manifest sealed" if ck.sealed else "[yellow]manifest has no checksum (written by an older goodput)[/yellow]"
     console.print(
-        f"[green]ok[/green]: {path} ({fmt_bytes(checked)} in {ck.metadata.num_chunks} chunks, {len(ck.metadata.tensors)} tensors)"
+        f"[green]ok[/green]: {path} ({fmt_bytes(checked)} in {ck.metadata.num_chunks} chunks, {len(ck.metadata.tensors)} tensors; {seal})"
     )
 
 

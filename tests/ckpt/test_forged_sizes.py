@@ -5,12 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import crc32c
-import msgspec
 import pytest
 import torch
 
 import goodput.ckpt as gc
-from goodput.ckpt.format import MANIFEST, decode_manifest, decode_metadata, encode_metadata
+from goodput.ckpt.format import MANIFEST, decode_manifest, decode_metadata, encode_manifest, encode_metadata
 
 
 def _forge(path: Path, change) -> None:
@@ -22,7 +21,7 @@ def _forge(path: Path, change) -> None:
     raw = encode_metadata(md)
     (path / m.metadata.name).write_bytes(raw)
     m.metadata.bytes, m.metadata.crc32c = len(raw), crc32c.crc32c(raw)
-    (path / MANIFEST).write_bytes(msgspec.json.encode(m))
+    (path / MANIFEST).write_bytes(encode_manifest(m))
 
 
 @pytest.mark.parametrize("claimed", [1 << 40, 1 << 30])

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import goodput.ckpt as gc
-from goodput.ckpt.format import MANIFEST, CheckpointError, Manifest, decode_metadata, encode_metadata
+from goodput.ckpt.format import MANIFEST, CheckpointError, Manifest, decode_metadata, encode_manifest, encode_metadata
 
 
 def make(path: Path, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -92,7 +92,7 @@ def test_manifest_and_metadata_from_another_checkpoint(tmp_path: Path) -> None:
         gc.load(targets(), a)
     # b's data file renamed into a (same size, internally consistent): bound to a's metadata, so caught
     shutil.copy(b / MANIFEST, a / MANIFEST)
-    (a / MANIFEST).write_bytes(msgspec.json.encode(ma))
+    (a / MANIFEST).write_bytes(encode_manifest(ma))
     shutil.copy(data_file(b), data_file(a))
     with pytest.raises(CheckpointError, match=r"(another checkpoint|checksum mismatch)"):
         gc.load(targets(), a)
@@ -117,7 +117,7 @@ def tamper(path: Path, mutate) -> None:
     (path / m.metadata.name).write_bytes(raw)
     m.metadata.bytes = len(raw)
     m.metadata.crc32c = crc32c.crc32c(raw)
-    (path / MANIFEST).write_bytes(msgspec.json.encode(m))
+    (path / MANIFEST).write_bytes(encode_manifest(m))
 
 
 def _file_name(md, name):

@@ -371,6 +371,42 @@ def check_file_name(name: str, where: str) -> None:
         raise CheckpointError(f"{where}: refusing file name {name!r} (must be a plain name inside the checkpoint)")
 
 
+MAX_HEADER_BYTES = 256 << 20  # the metadata's JSON header: tensors, files and values, not chunks
+
+
+def header_length(head: bytes, where: str) -> int:
+    """The JSON header's length, from the first 16 bytes of a metadata file (magic, u64)."""
+    if len(head) < 16 or head[:8] != META_MAGIC:
+        raise CheckpointError(f"{where}: not goodput metadata (bad magic)")
+    (hlen,) = struct.unpack("<Q", head[8:16])
+    if hlen > MAX_HEADER_BYTES:
+        raise CheckpointError(f"{where}: header length {hlen} is more than the {MAX_HEADER_BYTES} a header may be")
+    return int(hlen)
+
+
+def metadata_need(head: bytes, where: str) -> tuple[int, int, list[str]]:
+    """``(the most bytes the metadata file may have, its rows, its data files' names)``, from the
+    magic, length and JSON header at the start of the file: a reader bounds what it reads by what
+    the header can need before reading the rest."""
+    hlen = header_length(head, where)
+    if len(head) < 16 + hlen:
+        raise CheckpointError(f"{where}: header length {hlen} exceeds the file")
+    try:
+        h = msgspec.json.decode(head[16 : 16 + hlen], type=Header)
+    except (msgspec.DecodeError, RecursionError) as e:
+        raise CheckpointError(f"{where}: malformed metadata header ({e})") from None
+    body_start = 16 + hlen + ((-(16 + hlen)) % 64)
+    end, rows = 0, 0
+    for name, (dt, _two_d) in COLUMNS.items():
+        c = h.columns.get(name)
+        if c is None or not c.shape or any(not isinstance(x, int) or x < 0 for x in c.shape) or c.offset < 0:
+            raise CheckpointError(f"{where}: metadata column {name!r} is missing or malformed")
+        nbytes = int(np.prod(c.shape, dtype=np.float64)) * np.dtype(dt).itemsize
+        end = max(end, c.offset + nbytes + (-nbytes) % 64)
+        rows = max(rows, int(c.shape[0]))
+    return body_start + end, rows, [f.name for f in h.files]
+
+
 def decode_metadata(raw: bytes, where: str, manifest: Manifest | None = None) -> Metadata:
     if manifest is not None:
         if len(raw) != manifest.metadata.bytes:

@@ -18,6 +18,7 @@ import numpy as np
 from .dtypes import bf16_bits_to_f32, dtype
 from .errors import CheckpointError
 from .format import (
+    ALIGN,
     LATEST,
     MANIFEST,
     MAX_MANIFEST_BYTES,
@@ -28,6 +29,8 @@ from .format import (
     decode_metadata,
     decode_sealed_manifest,
     decode_value,
+    header_length,
+    metadata_need,
 )
 from .geometry import Region
 from .read_exec import DEFAULT_READ_BUFFER, Files, ReadStats, read_requests
@@ -70,6 +73,45 @@ def read_sealed_manifest(path: Path, storage: Storage | None = None) -> tuple[Ma
     return decode_sealed_manifest(raw, str(path / MANIFEST))
 
 
+SMALL_METADATA_BYTES = 64 << 20  # 16k ranks' metadata is about 10 MiB: below this, read it at once
+
+
+def read_metadata(storage: Storage, path: Path, name: str, size: int) -> bytes:
+    """The metadata file, read only as far as its header can account for: first its header, then
+    the columns that header describes, whose rows can be no more than the chunks the data files
+    on storage have room for. A forged size (a sparse file of gigabytes) is refused before it
+    is read."""
+    where = str(path / name)
+    src = storage.open(path, name, "metadata file")
+    try:
+        if src.size != size:
+            raise CheckpointError(
+                f"{where}: metadata is {src.size} bytes, the manifest says {size} (truncated, or from another checkpoint)"
+            )
+        head = bytearray(min(16, size))
+        src.read_into(memoryview(head), 0)
+        hlen = header_length(bytes(head), where)
+        if hlen > size - 16:
+            raise CheckpointError(f"{where}: header length {hlen} exceeds the file")
+        head = bytearray(16 + hlen)
+        src.read_into(memoryview(head), 0)
+        need, rows, files = metadata_need(bytes(head), where)
+        if size > need:
+            raise CheckpointError(f"{where}: metadata is {size} bytes, its header accounts for at most {need}")
+        if size > SMALL_METADATA_BYTES:  # worth a listing: is there data for that many chunks?
+            sizes = {e.name: e.size for e in storage.list(path) if e.kind == "file"}
+            room = sum(-(-sizes.get(f, 0) // ALIGN) for f in set(files))  # every chunk starts on its own page
+        if size > SMALL_METADATA_BYTES and rows > room:
+            raise CheckpointError(
+                f"{where}: metadata claims {rows} chunks, its data files have room for at most {room}"
+            )
+        raw = bytearray(size)
+        src.read_into(memoryview(raw), 0)
+        return bytes(raw)
+    finally:
+        src.close()
+
+
 class UnsealedManifestWarning(UserWarning):
     """A checkpoint written before manifests carried their own checksum: it loads, but a
     corrupted step or user dict in its manifest would go unnoticed."""
@@ -84,7 +126,7 @@ class Checkpoint:
         self.manifest, self.sealed = read_sealed_manifest(self.path, self.storage)
         mref = self.manifest.metadata
         mpath = self.path / mref.name
-        raw = self.storage.get(self.path, mref.name, "metadata file", mref.bytes)
+        raw = read_metadata(self.storage, self.path, mref.name, mref.bytes)
         self.metadata: Metadata = decode_metadata(raw, str(mpath), self.manifest)
         if self.metadata.manifest_sealed and not self.sealed:
             raise CheckpointError(

@@ -99,7 +99,7 @@ def test_latest_pointer_rules(tmp_path: Path) -> None:
     s1 = _committed(root, 1)
     other = _committed(tmp_path / "other-run", 9)
     (root / "step_000000009").symlink_to(other)  # another run's checkpoint behind a link
-    for pointer in (b"\xff\xfe\xfa", b"step_000000009", b"step_000000001" * 1000):
+    for pointer in (b"\xff\xfe\xfa", b"step_000000009", b"step_000000001" * 1000, b"step_000000001"):
         (root / "latest").write_bytes(pointer)
         assert gc.latest(root) == s1
     (root / "latest").unlink()

@@ -308,5 +308,5 @@ def main(seed: int, n: int, work: Path) -> None:
 if __name__ == "__main__":
     import resource
 
-    resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))  # a forged size must not be allocated
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # a forged size must not be allocated
     main(int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]))

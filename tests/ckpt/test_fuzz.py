@@ -1,7 +1,7 @@
 """Hostile checkpoints: damaged or forged copies of a small checkpoint, each then latest()-ed,
 read, verified and loaded (tests/ckpt/fuzz_child.py). Every outcome must be a CheckpointError
 that names what is wrong, or data equal to the original; never another exception, a hang, an
-allocation past 8 GiB of address space, or a read outside the checkpoint's directory."""
+allocation past 4 GiB of address space, or a read outside the checkpoint's directory."""
 
 from __future__ import annotations
 

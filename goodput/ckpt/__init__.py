@@ -23,7 +23,8 @@ How the modules fit, for a reader of the code (each module's first line says wha
 - the format: :mod:`.format` (names, manifest, metadata, validation), :mod:`.chunk_index`,
   :mod:`.geometry`, :mod:`.crc`, :mod:`.dtypes`;
 - storage: :mod:`.storage`, the one seam through which every byte is read or written;
-- :mod:`.errors`, :mod:`.collective`, :mod:`.rng`, and :mod:`.dcp_import` (DCP's format in).
+- :mod:`.errors`, :mod:`.collective`, :mod:`.rng`; :mod:`.dcp_compat` (DCP's call shapes) and
+  :mod:`.dcp_import` (DCP's format in).
 
 A public name never shares a submodule's name (importing the submodule would replace it).
 """
@@ -50,6 +51,10 @@ _LAZY = {
     "PREEMPTED_EXIT": ".checkpointer",
     "LocalShard": ".state",
     "FlatShard": ".state",
+    "FileSystemWriter": ".dcp_compat",
+    "FileSystemReader": ".dcp_compat",
+    "save_state_dict": ".dcp_compat",
+    "load_state_dict": ".dcp_compat",
 }
 
 __all__ = [

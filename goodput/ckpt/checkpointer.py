@@ -249,7 +249,7 @@ class Checkpointer:
             if data is not None and any(n.startswith(f"_goodput.rank.{src}.data") for n in names):
                 mine["data"] = data
             target = {**state, "_goodput": {"rank": {src: mine}}} if mine else state
-            load(target, path)
+            load(target, path, process_group=self.group)
             if "rng" in mine:
                 rng.apply(mine["rng"], reseed_with=self.rank if self.rank >= saved_world else None)
             step = ck.step

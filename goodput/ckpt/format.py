@@ -77,7 +77,7 @@ class TensorEntry(msgspec.Struct):
     name: str
     dtype: str
     shape: list[int]
-    kind: str = "torch"  # "torch" | "numpy": what the saver held
+    kind: str = "torch"  # "torch" | "numpy" | "bytes" (an io.BytesIO): what the saver held
 
 
 class FileEntry(msgspec.Struct):

@@ -115,11 +115,14 @@ class StagingBuffer:
         with torch.no_grad():
             for p in pieces:
                 target = p.leaf.local
+                # the bytes are the saved dtype's (``leaf.dtype``); copying into the target casts
+                # where the target's dtype differs (DCP's load does, unless strict_dtype)
                 if isinstance(target, np.ndarray):
-                    view = self.bytes[p.offset : p.end].view(target.dtype).reshape(p.shape)
-                    np.copyto(target[p.slices] if p.slices else target[...], view)
+                    saved = dtype_info(p.leaf.dtype).numpy
+                    view = self.bytes[p.offset : p.end].view(saved or target.dtype).reshape(p.shape)
+                    np.copyto(target[p.slices] if p.slices else target[...], view, casting="unsafe")
                     continue
-                view = self.tensor[p.offset : p.end].view(target.dtype).view(p.shape)
+                view = self.tensor[p.offset : p.end].view(getattr(torch, p.leaf.dtype)).view(p.shape)
                 dst = target[p.slices] if p.slices else target
                 if self.pinned and dst.device.type == "cuda":
                     dst.copy_(view, non_blocking=True)

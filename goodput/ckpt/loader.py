@@ -9,19 +9,28 @@ cannot be read into directly go through :mod:`goodput.ckpt.load_staging`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointError
+import msgspec
+import numpy as np
+import torch
+
+from . import collective
+from .collective import name_ranks
+from .dcp_compat import check_planner, location
+from .dtypes import dtype as dtype_info
+from .errors import CheckpointError, describe, rank_errors
 from .format import decode_value
 from .load_staging import default_staging, staging_like, staging_rounds
 from .read_exec import DEFAULT_READ_BUFFER, ReadStats
 from .read_plan import Request
 from .reader import Checkpoint
-from .state import TensorLeaf, dest_bytes, flatten
+from .state import TensorLeaf, dest_bytes, expand_stateful, flatten
 from .storage import checkpoint_path
 
 
@@ -38,12 +47,17 @@ def load(
     path: str | os.PathLike | None = None,
     *,
     checkpoint_id: str | os.PathLike | None = None,
+    storage_reader: Any = None,
+    planner: Any = None,
     process_group: Any = None,
     verify: bool = True,
     read_buffer: int = DEFAULT_READ_BUFFER,
     threads: int = 4,
     strict: bool = True,
+    allow_partial_load: bool = False,
+    strict_dtype: bool = False,
     no_dist: bool = False,
+    use_collectives: bool = True,
     max_amplification: float = 1.1,
     staging_bytes: int | None = None,
 ) -> LoadResult:
@@ -51,25 +65,71 @@ def load(
 
     What each rank reads is decided by the layout of the tensors it passes (DTensor placements,
     LocalShard/FlatShard declarations, or whole tensors), whatever layout the checkpoint was
-    saved with. ``process_group`` and ``no_dist`` are accepted for DCP compatibility: a load needs
-    no collective. Reads are coalesced across gaps while the bytes read stay within
+    saved with. Reads are coalesced across gaps while the bytes read stay within
     ``max_amplification`` × the bytes needed (raise it for fewer, larger reads).
+
+    As in DCP: the load ends in a collective on the group when one exists (code written for DCP
+    removes the checkpoint right after ``load`` returns on any rank), which also makes a failure
+    on one rank an error on every rank; ``no_dist=True`` or ``use_collectives=False`` skips it.
+    A tensor saved in another dtype is cast into the target's unless ``strict_dtype=True``.
+    Stateful values are filled through their ``state_dict()`` and handed the result by
+    ``load_state_dict()``; an ``io.BytesIO`` is refilled with the saved bytes. ``strict=False``
+    (or ``allow_partial_load=True``, or DCP's ``DefaultLoadPlanner(allow_partial_load=True)``)
+    skips what the checkpoint lacks.
 
     Tensors with no writable contiguous host memory (non-contiguous views, CUDA tensors) are
     filled through one reused staging buffer of ``staging_bytes`` (default
     ``min(64 MiB, max(read_buffer // 4, 1 MiB))``), piece by piece, so that a load's host memory
     stays within the targets plus ``read_buffer`` plus ``staging_bytes``, however large they are.
     """
+    path = checkpoint_path(location(path, checkpoint_id, storage_reader, "storage_reader"), None)
+    if check_planner(planner, "load") or allow_partial_load:
+        strict = False
+    group = collective.LOCAL if no_dist else process_group
+    error: BaseException | None = None
+    result: LoadResult | None = None
+    try:
+        result = _load(
+            state_dict, path, verify, read_buffer, threads, strict, strict_dtype, max_amplification, staging_bytes
+        )
+    except Exception as e:  # every rank hears of it below, or this rank raises it alone
+        error = e
+    if use_collectives and collective.world(group)[1] > 1:
+        rank, _ = collective.world(group)
+        mine = msgspec.msgpack.encode({"rank": rank, "error": describe(error) if error else None})
+        reports = [msgspec.msgpack.decode(b) for b in collective.all_gather_bytes(mine, group)]
+        if error is None:
+            errs = rank_errors(reports)
+            if errs:
+                raise CheckpointError(name_ranks(f"load from {str(path)!r} failed on other ranks: {errs}", group))
+    if error is not None:
+        raise error
+    assert result is not None
+    return result
+
+
+def _load(
+    state_dict: dict[str, Any],
+    path: Path,
+    verify: bool,
+    read_buffer: int,
+    threads: int,
+    strict: bool,
+    strict_dtype: bool,
+    max_amplification: float,
+    staging_bytes: int | None,
+) -> LoadResult:
     t0 = time.perf_counter()
     if staging_bytes is not None and not (isinstance(staging_bytes, int) and staging_bytes > 0):
         raise ValueError(f"staging_bytes must be a positive int, got {staging_bytes!r}")
     piece_cap = staging_bytes if staging_bytes is not None else default_staging(read_buffer)
-    path = checkpoint_path(path, checkpoint_id)
     ck = Checkpoint(path)
-    leaves, value_leaves = flatten(state_dict)
+    expanded, statefuls = expand_stateful(state_dict)
+    leaves, value_leaves = flatten(expanded)
     saved = {t.name: t for t in ck.metadata.tensors}
     requests: list[Request] = []
     staged: list[TensorLeaf] = []
+    blobs: list[TensorLeaf] = []
     for lf in leaves:
         t = saved.get(lf.name)
         if t is None:
@@ -82,13 +142,21 @@ def load(
                     f"tensor {lf.name!r} is not in the checkpoint at {str(path)!r} ({_near(lf.name, saved)})"
                 )
             continue
+        if lf.kind == "bytes":
+            if t.kind != "bytes":
+                raise CheckpointError(f"{lf.name!r} was saved as a tensor, the state dict holds an io.BytesIO")
+            blobs.append(lf)
+            continue
         if tuple(t.shape) != tuple(lf.global_shape):
             raise CheckpointError(
                 f"tensor {lf.name!r}: saved with global shape {tuple(t.shape)}, loading into {tuple(lf.global_shape)}"
             )
-        if t.dtype != lf.dtype:
-            raise CheckpointError(f"tensor {lf.name!r}: saved as {t.dtype}, loading into {lf.dtype}")
         if lf.region.numel == 0:
+            continue
+        if t.dtype != lf.dtype:
+            if strict_dtype or not castable(t.dtype, lf):
+                raise CheckpointError(f"tensor {lf.name!r}: saved as {t.dtype}, loading into {lf.dtype}")
+            staged.append(dataclasses.replace(lf, dtype=t.dtype))  # read as saved, cast into the target
             continue
         dest = dest_bytes(lf.local)
         if dest is None:
@@ -122,7 +190,28 @@ def load(
         )
         stats.add(**got.as_dict())
         buf.copy_out(pieces)
+    for lf in blobs:
+        data = ck.read(lf.name, raw=True, verify=verify, read_buffer=read_buffer, threads=threads)
+        holder = lf.holder
+        holder.seek(0)
+        holder.truncate()
+        holder.write(data.tobytes())
+        holder.seek(0)
+    if statefuls:  # top-level values were replaced in the expanded copy: give them back
+        for k in state_dict:
+            if not any(k == s.key for s in statefuls):
+                state_dict[k] = expanded[k]
+    for s in statefuls:  # as DCP: the filled dict goes back through the object's own loader
+        s.obj.load_state_dict(s.state)
     return LoadResult(path, ck.step, stats, {"total_s": time.perf_counter() - t0})
+
+
+def castable(saved: str, lf: TensorLeaf) -> bool:
+    """Whether a tensor saved as ``saved`` can be cast into this target: any torch dtype into a
+    torch target (as DCP's ``copy_``); into a numpy target only from dtypes numpy has."""
+    if isinstance(lf.local, np.ndarray):
+        return dtype_info(saved).numpy is not None
+    return hasattr(torch, saved)
 
 
 def _near(name: str, saved: dict) -> str:

@@ -52,9 +52,11 @@ from .agreement import (
 )
 from .collective import name_ranks
 from .commit import commit_round, file_records, replica_mismatch
+from .dcp_compat import check_planner, location, overwrite_refused, refuses_overwrite
 from .errors import SaveError, describe, raise_rank_errors
 from .format import DEFAULT_BLOCK, encode_value
 from .geometry import Region
+from .reader import is_committed
 from .state import TensorLeaf, flatten, host_bytes
 from .storage import Storage, checkpoint_path, storage_for
 from .writer import FileResult, Piece, write_rank_files
@@ -139,7 +141,9 @@ def _planning_error(e: Exception, path: Path, group: Any) -> str:
     return name_ranks(f"save to {str(path)!r} failed on rank 0 while planning: {describe(e)}", group)
 
 
-def prepare(state_dict: dict[str, Any], path: Path, group: Any, block_bytes: int, cache: bool = True) -> Prepared:
+def prepare(
+    state_dict: dict[str, Any], path: Path, group: Any, block_bytes: int, cache: bool = True, overwrite: bool = True
+) -> Prepared:
     """Collective 1: every rank's declarations go to rank 0, which checks them, plans the writes
     and sends each rank its part; errors anywhere reach every rank as data, never a hang.
 
@@ -156,6 +160,8 @@ def prepare(state_dict: dict[str, Any], path: Path, group: Any, block_bytes: int
     dg = b""
     try:
         check_block_bytes(block_bytes)
+        if not overwrite and is_committed(path):
+            raise overwrite_refused(path)
         storage_for(path).prepare(path)
         leaves, value_leaves = flatten(state_dict)
         vals = msgspec.msgpack.encode({v.name: encode_value(v.value, v.name) for v in value_leaves})
@@ -261,27 +267,40 @@ def save(
     path: str | os.PathLike | None = None,
     *,
     checkpoint_id: str | os.PathLike | None = None,
+    storage_writer: Any = None,
+    planner: Any = None,
     process_group: Any = None,
     step: int | None = None,
     block_bytes: int = DEFAULT_BLOCK,
     user: dict[str, Any] | None = None,
     no_dist: bool = False,
+    use_collectives: bool = True,
     files_per_rank: int | None = None,
     direct: bool = True,
 ) -> SaveResult:
     """Save ``state_dict`` to ``path`` from every rank of ``process_group``; atomic on success.
 
-    ``no_dist=True`` saves from this process alone even inside a process group (as DCP's flag).
+    DCP's call shapes work as in DCP: ``checkpoint_id=``, ``storage_writer=FileSystemWriter(path)``
+    (``overwrite=False`` refuses an existing checkpoint), ``planner=`` (DCP's default planner only),
+    Stateful values (saved through their ``state_dict()``). ``no_dist=True`` saves from this
+    process alone even inside a process group (as DCP's flag); ``use_collectives=False`` is
+    accepted only where there is nothing to coordinate (one process): the atomic commit needs it.
     ``files_per_rank > 1`` writes each rank's bytes as that many files in parallel streams; by
     default a rank writing 256 MiB or more writes two (``writer.auto_files``), 1 keeps one.
     ``direct`` writes with O_DIRECT where the file system allows it (see ``writer.write_data_file``).
     """
     t0 = time.perf_counter()
-    path = checkpoint_path(path, checkpoint_id)
+    path = checkpoint_path(location(path, checkpoint_id, storage_writer, "storage_writer"), None)
+    check_planner(planner, "save")
     storage: Storage = storage_for(path)
     group = collective.LOCAL if no_dist else process_group
+    if not use_collectives and collective.world(group)[1] > 1:
+        raise ValueError(
+            "use_collectives=False: a goodput save commits atomically through rank 0, which needs the group; "
+            "pass no_dist=True to save from one process alone"
+        )
     timings: dict[str, float] = {}
-    prep = prepare(state_dict, path, group, block_bytes)
+    prep = prepare(state_dict, path, group, block_bytes, overwrite=not refuses_overwrite(storage_writer))
     rank = prep.rank
 
     # ---- 2. replicas must agree -------------------------------------------------------------

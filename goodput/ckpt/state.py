@@ -9,6 +9,7 @@ global tensor (Megatron TP/PP, ZeRO/FSDP1 optimizer state); anything else is a r
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,7 +69,7 @@ class TensorLeaf:
     global_shape: tuple[int, ...]
     region: Region  # this rank's part, in global coordinates
     local: torch.Tensor | np.ndarray  # the data of ``region``, laid out as the region
-    kind: str  # "torch" | "numpy"
+    kind: str  # "torch" | "numpy" | "bytes" (an io.BytesIO)
     declared: bool  # True for DTensor/LocalShard/FlatShard; False for a plain replica
     parent: Any = None
     key: Any = None
@@ -100,11 +101,49 @@ def _contains_array(v: Any) -> bool:
     return False
 
 
+def is_stateful(v: Any) -> bool:
+    """DCP's ``Stateful`` protocol: an object saved through its ``state_dict()`` and restored by
+    ``load_state_dict()`` (a module, an optimizer, the tutorial's ``AppState``, any user object)."""
+    return (
+        not isinstance(v, (dict, list, tuple, torch.Tensor, np.ndarray))
+        and callable(getattr(v, "state_dict", None))
+        and callable(getattr(v, "load_state_dict", None))
+    )
+
+
+@dataclass
+class Stateful:
+    """A top-level Stateful value of a state dict, and the dict it gave (which a load fills)."""
+
+    key: Any
+    obj: Any
+    state: dict
+
+
+def expand_stateful(state: Any) -> tuple[Any, list[Stateful]]:
+    """``state`` with each top-level Stateful value replaced by its ``state_dict()``, as DCP does
+    (only top-level values, as DCP: a Stateful deeper in is an ordinary value). A load fills the
+    dicts and then hands each to its object's ``load_state_dict``."""
+    if not isinstance(state, dict) or not any(is_stateful(v) for v in state.values()):
+        return state, []
+    out = dict(state)
+    found = []
+    for k, v in state.items():
+        if is_stateful(v):
+            sd = v.state_dict()
+            if not isinstance(sd, dict):
+                raise TypeError(f"{str(k)!r}: state_dict() returned a {type(sd).__name__}, not a dict")
+            out[k] = sd
+            found.append(Stateful(k, v, sd))
+    return out, found
+
+
 def flatten(state: Any) -> tuple[list[TensorLeaf], list[ValueLeaf]]:
     tensors: list[TensorLeaf] = []
     values: list[ValueLeaf] = []
     if not isinstance(state, dict):
         raise TypeError(f"state_dict must be a dict, got {type(state).__name__}")
+    state, _ = expand_stateful(state)
     for k, v in state.items():
         _walk(str(k), v, state, k, tensors, values)
     names = [x.name for x in tensors] + [x.name for x in values]
@@ -146,6 +185,11 @@ def tensor_leaf(name: str, v: Any) -> TensorLeaf | None:
         t = v.tensor.detach()
         region = Region.flat(v.start, t.numel(), len(v.global_shape))
         return TensorLeaf(name, torch_dtype_name(t.dtype, name), v.global_shape, region, t, "torch", True, holder=v)
+    if isinstance(v, io.BytesIO):
+        # DCP saves a BytesIO as an opaque blob: here, a uint8 tensor of its bytes (kind "bytes"),
+        # checksummed like every tensor, restored into the BytesIO given to load (never unpickled)
+        data = np.frombuffer(v.getbuffer(), np.uint8).copy()
+        return TensorLeaf(name, "uint8", (len(data),), Region.whole((len(data),)), data, "bytes", False, holder=v)
     if isinstance(v, np.ndarray):
         if v.dtype == object:
             raise TypeError(f"{name!r}: object arrays cannot be checkpointed (they would need pickle)")

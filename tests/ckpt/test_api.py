@@ -165,7 +165,7 @@ def test_load_errors_name_the_key(tmp_path: Path) -> None:
     ):
         gc.load({"model": {"weight": torch.zeros(3, 2)}}, tmp_path)
     with pytest.raises(CheckpointError, match=r"'model\.weight': saved as float32, loading into float64"):
-        gc.load({"model": {"weight": torch.zeros(2, 3, dtype=torch.float64)}}, tmp_path)
+        gc.load({"model": {"weight": torch.zeros(2, 3, dtype=torch.float64)}}, tmp_path, strict_dtype=True)
     with pytest.raises(CheckpointError, match=r"'lr' was saved as a value"):
         gc.load({"lr": torch.zeros(1)}, tmp_path)
     # non-strict loads what it can

@@ -30,7 +30,7 @@ from .load_staging import default_staging, staging_like, staging_rounds
 from .read_exec import DEFAULT_READ_BUFFER, ReadStats
 from .read_plan import Request
 from .reader import Checkpoint
-from .state import TensorLeaf, dest_bytes, expand_stateful, flatten
+from .state import TensorLeaf, dest_bytes, expand_stateful, flatten, materialize_meta
 from .storage import checkpoint_path
 
 
@@ -73,7 +73,8 @@ def load(
     on one rank an error on every rank; ``no_dist=True`` or ``use_collectives=False`` skips it.
     A tensor saved in another dtype is cast into the target's unless ``strict_dtype=True``.
     Stateful values are filled through their ``state_dict()`` and handed the result by
-    ``load_state_dict()``; an ``io.BytesIO`` is refilled with the saved bytes. ``strict=False``
+    ``load_state_dict()``; an ``io.BytesIO`` is refilled with the saved bytes; a meta-device
+    tensor is replaced in its dict by a real one, then filled (DCP does the same). ``strict=False``
     (or ``allow_partial_load=True``, or DCP's ``DefaultLoadPlanner(allow_partial_load=True)``)
     skips what the checkpoint lacks.
 
@@ -125,6 +126,7 @@ def _load(
     piece_cap = staging_bytes if staging_bytes is not None else default_staging(read_buffer)
     ck = Checkpoint(path)
     expanded, statefuls = expand_stateful(state_dict)
+    materialize_meta(expanded)
     leaves, value_leaves = flatten(expanded)
     saved = {t.name: t for t in ck.metadata.tensors}
     requests: list[Request] = []

@@ -138,6 +138,43 @@ def expand_stateful(state: Any) -> tuple[Any, list[Stateful]]:
     return out, found
 
 
+def materialize_meta(state: Any) -> None:
+    """Replace meta-device tensors (and DTensors over meta tensors) in ``state`` by empty ones on
+    the process group's device, in place, as DCP's load does before filling them: a model built
+    on the meta device loads without first allocating its weights twice."""
+
+    def device() -> torch.device:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":  # pragma: no cover
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def real(v: Any) -> Any:
+        if not isinstance(v, torch.Tensor) or v.device.type != "meta":
+            return v
+        if _is_dtensor(v):
+            from torch.distributed.tensor import DTensor
+
+            local = torch.empty_like(v.to_local(), device=device())
+            return DTensor.from_local(
+                local, device_mesh=v.device_mesh, placements=v.placements, shape=v.size(), stride=v.stride()
+            )
+        return torch.empty_like(v, device=device())
+
+    def walk(x: Any) -> None:
+        items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else ()
+        for k, v in list(items):
+            if isinstance(v, (dict, list)):
+                walk(v)
+            else:
+                new = real(v)
+                if new is not v:
+                    x[k] = new
+
+    walk(state)
+
+
 def flatten(state: Any) -> tuple[list[TensorLeaf], list[ValueLeaf]]:
     tensors: list[TensorLeaf] = []
     values: list[ValueLeaf] = []

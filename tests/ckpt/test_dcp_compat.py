@@ -166,3 +166,13 @@ def test_load_ends_in_a_collective(tmp_path: Path) -> None:
     msgs = run_ranks(_load_then_delete, 2, str(tmp_path))
     assert "failed on other ranks: rank 1:" in msgs[0] and "'missing'" in msgs[0]
     assert "'missing' is not in the checkpoint" in msgs[1]
+
+
+def test_meta_device_targets_are_materialized_then_filled(tmp_path: Path) -> None:
+    w = torch.randn(3, 4)
+    gc.save({"model": {"w": w, "layers": [torch.arange(3.0)]}}, tmp_path / "ck")
+    with torch.device("meta"):
+        state = {"model": {"w": torch.empty(3, 4), "layers": [torch.empty(3)]}}
+    gc.load(state, tmp_path / "ck")
+    assert state["model"]["w"].device.type == "cpu" and torch.equal(state["model"]["w"], w)
+    assert torch.equal(state["model"]["layers"][0], torch.arange(3.0))

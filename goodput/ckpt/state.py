@@ -92,7 +92,7 @@ def torch_dtype_name(dt: torch.dtype, name: str) -> str:
 
 
 def _contains_array(v: Any) -> bool:
-    if isinstance(v, (torch.Tensor, np.ndarray, LocalShard, FlatShard)):
+    if isinstance(v, (torch.Tensor, np.ndarray, LocalShard, FlatShard, io.BytesIO)) or _is_sharded_tensor(v):
         return True
     if isinstance(v, dict):
         return any(_contains_array(x) for x in v.values())
@@ -235,6 +235,8 @@ def tensor_leaf(name: str, v: Any) -> TensorLeaf | None:
         except TypeError as e:
             raise TypeError(f"{name!r}: {e}") from None
         return TensorLeaf(name, dt, tuple(v.shape), Region.whole(v.shape), v, "numpy", False)
+    if _is_sharded_tensor(v):
+        return _sharded_tensor_leaf(name, v)
     if isinstance(v, torch.Tensor):
         if _is_dtensor(v):
             return _dtensor_leaf(name, v)
@@ -257,6 +259,33 @@ def _is_dtensor(v: Any) -> bool:
     except ImportError:  # pragma: no cover - torch without distributed
         return False
     return isinstance(v, DTensor)
+
+
+def _is_sharded_tensor(v: Any) -> bool:
+    """FSDP1's SHARDED_STATE_DICT and torchrec hold ``torch.distributed._shard`` ShardedTensors."""
+    return type(v).__name__ == "ShardedTensor" and type(v).__module__.startswith("torch.distributed._shard")
+
+
+def _sharded_tensor_leaf(name: str, v: Any) -> TensorLeaf:
+    shards = v.local_shards()
+    gshape = tuple(int(x) for x in v.size())
+    dt = v.metadata().tensor_properties.dtype
+    if len(shards) > 1:
+        raise TypeError(
+            f"{name!r}: this rank holds {len(shards)} shards of one ShardedTensor; one shard per rank is supported"
+        )
+    if not shards:  # this rank holds none of it: an empty box, which the agreement drops
+        local = torch.empty((0,) * len(gshape), dtype=dt)
+        return TensorLeaf(name, torch_dtype_name(dt, name), gshape, Region.box((0,) * len(gshape), (0,) * len(gshape)),
+                          local, "torch", True, holder=v)  # fmt: skip
+    md = shards[0].metadata
+    local = shards[0].tensor.detach()
+    if tuple(local.shape) != tuple(md.shard_sizes):
+        raise ValueError(
+            f"{name!r}: shard tensor {tuple(local.shape)} differs from its metadata {tuple(md.shard_sizes)}"
+        )
+    region = Region.box(tuple(md.shard_offsets), tuple(md.shard_sizes))
+    return TensorLeaf(name, torch_dtype_name(local.dtype, name), gshape, region, local, "torch", True, holder=v)
 
 
 def _dtensor_leaf(name: str, v: Any) -> TensorLeaf:

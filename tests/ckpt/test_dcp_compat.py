@@ -176,3 +176,27 @@ def test_meta_device_targets_are_materialized_then_filled(tmp_path: Path) -> Non
     gc.load(state, tmp_path / "ck")
     assert state["model"]["w"].device.type == "cpu" and torch.equal(state["model"]["w"], w)
     assert torch.equal(state["model"]["layers"][0], torch.arange(3.0))
+
+
+def _sharded(rank: int, world: int, root: str) -> list:
+    from torch.distributed._shard import sharded_tensor
+    from torch.distributed._shard.sharding_spec import ChunkShardingSpec
+
+    rows = ChunkShardingSpec(dim=0, placements=[f"rank:{r}/cpu" for r in range(world)])
+    cols = ChunkShardingSpec(dim=1, placements=[f"rank:{r}/cpu" for r in range(world)])
+    full = torch.arange(6 * 8, dtype=torch.float32).reshape(6, 8)
+    st = sharded_tensor.empty(rows, 6, 8)
+    st.local_shards()[0].tensor.copy_(full[rank * 3 : rank * 3 + 3])
+    gc.save({"st": st, "step": 1}, f"{root}/ck")
+    back = sharded_tensor.zeros(cols, 6, 8)
+    gc.load({"st": back}, f"{root}/ck", strict=False)
+    shard = back.local_shards()[0]
+    return [shard.metadata.shard_offsets, torch.equal(shard.tensor, full[:, rank * 4 : rank * 4 + 4])]
+
+
+def test_sharded_tensors_save_and_reshard(tmp_path: Path) -> None:
+    out = run_ranks(_sharded, 2, str(tmp_path))
+    assert out == [[[0, 0], True], [[0, 4], True]]
+    whole = {"st": torch.zeros(6, 8)}
+    gc.load(whole, tmp_path / "ck", strict=False)
+    assert torch.equal(whole["st"], torch.arange(48.0).reshape(6, 8))

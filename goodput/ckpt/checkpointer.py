@@ -175,7 +175,7 @@ class Checkpointer:
         """Save asynchronously if the cadence says so; on a preemption signal, save and exit."""
         due, preempt = self._due(step), self.preempt_requested
         if self.world > 1:
-            flags = torch.tensor([int(due), int(preempt)], dtype=torch.int32, device=collective._device(self.group))
+            flags = torch.tensor([int(due), int(preempt)], dtype=torch.int32, device=collective.device(self.group))
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
             due, preempt = bool(flags[0]), bool(flags[1])
         if preempt:
@@ -199,7 +199,7 @@ class Checkpointer:
             self.saver.raise_pending()  # an earlier failure must not stop the preemption save
         need = step != self._last_step or not self.storage.exists(step_dir(self.root, step), MANIFEST)
         if self.world > 1:  # every rank decides alike, or the save's collective would hang
-            flag = torch.tensor([int(need)], dtype=torch.int32, device=collective._device(self.group))
+            flag = torch.tensor([int(need)], dtype=torch.int32, device=collective.device(self.group))
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
             need = bool(flag[0])
         if need:

@@ -21,7 +21,8 @@ def world(group: Any = None) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def _device(group: Any) -> torch.device:
+def device(group: Any) -> torch.device:
+    """Where the buffers of a collective on ``group`` live: the current CUDA device on NCCL, else the CPU."""
     if dist.get_backend(group) == "nccl":  # pragma: no cover - GPU machines
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -31,7 +32,7 @@ def all_gather_bytes(payload: bytes, group: Any = None) -> list[bytes]:
     rank, size = world(group)
     if size == 1:
         return [payload]
-    dev = _device(group)
+    dev = device(group)
     n = torch.tensor([len(payload)], dtype=torch.int64, device=dev)
     sizes = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(size)]
     dist.all_gather(sizes, n, group=group)
@@ -51,7 +52,7 @@ def gather_bytes(payload: bytes, dst: int = 0, group: Any = None) -> list[bytes]
     rank, size = world(group)
     if size == 1:
         return [payload]
-    dev = _device(group)
+    dev = device(group)
     cap = torch.tensor([len(payload) + 8], dtype=torch.int64, device=dev)
     dist.all_reduce(cap, op=dist.ReduceOp.MAX, group=group)
     buf = torch.zeros(int(cap.item()), dtype=torch.uint8, device=dev)
@@ -76,7 +77,7 @@ def scatter_bytes(payloads: list[bytes] | None, src: int = 0, group: Any = None)
     if size == 1:
         assert payloads is not None
         return payloads[0]
-    dev = _device(group)
+    dev = device(group)
     global_src = dist.get_global_rank(group, src) if group is not None else src
     cap = torch.tensor([max(len(p) for p in payloads) + 8 if rank == src and payloads else 0], dtype=torch.int64)
     cap = cap.to(dev)
@@ -101,7 +102,7 @@ def broadcast_bytes(payload: bytes | None, src: int = 0, group: Any = None) -> b
     if size == 1:
         assert payload is not None
         return payload
-    dev = _device(group)
+    dev = device(group)
     global_src = dist.get_global_rank(group, src) if group is not None else src
     n = torch.tensor([len(payload) if rank == src and payload is not None else 0], dtype=torch.int64, device=dev)
     dist.broadcast(n, global_src, group=group)
@@ -138,3 +139,6 @@ def name_ranks(msg: str, group: Any) -> str:
         return msg
     shown = str(members) if len(members) <= 16 else f"[{members[0]}, {members[1]}, ..., {members[-1]}] ({len(members)})"
     return f"{msg} [ranks are numbered within the save's process group; its ranks 0, 1, ... are global ranks {shown}]"
+
+
+_device = device  # transitional: async_saver imports the old name

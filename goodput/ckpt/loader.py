@@ -89,9 +89,11 @@ def load(
     group = collective.LOCAL if no_dist else process_group
     error: BaseException | None = None
     result: LoadResult | None = None
+    expanded, statefuls = state_dict, []
     try:
+        expanded, statefuls = expand_stateful(state_dict)
         result = _load(
-            state_dict, path, verify, read_buffer, threads, strict, strict_dtype, max_amplification, staging_bytes
+            expanded, path, verify, read_buffer, threads, strict, strict_dtype, max_amplification, staging_bytes
         )
     except Exception as e:  # every rank hears of it below, or this rank raises it alone
         error = e
@@ -106,6 +108,15 @@ def load(
     if error is not None:
         raise error
     assert result is not None
+    # as DCP, once every rank has read: each top-level value goes back into the caller's dict
+    # (filled in place, or replaced where a value was), and each Stateful gets its filled dict
+    # through its own load_state_dict, in key order (they may run collectives)
+    stateful_keys = {id(s.obj) for s in statefuls}
+    for k in list(state_dict):
+        if id(state_dict[k]) not in stateful_keys:
+            state_dict[k] = expanded[k]
+    for s in statefuls:
+        s.obj.load_state_dict(s.state)
     return result
 
 
@@ -125,9 +136,8 @@ def _load(
         raise ValueError(f"staging_bytes must be a positive int, got {staging_bytes!r}")
     piece_cap = staging_bytes if staging_bytes is not None else default_staging(read_buffer)
     ck = Checkpoint(path)
-    expanded, statefuls = expand_stateful(state_dict)
-    materialize_meta(expanded)
-    leaves, value_leaves = flatten(expanded)
+    materialize_meta(state_dict)
+    leaves, value_leaves = flatten(state_dict)
     saved = {t.name: t for t in ck.metadata.tensors}
     requests: list[Request] = []
     staged: list[TensorLeaf] = []
@@ -199,12 +209,6 @@ def _load(
         holder.truncate()
         holder.write(data.tobytes())
         holder.seek(0)
-    if statefuls:  # top-level values were replaced in the expanded copy: give them back
-        for k in state_dict:
-            if not any(k == s.key for s in statefuls):
-                state_dict[k] = expanded[k]
-    for s in statefuls:  # as DCP: the filled dict goes back through the object's own loader
-        s.obj.load_state_dict(s.state)
     return LoadResult(path, ck.step, stats, {"total_s": time.perf_counter() - t0})
 
 

@@ -52,7 +52,14 @@ from .agreement import (
 )
 from .collective import name_ranks
 from .commit import commit_round, file_records, replica_mismatch
-from .dcp_compat import check_planner, location, overwrite_refused, refuses_overwrite
+from .dcp_compat import (
+    OVERWRITE_REFUSED,
+    CheckpointExists,
+    check_planner,
+    location,
+    overwrite_refused,
+    refuses_overwrite,
+)
 from .errors import SaveError, describe, raise_rank_errors
 from .format import DEFAULT_BLOCK, encode_value
 from .geometry import Region
@@ -300,7 +307,12 @@ def save(
             "pass no_dist=True to save from one process alone"
         )
     timings: dict[str, float] = {}
-    prep = prepare(state_dict, path, group, block_bytes, overwrite=not refuses_overwrite(storage_writer))
+    try:
+        prep = prepare(state_dict, path, group, block_bytes, overwrite=not refuses_overwrite(storage_writer))
+    except SaveError as e:
+        if OVERWRITE_REFUSED in str(e):
+            raise CheckpointExists(str(e)) from None
+        raise
     rank = prep.rank
 
     # ---- 2. replicas must agree -------------------------------------------------------------

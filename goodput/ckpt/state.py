@@ -128,7 +128,9 @@ def expand_stateful(state: Any) -> tuple[Any, list[Stateful]]:
         return state, []
     out = dict(state)
     found = []
-    for k, v in state.items():
+    # in sorted key order, as DCP: a state_dict() or load_state_dict() that runs collectives
+    # (FSDP's do) then runs them in the same order on every rank, whatever each dict's order
+    for k, v in sorted(state.items(), key=lambda kv: str(kv[0])):
         if is_stateful(v):
             sd = v.state_dict()
             if not isinstance(sd, dict):

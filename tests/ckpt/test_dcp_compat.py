@@ -88,7 +88,9 @@ def test_storage_writer_and_reader_call_shapes(tmp_path: Path, classes: str) -> 
 
 def test_overwrite_false_refuses_an_existing_checkpoint(tmp_path: Path) -> None:
     gc.save({"w": torch.zeros(2)}, tmp_path / "ck")
-    with pytest.raises(gc.SaveError, match=r"overwrite=False\) forbids replacing it"):
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    with pytest.raises(CheckpointException, match=r"Checkpoint already exists.*overwrite=False\) forbids replacing it"):
         gc.save({"w": torch.ones(2)}, storage_writer=gc.FileSystemWriter(tmp_path / "ck", overwrite=False))
     out = {"w": torch.ones(2)}
     gc.load(out, tmp_path / "ck")
@@ -200,3 +202,53 @@ def test_sharded_tensors_save_and_reshard(tmp_path: Path) -> None:
     whole = {"st": torch.zeros(6, 8)}
     gc.load(whole, tmp_path / "ck", strict=False)
     assert torch.equal(whole["st"], torch.arange(48.0).reshape(6, 8))
+
+
+def _ordered(rank: int, world: int, root: str) -> list:
+    """Stateful objects whose load_state_dict runs collectives, in a different dict order on each
+    rank: loaded in key order (as DCP), they pair up instead of deadlocking."""
+    import torch.distributed as dist
+
+    class Gathers:
+        def state_dict(self) -> dict:
+            return {}
+
+        def load_state_dict(self, sd: dict) -> None:
+            out = [torch.zeros(1) for _ in range(world)]
+            dist.all_gather(out, torch.ones(1) * rank)
+            self.got = [float(x) for x in out]
+
+    class Reduces:
+        def state_dict(self) -> dict:
+            return {}
+
+        def load_state_dict(self, sd: dict) -> None:
+            t = torch.ones(1) * (rank + 1)
+            dist.all_reduce(t)
+            self.got = float(t)
+
+    a, b = Gathers(), Reduces()
+    sd = {"A": a, "B": b} if rank == 0 else {"B": b, "A": a}
+    gc.save(sd, f"{root}/ck")
+    gc.load(sd, f"{root}/ck")
+    return [a.got, b.got]
+
+
+def test_stateful_loads_run_in_key_order(tmp_path: Path) -> None:
+    assert run_ranks(_ordered, 2, str(tmp_path), timeout=120) == [[[0.0, 1.0], 3.0]] * 2
+
+
+def test_top_level_values_go_back_into_the_callers_dict(tmp_path: Path) -> None:
+    class Watched(dict):
+        set_called = False
+
+        def __setitem__(self, k: object, v: object) -> None:
+            self.set_called = True
+            super().__setitem__(k, v)
+
+    sd = Watched()
+    sd["foo"] = {"w": torch.ones(3), "n": [1, 2]}
+    sd.set_called = False
+    gc.save(sd, tmp_path / "ck")
+    gc.load(sd, tmp_path / "ck")
+    assert sd.set_called

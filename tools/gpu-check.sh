@@ -8,7 +8,8 @@
 #
 # The CUDA tests: pinned staging on a side stream (save), cudaHostRegister of the async staging
 # segment (both writer modes), CUDA load targets through the bounded pinned buffer (contiguous,
-# transposed, shards). The benchmark: `goodput bench async`, whose CUDA part measures
+# transposed, shards); eager and lazy staging of CUDA tensors (test_async_staging's CUDA cases).
+# The benchmark: `goodput bench async`, whose CUDA part measures
 # device-to-host staging against the PCIe link (goal >= 80 %).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,5 +26,5 @@ if compgen -G ".whl/*.whl" > /dev/null; then
   export PYTHONPATH="/tmp/site:$PWD"
 fi
 python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA'; print(torch.__version__, torch.cuda.get_device_name())"
-python3 -m pytest -q -p no:cacheprovider -rs tests/ckpt/test_cuda.py
+python3 -m pytest -q -p no:cacheprovider -rs tests/ckpt/test_cuda.py tests/ckpt/test_async_staging.py
 python3 -m goodput.cli.main bench async --size "${GPU_CHECK_SIZE:-4GiB}" --repeat 2 --loop-steps 100

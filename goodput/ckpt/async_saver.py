@@ -12,6 +12,16 @@ shared staging buffer; ``"thread"`` runs the same code in a thread. Checksumming
 many short calls that hold the interpreter lock, which slows a Python training loop when done in
 a thread (``goodput bench async`` measures it), hence the process default.
 
+Staging: ``staging="eager"`` (default) copies the whole state before ``save`` returns, on every
+usable core. ``staging="lazy"`` returns after planning and copies behind the training loop, during
+the next step's forward and backward, which leave parameters and optimizer state alone (the idea
+of DataStates-LLM's lazy copy). Two things keep a lazy checkpoint exactly the state of its step:
+:meth:`AsyncSaver.protect` makes the optimizer's ``step()`` wait for the copy (copy first), and
+each tensor's version counter, read at the request and again after its copy, fails the save,
+naming the tensor, when it was changed in place before its copy was complete (detect and fail).
+Leaves whose changes cannot be seen that way (numpy arrays, inference-mode tensors) and small
+leaves are copied before ``save`` returns. See docs/ASYNC.md.
+
 Policy when a save is requested while one is in flight: ``if_busy="wait"`` (default) waits for it
 to finish before staging (saves never interleave, and there is only one staging buffer);
 ``if_busy="skip"`` returns None. A background failure sets the exception on ``committed`` and is
@@ -23,6 +33,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -35,11 +46,15 @@ import torch
 import torch.distributed as dist
 
 from . import collective
-from .api import SaveError, _resolve, check_block_bytes, prepare
-from .background import WriterProcess, report_failure, run_job
-from .commit import _enc_region
+from .background import abort_job, run_job
+from .errors import SaveError
 from .format import DEFAULT_BLOCK
-from .staging import StagingPool, layout, sweep_dead_segments
+from .saver import check_block_bytes, prepare
+from .staging import StagingPool, copier, layout, split_lazy, sweep_dead_segments
+from .storage import checkpoint_path
+from .writer_process import WriterProcess
+
+STAGING = ("eager", "lazy")
 
 
 @dataclass
@@ -49,11 +64,23 @@ class SaveTimings:
     step: int | None
     plan_s: float = 0.0  # collective planning (foreground)
     stage_s: float = 0.0  # copy into the staging buffer (foreground)
-    stall_s: float = 0.0  # plan + stage: what the training loop lost
+    stall_s: float = 0.0  # what the training loop lost: plan + stage (+ lazy: protected steps' wait)
     write_s: float = 0.0  # background: write + fsync of this rank's files
     commit_s: float = 0.0  # background: waiting for all ranks + metadata + manifest
     total_s: float = 0.0  # request to durable commit
     bytes: int = 0  # written by this rank
+    staging: str = "eager"
+    lazy_s: float = 0.0  # lazy: the copy that ran behind the training loop
+    lazy_bytes: int = 0  # lazy: the bytes it copied
+    wait_s: float = 0.0  # lazy: what protected optimizer steps (wait_staged) waited for it
+
+
+class _LazyCopy:
+    """The in-flight lazy copy of one save: a waiting step lends it its thread."""
+
+    def __init__(self) -> None:
+        self.job: Any = None  # the StageJob, once the copy has started
+        self.done = threading.Event()  # set when the copy ended, whether it succeeded or not
 
 
 @dataclass
@@ -64,6 +91,7 @@ class AsyncSave:
     staged: Future = field(default_factory=Future)
     committed: Future = field(default_factory=Future)
     timings: SaveTimings | None = None
+    _lazy: _LazyCopy | None = field(default=None, repr=False)
 
     def result(self, timeout: float | None = None) -> SaveTimings:
         """Wait until the save is committed; raises :class:`SaveError` if it failed."""
@@ -71,6 +99,23 @@ class AsyncSave:
 
     def done(self) -> bool:
         return self.committed.done()
+
+    def wait_staged(self) -> None:
+        """Wait until this save's copy is complete, helping with it meanwhile (the waiting thread
+        has nothing better to do); the wait counts as stall in :attr:`timings`. Never raises: a
+        failed copy fails the save, which ``committed`` and the saver's next call report."""
+        lz = self._lazy
+        if lz is None or lz.done.is_set():
+            return
+        t0 = time.perf_counter()
+        job = lz.job
+        if job is not None:
+            job.help()  # records its own errors: they fail the save, not the caller
+        lz.done.wait()
+        dt = time.perf_counter() - t0
+        if self.timings is not None:
+            self.timings.wait_s += dt
+            self.timings.stall_s += dt
 
 
 class AsyncSaver:
@@ -84,9 +129,12 @@ class AsyncSaver:
         block_bytes: int = DEFAULT_BLOCK,
         files_per_rank: int | None = None,
         direct: bool = True,
+        staging: str = "eager",
     ):
         if mode not in ("process", "thread"):
             raise ValueError(f"mode must be 'process' or 'thread', got {mode!r}")
+        if staging not in STAGING:
+            raise ValueError(f"staging must be 'eager' or 'lazy', got {staging!r}")
         if if_busy not in ("wait", "skip"):
             raise ValueError(f"if_busy must be 'wait' or 'skip', got {if_busy!r}")
         check_block_bytes(block_bytes)
@@ -98,6 +146,7 @@ class AsyncSaver:
         self.block_bytes = block_bytes
         self.files_per_rank = files_per_rank
         self.direct = direct
+        self.staging = staging
         self.pool = StagingPool(shared=mode == "process")
         sweep_dead_segments()
         self.inflight: AsyncSave | None = None
@@ -106,6 +155,10 @@ class AsyncSaver:
         self.listeners: list[Callable[[AsyncSave], None]] = []
         self._proc: WriterProcess | None = None
         self._lock = threading.Lock()
+        self._hooks: list[Any] = []
+        self._thread: threading.Thread | None = None
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._lazy_gate: threading.Event | None = None  # tests: hold the lazy copy back until set
         atexit.register(self.close)
 
     # ------------------------------------------------------------------ public
@@ -125,7 +178,7 @@ class AsyncSaver:
         if self.world > 1:
             # every rank must make the same choice, or the planning collective below would pair
             # with some other collective of the training loop
-            flags = torch.tensor([int(busy), int(failed)], dtype=torch.int32, device=collective._device(self.group))
+            flags = torch.tensor([int(busy), int(failed)], dtype=torch.int32, device=collective.device(self.group))
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
             busy, failed = bool(flags[0]), bool(flags[1])
         if failed:
@@ -135,20 +188,54 @@ class AsyncSaver:
             raise SaveError("the previous asynchronous save failed on another rank (see that rank's error)")
         if busy:
             return None  # if_busy="skip" on some rank: every rank skips
-        path = _resolve(path, checkpoint_id)
+        path = checkpoint_path(path, checkpoint_id)
         t0 = time.perf_counter()
         prep = prepare(state_dict, path, self.group, self.block_bytes)
         t1 = time.perf_counter()
         slots, size = layout(prep.leaves)
+        job = self._job(prep, path, step, slots, user)
+        later: list = []
         try:
-            self._stage(prep.leaves, slots, size)
+            self._ensure_buffer(size)
+            now, ready, versions = prep.leaves, None, None
+            if self.staging == "lazy":
+                now, later, versions = split_lazy(prep.leaves)
+                ready = _cuda_ready(later)
+            self.pool.stage(now, slots, sync=not later)  # the lazy copy waits for queued CUDA copies
         except BaseException as e:
-            report_failure(path, prep.save_id, prep.rank, f"staging failed: {type(e).__name__}: {e}")
-            raise SaveError(f"asynchronous save to {str(path)!r}: staging failed: {type(e).__name__}: {e}") from e
+            msg = f"staging failed: {type(e).__name__}: {e}"
+            threading.Thread(target=self._abort, args=(job, msg), daemon=True).start()
+            raise SaveError(f"asynchronous save to {str(path)!r}: {msg}") from e
         t2 = time.perf_counter()
-        timings = SaveTimings(step, plan_s=t1 - t0, stage_s=t2 - t1, stall_s=t2 - t0)
+        timings = SaveTimings(step, plan_s=t1 - t0, stage_s=t2 - t1, stall_s=t2 - t0, staging=self.staging)
+        timings.lazy_bytes = sum(slots[lf.name].nbytes for lf in later)
         handle = AsyncSave(path, step, prep.save_id, timings=timings)
-        handle.staged.set_result(timings.stall_s)
+        self.inflight = handle
+        if later:
+            handle._lazy = _LazyCopy()
+            target: Callable[..., None] = self._lazy_background
+            args: tuple = (handle, job, size, t0, later, slots, versions, ready, self._lazy_gate)
+        else:
+            handle.staged.set_result(timings.stall_s)
+            target, args = self._background, (handle, job, size, t0)
+        self._submit(target, args)
+        return handle
+
+    def _submit(self, fn: Callable[..., None], args: tuple) -> None:
+        """Hand work to the saver's background thread. One persistent thread, not one per save:
+        starting a thread blocks the caller until the new thread has run, which on a busy
+        machine cost the training loop milliseconds per save."""
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._jobs = queue.SimpleQueue()
+                self._thread = threading.Thread(
+                    target=_serve, args=(self._jobs,), name="goodput-async-save", daemon=True
+                )
+                self._thread.start()
+            self._jobs.put((fn, args))
+
+    def _job(self, prep: Any, path: Path, step: int | None, slots: dict, user: dict[str, Any] | None) -> dict:
+        """What the background writer needs: plain data, sent to the writer process as msgpack."""
         job = {
             "path": str(path),
             "save_id": prep.save_id,
@@ -160,7 +247,7 @@ class AsyncSaver:
             "direct": self.direct,
             "timeout": self.timeout,
             "leaves": {n: [s.offset, s.nbytes, list(s.shape), s.itemsize] for n, s in slots.items()},
-            "pieces": [[a.name, _enc_region(a.piece), _enc_region(a.source)] for a in prep.my_pieces()],
+            "pieces": [[a.name, a.piece.encode(), a.source.encode()] for a in prep.my_pieces()],
             "replicas": [[i, name] for i, name in prep.my_replicas] if prep.world > 1 else [],
             "commit": None,
         }
@@ -171,16 +258,31 @@ class AsyncSaver:
             job["commit"] = {
                 "meta": {k: list(v) for k, v in prep.meta.items()},
                 "values": prep.values,
-                "replica_keys": [[n, _enc_region(r)] for n, r in prep.replica_keys],
+                "replica_keys": [[n, r.encode()] for n, r in prep.replica_keys],
                 "user": user or {},
             }
-        self.inflight = handle
-        threading.Thread(
-            target=self._background, args=(handle, job, size), name="goodput-async-save", daemon=True
-        ).start()
-        return handle
+        return job
 
-    def _stage(self, leaves: list, slots: dict, size: int) -> None:
+    def protect(self, *optimizers: Any) -> list[Any]:
+        """Make each optimizer's ``step()`` wait for the in-flight lazy copy: the step is the one
+        place where parameters and optimizer state change, so a protected loop never changes the
+        state under its copy. Returns the hook handles (``.remove()`` undoes it; so does
+        :meth:`close`). Harmless with eager staging: there is never a copy to wait for."""
+        handles = [opt.register_step_pre_hook(self._before_step) for opt in optimizers]
+        self._hooks.extend(handles)
+        return handles
+
+    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.wait_staged()
+
+    def wait_staged(self) -> None:
+        """:meth:`AsyncSave.wait_staged` of the in-flight save: call it before changing the state
+        by other means than a protected optimizer."""
+        h = self.inflight
+        if h is not None:
+            h.wait_staged()
+
+    def _ensure_buffer(self, size: int) -> None:
         if self.mode == "process":
             w = self._worker()
             if self.pool.array is not None and w.attached != self.pool.name and not self.pool.named:
@@ -192,7 +294,9 @@ class AsyncSaver:
                 self.pool.unlink_name()
         else:
             self.pool.ensure(size)
-        self.pool.stage(leaves, slots)
+
+    def _abort(self, job: dict[str, Any], error: str) -> None:
+        abort_job(job, error)
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait for the in-flight save (if any) to finish, successfully or not."""
@@ -209,7 +313,13 @@ class AsyncSaver:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.wait(self.timeout + 60)
+        for hk in self._hooks:
+            hk.remove()
+        self._hooks.clear()
         with self._lock:
+            if self._thread is not None:
+                self._jobs.put(None)
+                self._thread = None
             if self._proc is not None:
                 self._proc.close()
                 self._proc = None
@@ -227,8 +337,50 @@ class AsyncSaver:
         if self.mode == "process":
             self._worker()
 
-    def _background(self, handle: AsyncSave, job: dict[str, Any], size: int) -> None:
+    def _lazy_background(
+        self,
+        handle: AsyncSave,
+        job: dict[str, Any],
+        size: int,
+        t_request: float,
+        leaves: list,
+        slots: dict,
+        versions: dict[str, int],
+        ready: Any,
+        gate: threading.Event | None,
+    ) -> None:
+        lz, tm = handle._lazy, handle.timings
+        assert lz is not None and tm is not None
         t0 = time.perf_counter()
+        err: BaseException | None = None
+        try:
+            if gate is not None:
+                gate.wait()
+            lz.job = self.pool.job(leaves, slots, versions, ready)
+            # one core stays the training loop's: this copy runs while the loop computes
+            lz.job.run(helpers=copier().threads - 2)
+        except BaseException as e:  # noqa: BLE001 - fails this save, reported by the next call
+            err = e
+            with contextlib.suppress(Exception):
+                self.pool.synchronize()  # nothing may still write into the buffer
+        tm.lazy_s = time.perf_counter() - t0
+        if err is None:
+            handle.staged.set_result(tm.stall_s)
+            lz.done.set()
+            self._background(handle, job, size, t_request)
+            return
+        lz.done.set()
+        msg = f"lazy staging failed: {type(err).__name__}: {err}"
+        error = SaveError(f"asynchronous save to {str(handle.path)!r} (step {handle.step}) failed: {msg}")
+        error.__cause__ = err
+        handle.staged.set_exception(error)
+        try:
+            self._abort(job, msg)
+        finally:
+            self.pending_error = error
+            handle.committed.set_exception(error)
+
+    def _background(self, handle: AsyncSave, job: dict[str, Any], size: int, t_request: float) -> None:
         try:
             if self.mode == "process":
                 assert self.pool.name is not None
@@ -247,7 +399,7 @@ class AsyncSaver:
         assert tm is not None
         tm.write_s = out.get("timings", {}).get("write_s", 0.0)
         tm.commit_s = out.get("timings", {}).get("commit_s", 0.0)
-        tm.total_s = tm.stall_s + (time.perf_counter() - t0)
+        tm.total_s = time.perf_counter() - t_request
         tm.bytes = out.get("bytes", 0)
         self.history.append(tm)
         if out.get("ok"):
@@ -263,6 +415,13 @@ class AsyncSaver:
             handle.committed.set_exception(err)
 
 
+def _serve(jobs: queue.SimpleQueue) -> None:
+    while (item := jobs.get()) is not None:
+        fn, args = item
+        with contextlib.suppress(Exception):  # each job reports its own failure on its futures
+            fn(*args)
+
+
 _default: dict[Any, AsyncSaver] = {}
 
 
@@ -276,10 +435,24 @@ def async_save(
     user: dict[str, Any] | None = None,
     mode: str = "process",
     if_busy: str = "wait",
+    staging: str = "eager",
 ) -> AsyncSave | None:
-    """Stage ``state_dict`` and write it in the background; see :class:`AsyncSaver`."""
-    key = (id(process_group), mode, if_busy, collective.world(process_group))
+    """Stage ``state_dict`` and write it in the background; see :class:`AsyncSaver`. With
+    ``staging="lazy"``, call the handle's ``wait_staged()`` before the state changes (or keep an
+    :class:`AsyncSaver` and :meth:`~AsyncSaver.protect` the optimizer)."""
+    key = (id(process_group), mode, if_busy, staging, collective.world(process_group))
     saver = _default.get(key)
     if saver is None:
-        saver = _default[key] = AsyncSaver(process_group=process_group, mode=mode, if_busy=if_busy)
+        saver = _default[key] = AsyncSaver(process_group=process_group, mode=mode, if_busy=if_busy, staging=staging)
     return saver.save(state_dict, path, checkpoint_id=checkpoint_id, step=step, user=user)
+
+
+def _cuda_ready(leaves: list) -> Any:
+    """An event on the requester's current stream: a lazy copy, issued later from another
+    thread, must read the tensors as the work queued up to the request leaves them."""
+    dev = next((lf.local.device for lf in leaves if lf.local.device.type == "cuda"), None)
+    if dev is None:
+        return None
+    ev = torch.cuda.Event()  # pragma: no cover - GPU machines
+    ev.record(torch.cuda.current_stream(dev))  # pragma: no cover
+    return ev  # pragma: no cover

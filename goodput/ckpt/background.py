@@ -42,6 +42,18 @@ def report_failure(path: Path, save_id: str, rank: int, error: str) -> None:
         _put(storage_for(path), path, done_name(save_id, rank), {"rank": rank, "error": error, "files": [], "crcs": []})
 
 
+def abort_job(job: dict[str, Any], error: str) -> None:
+    """This rank will not write the job (its staging failed): tell rank 0, which aborts. Rank 0
+    itself runs the commit round its writer would have run (its own report carries the error, so
+    the round aborts), once every rank has reported, removing what they wrote."""
+    if job["world"] == 1:
+        return  # nothing was written, no one is waiting
+    path = Path(job["path"])
+    report_failure(path, job["save_id"], job["rank"], error)
+    if job["rank"] == 0:
+        _commit_when_all_done(storage_for(job["path"]), job, path, time.perf_counter())
+
+
 def done_name(save_id: str, rank: int) -> str:
     return f".goodput-{save_id}-r{rank:05d}.done"
 
@@ -223,11 +235,3 @@ def _wait_for_commit(storage: Storage, job: dict[str, Any], path: Path, t_start:
         if time.perf_counter() > deadline:
             return {"ok": False, "error": f"no commit from rank 0 within {2 * job['timeout'] + 60:.0f} s"}
         time.sleep(POLL_S)
-
-
-def __getattr__(name: str) -> Any:  # transitional: async_saver imports WriterProcess from here
-    if name == "WriterProcess":
-        from .writer_process import WriterProcess
-
-        return WriterProcess
-    raise AttributeError(name)

@@ -88,6 +88,7 @@ class Checkpointer:
         process_group: Any = None,
         mode: str = "process",
         if_busy: str = "skip",
+        staging: str = "eager",
         mtbf: str | float | None = None,
         gpus: int | None = None,
         gpu_mtbf: str | float | None = None,
@@ -123,7 +124,9 @@ class Checkpointer:
         else:
             self.interval_s = parse_duration(interval)
         self.restart_s = parse_duration(restart, allow_zero=True)
-        self.saver = AsyncSaver(process_group=process_group, mode=mode, if_busy=if_busy, timeout=timeout)
+        self.saver = AsyncSaver(
+            process_group=process_group, mode=mode, if_busy=if_busy, timeout=timeout, staging=staging
+        )
         self.saver.listeners.append(self._on_commit)
         self.listeners: list[Callable[[CommitEvent], None]] = []
         self._last_save_time = time.monotonic()
@@ -324,6 +327,11 @@ class Checkpointer:
                 self.storage.remove_tree(p)
                 removed.append(p)
         return removed
+
+    def protect(self, *optimizers: Any) -> list[Any]:
+        """With ``staging="lazy"``: make each optimizer's ``step()`` wait for the in-flight copy
+        (see :meth:`AsyncSaver.protect`); harmless with eager staging."""
+        return self.saver.protect(*optimizers)
 
     def wait(self) -> None:
         self.saver.wait()

@@ -139,6 +139,3 @@ def name_ranks(msg: str, group: Any) -> str:
         return msg
     shown = str(members) if len(members) <= 16 else f"[{members[0]}, {members[1]}, ..., {members[-1]}] ({len(members)})"
     return f"{msg} [ranks are numbered within the save's process group; its ranks 0, 1, ... are global ranks {shown}]"
-
-
-_device = device  # transitional: async_saver imports the old name

@@ -234,7 +234,3 @@ def replica_mismatch(replica_keys: list[tuple[str, Region]], reports: list[dict]
         "a tensor without a declared layout must be identical on every rank (declare shards with "
         "DTensor, LocalShard or FlatShard)"
     )
-
-
-def _enc_region(r: Region) -> list:  # transitional: async_saver imports it from here
-    return r.encode()

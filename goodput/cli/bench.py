@@ -137,16 +137,29 @@ def async_cmd(
     repeat: int = typer.Option(3, "--repeat"),
     loop_steps: int = typer.Option(400, "--loop-steps", help="Training-loop steps per measurement."),
     pcie_gen: int = typer.Option(5, "--pcie-gen", help="For the CUDA staging goal."),
+    lazy_fb: float = typer.Option(
+        3.0, "--lazy-fb", help="Forward+backward of the lazy-staging step, as a multiple of the all-core floor."
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Training-loop stall per async save vs memcpy and DCP; slowdown of a concurrent loop."""
+    """Training-loop stall per async save (eager and lazy staging) vs an all-core copy and DCP; slowdown of a concurrent loop."""
     from rich.console import Console
 
     from goodput.bench.asyncsave import render, run
 
     nbytes = _size(size)
+    if not lazy_fb > 0:
+        _fail(ValueError(f"--lazy-fb must be positive, got {lazy_fb}"))
     with Console(stderr=True).status("starting") as status:
-        out = run(nbytes, directory or None, repeat=repeat, loop_steps=loop_steps, gen=pcie_gen, progress=status.update)
+        out = run(
+            nbytes,
+            directory or None,
+            repeat=repeat,
+            loop_steps=loop_steps,
+            gen=pcie_gen,
+            progress=status.update,
+            lazy_fb=lazy_fb,
+        )
     _emit(out, as_json, render)
 
 

@@ -202,3 +202,27 @@ def test_preempted_flag_marks_only_the_signal_save(tmp_path: Path) -> None:
     ck._on_signal(signal.SIGTERM, None)
     ck.maybe_save(2, state)
     assert [(e.step, e.preempted) for e in events] == [(1, False), (2, True)]
+
+
+def test_lazy_staging_through_the_checkpointer(tmp_path: Path) -> None:
+    """staging="lazy" with protect(): each checkpoint holds exactly its step's state, although
+    training went on while it was copied."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    ck = gc.Checkpointer(tmp_path, interval=3, keep=None, mode="thread", staging="lazy", if_busy="wait")
+    ck.protect(opt)
+    snapshots = {}
+    for step in range(1, 10):
+        opt.zero_grad()
+        model(torch.randn(8, 64)).pow(2).mean().backward()
+        opt.step()
+        state = {"model": model.state_dict()}
+        if ck.maybe_save(step, state) is not None:
+            snapshots[step] = {k: v.clone() for k, v in model.state_dict().items()}
+    ck.close()
+    assert sorted(snapshots) == [3, 6, 9]
+    for step, want in snapshots.items():
+        got = {"model": {k: torch.zeros_like(v) for k, v in want.items()}}
+        gc.load(got, tmp_path / f"step_{step:09d}")
+        assert all(torch.equal(got["model"][k], v) for k, v in want.items()), step

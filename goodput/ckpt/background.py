@@ -26,7 +26,7 @@ import crc32c
 import msgspec
 import numpy as np
 
-from .commit import commit_round, file_records
+from .commit import commit, commit_round, file_records
 from .errors import CheckpointError, describe
 from .format import DATA_FILE, MANIFEST, MAX_MANIFEST_BYTES, decode_manifest
 from .geometry import Region, runs
@@ -187,18 +187,14 @@ def _commit_when_all_done(storage: Storage, job: dict[str, Any], path: Path, t_s
     stale: list[str] = []
     if error is None:
         c = job["commit"]
+        written = [reports[r] for r in range(world)]
+        meta = {k: (v[0], v[1], v[2]) for k, v in c["meta"].items()}
         outcome = commit_round(
-            storage,
-            path,
-            save_id,
-            job["step"],
-            world,
-            {k: (v[0], v[1], v[2]) for k, v in c["meta"].items()},
-            c["values"],
-            [reports[r] for r in range(world)],
-            job["block_bytes"],
-            c["user"],
+            written,
             [(name, Region.decode(reg)) for name, reg in c["replica_keys"]],
+            lambda: commit(
+                storage, path, save_id, job["step"], world, meta, c["values"], written, job["block_bytes"], c["user"]
+            ),
         )
         error, stale = outcome.error, outcome.stale
     for name in stale:  # past the commit point: best effort, never an abort

@@ -11,6 +11,7 @@ numpy only, so the background writer process can run it without importing torch.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,19 +61,10 @@ class Outcome:
 
 
 def commit_round(
-    storage: Storage,
-    path: Path,
-    save_id: str,
-    step: int | None,
-    world: int,
-    meta: dict[str, tuple[str, list[int], str]],
-    values: dict[str, Any],
-    reports: list[dict],
-    block_bytes: int,
-    user: dict[str, Any],
-    replica_keys: list[tuple[str, Region]] | None = None,
+    reports: list[dict], replica_keys: list[tuple[str, Region]] | None, write: Callable[[], list[str]]
 ) -> Outcome:
-    """Commit if every rank wrote and (given ``replica_keys``) every replica group agrees.
+    """Commit (``write``: :func:`commit` with the save's arguments) if every rank wrote and (given
+    ``replica_keys``) every replica group agrees.
 
     ``reports``: one per rank, ``{"rank", "error", "files"[, "crcs"]}``. Nothing is committed on
     any failure; the error names the ranks at fault."""
@@ -84,7 +76,7 @@ def commit_round(
         if mismatch:
             return Outcome(False, f"failed: {mismatch}")
     try:
-        stale = commit(storage, path, save_id, step, world, meta, values, reports, block_bytes, user)
+        stale = write()
     except Exception as e:  # raised before the manifest's rename: nothing committed
         return Outcome(False, f"failed at commit on rank 0: {describe(e)}")
     return Outcome(True, None, stale)

@@ -51,7 +51,7 @@ from .agreement import (
     digest,
 )
 from .collective import name_ranks
-from .commit import commit_round, file_records, replica_mismatch
+from .commit import commit, commit_round, file_records, replica_mismatch
 from .dcp_compat import (
     OVERWRITE_REFUSED,
     CheckpointExists,
@@ -364,7 +364,11 @@ def save(
     if rank == 0:
         assert written is not None
         decided = commit_round(
-            storage, path, prep.save_id, step, prep.world, prep.meta, prep.values, written, block_bytes, user or {}
+            written,
+            None,  # replicas were compared before anything was written (round 2)
+            lambda: commit(
+                storage, path, prep.save_id, step, prep.world, prep.meta, prep.values, written, block_bytes, user or {}
+            ),
         )
         stale = decided.stale
         outcome = {"ok": decided.ok, "error": name_ranks(decided.error, group) if decided.error else None}

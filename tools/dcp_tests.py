@@ -1,0 +1,989 @@
+#!/usr/bin/env python3
+"""Run PyTorch DCP's own test files under DCP and under goodput.ckpt, with only DCP's entry points swapped.
+
+    .venv/bin/python tools/dcp_tests.py /tmp/dcp-tests/upstream --json /tmp/dcp-tests/result.json
+
+The upstream test files (``test/distributed/checkpoint/...`` of pytorch/pytorch) are not part of this
+repository: pass them as files or directories (default ``/tmp/dcp-tests/upstream``). Everything the
+harness writes goes under ``--scratch`` (default ``/tmp/dcp-tests/run``), never into the repository:
+
+- ``dcp/``      byte-identical copies of the upstream files, run as they are (DCP);
+- ``goodput/``  the swapped copies, plus ``<file>.swap.diff`` showing every changed line;
+- ``shim/``     ``goodput_dcp_swap``, the package the swapped imports point to (generated);
+- ``hooks/``    ``sitecustomize.py`` (lets GPU-gated tests run on CPU) and the pytest result plugin;
+- ``results/``  one JSON line per pytest event, per side and file; ``swap.log`` (which name resolved
+  to what, and every call served by a DCP fallback).
+
+The swap (the only difference between the two runs) rewrites import statements, nothing else:
+
+- ``import torch.distributed.checkpoint as X``                  -> ``import goodput_dcp_swap as X``
+- ``import torch.distributed.checkpoint.state_dict_saver as X`` -> ``import goodput_dcp_swap.state_dict_saver as X``
+  (likewise ``state_dict_loader`` and ``filesystem``)
+- ``from <one of those modules> import ...``  -> the same names from the matching ``goodput_dcp_swap`` module,
+  only where the statement imports at least one entry point.
+
+Each ``goodput_dcp_swap`` module is a proxy of its DCP module: the entry points ``save``, ``load``,
+``async_save``, ``save_state_dict``, ``load_state_dict``, ``FileSystemWriter`` and ``FileSystemReader``
+resolve to ``goodput.ckpt``'s object of that name when goodput has one, and otherwise to DCP's (a
+*fallback*, recorded: each call of a fallback is logged with the running test). Every other name
+(planners, ``Metadata``, ``CheckpointException``, ``AsyncCheckpointerType``...) is DCP's own object.
+DCP's test helpers, planners, ``state_dict`` utilities and private helpers are untouched.
+
+The environment (both runs, the same): ``sitecustomize.py`` on ``PYTHONPATH`` (so the ranks the tests
+spawn get it too) changes two of torch's *test helpers*, nothing in DCP: every
+``torch.testing._internal.common_distributed.skip_if_lt_x_gpu(n)`` behaves as ``allow_cpu=True`` (the
+GPU-gated tests run on CPU, with gloo, at DTensorTestBase's CPU world size of 4), and
+``DTensorTestBase.init_pg`` turns a backend string naming one pair twice (``"cpu:gloo,cpu:gloo"``, what
+``TestE2ESaveAndLoad`` asks for on a CPU machine, refused by torch 2.13) into ``"gloo"``.
+``DISTRIBUTED_TESTS_DEFAULT_TIMEOUT`` (``--test-timeout``) bounds each multi-process test and
+``OMP_NUM_THREADS=1``. ``expecttest`` (imported by ``torch.testing._internal.common_utils``) and
+``zstandard`` (``test_dtensor_resharding.py`` builds ``ZStandard()`` while defining a class) are
+pip-installed into ``<scratch>/deps`` if the interpreter lacks them.
+
+By default goodput runs only the tests that passed under DCP (the goal is about those), and DCP
+results are reused from an earlier run of the same file bytes, torch and hooks unless ``--rerun-dcp``;
+``--report-only`` prints the table again from the last results. A goodput pass that needed a DCP
+fallback is marked ``*`` and is not counted towards the goal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import collections
+import contextlib
+import difflib
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ENTRY_POINTS = (
+    "save",
+    "load",
+    "async_save",
+    "save_state_dict",
+    "load_state_dict",
+    "FileSystemWriter",
+    "FileSystemReader",
+)
+DCP = "torch.distributed.checkpoint"
+SHIM = "goodput_dcp_swap"
+# the DCP modules whose entry points are swapped -> the proxy module that replaces them in imports
+SWAP_MODULES = {
+    DCP: SHIM,
+    f"{DCP}.state_dict_saver": f"{SHIM}.state_dict_saver",
+    f"{DCP}.state_dict_loader": f"{SHIM}.state_dict_loader",
+    f"{DCP}.filesystem": f"{SHIM}.filesystem",
+}
+
+# Tests of DCP's internals (planner classes, storage-writer/reader extensions and transforms): not part
+# of the goal. Matched against the pytest node id (regex, search). Each with its reason; docs/DCP.md
+# lists the same.
+INTERNALS = [
+    (
+        # parametrized as extensions0 = None (a plain resharding test, in the goal), extensions1 =
+        # [Rot13Example()], extensions2 = [ZStandard()]
+        r"TestDTensorReshardPlacementChange::test_1d_to_1d_reshard_placement_change_extensions[12]$",
+        "FileSystemWriter(_extensions=[Rot13Example()] / [ZStandard()]): DCP's private stream-transform extension API",
+    ),
+    (
+        r"TestDistributedStateDictSaveLoadRot13::",
+        "FileSystemWriter(_extensions=[Rot13Example()]) and FileSystemReader(_extension_registry=...): "
+        "DCP's private stream-transform extension API",
+    ),
+    (
+        r"TestDistributedStateDictSaveLoadZStandard::",
+        "FileSystemWriter(_extensions=[ZStandard()]): DCP's private stream-transform extension API",
+    ),
+    (
+        r"TestFileSystemWriterFlushBehavior::",
+        "DCP's filesystem internals (_StorageWriterTransforms, FileSystem.create_stream, flush counts per file)",
+    ),
+    (
+        r"TestCheckpointableReshard::test_uneven_reshard_with_checkpointable_api",
+        "a torch.Tensor subclass implementing DCP's planner protocol (__create_write_items__, "
+        "__create_chunk_list__, __get_tensor_shard__ with WriteItem/MetadataIndex)",
+    ),
+]
+
+HOOK_SITECUSTOMIZE = '''\
+"""Generated by tools/dcp_tests.py: let DCP's GPU-gated tests run on CPU, with gloo.
+
+Two changes to torch's test helpers (not to DCP, not to the test files), both made as the helper
+module is first imported, in every process (this file is on PYTHONPATH, so the ranks the tests
+spawn get it too). DCP_TESTS_ALLOW_CPU=0 turns both off.
+
+1. torch.testing._internal.common_distributed.skip_if_lt_x_gpu(n, allow_cpu=False) skips a test on
+   a machine with fewer than n accelerators unless allow_cpu=True: every use behaves as
+   allow_cpu=True (the switch upstream flips test by test).
+2. DTensorTestBase.init_pg: a backend string naming one device:backend pair twice collapses to
+   that backend. TestE2ESaveAndLoad asks for f"cpu:gloo,{device_type}:{backend}", which on a CPU
+   machine is "cpu:gloo,cpu:gloo"; torch 2.13 refuses it ("Duplicate device type cpu"); it
+   becomes "gloo", what the string means there.
+"""
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+
+
+def _patch_common_distributed(mod):
+    orig = mod.skip_if_lt_x_gpu
+
+    def skip_if_lt_x_gpu(x, *, allow_cpu=True):
+        return orig(x, allow_cpu=True)
+
+    skip_if_lt_x_gpu.__doc__ = orig.__doc__
+    mod.skip_if_lt_x_gpu = skip_if_lt_x_gpu
+
+
+def _patch_common_dtensor(mod):
+    cls = mod.DTensorTestBase
+    orig = cls.init_pg
+
+    def init_pg(self, eager_init, backend=None):
+        if backend is None:
+            backend = self.backend
+        parts = [p.strip() for p in backend.split(",")]
+        if len(parts) > 1 and len(set(parts)) == 1 and ":" in parts[0]:
+            backend = parts[0].split(":", 1)[1]
+        return orig(self, eager_init, backend)
+
+    cls.init_pg = init_pg
+
+
+_TARGETS = {
+    "torch.testing._internal.common_distributed": _patch_common_distributed,
+    "torch.testing._internal.distributed._tensor.common_dtensor": _patch_common_dtensor,
+}
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        patch = _TARGETS.pop(name, None)
+        if patch is None:
+            return None
+        if not _TARGETS:
+            sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            patch(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if os.environ.get("DCP_TESTS_ALLOW_CPU", "1") != "0":
+    sys.meta_path.insert(0, _Finder())
+'''
+
+HOOK_PLUGIN = '''\
+"""Generated by tools/dcp_tests.py: pytest plugin writing one JSON line per event to $DCP_TESTS_RESULTS
+(so that a file killed by the per-file timeout still leaves what it had done)."""
+import json
+import os
+import time
+
+_OUT = os.environ["DCP_TESTS_RESULTS"]
+
+
+def _w(rec):
+    with open(_OUT, "a") as f:
+        f.write(json.dumps(rec) + "\\n")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    _w({"event": "collected", "ids": [i.nodeid for i in items]})
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        _w({"event": "collect_error", "id": report.nodeid, "longrepr": str(report.longrepr)[-30000:]})
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _w({"event": "start", "id": nodeid, "t": time.time()})
+
+
+def pytest_runtest_logreport(report):
+    rec = {"event": "report", "id": report.nodeid, "when": report.when, "outcome": report.outcome,
+           "duration": report.duration}
+    if report.failed or report.skipped:
+        crash = getattr(getattr(report.longrepr, "reprcrash", None), "message", None)
+        rec["crash"] = crash
+        rec["longrepr"] = str(report.longrepr)[-30000:]
+    _w(rec)
+'''
+
+SHIM_SWAP = '''\
+"""Generated by tools/dcp_tests.py. How goodput_dcp_swap resolves DCP's entry points.
+
+An entry point is goodput.ckpt's object of that name when goodput has one; otherwise DCP's own,
+wrapped only to record each call (a fallback) in $GOODPUT_SWAP_LOG with the running test.
+GOODPUT_SWAP_FALLBACK=0: no fallback, a missing name raises when used.
+"""
+import functools
+import importlib
+import json
+import os
+
+ENTRY_POINTS = %(entry_points)r
+_LOG = os.environ.get("GOODPUT_SWAP_LOG")
+_cache = {}
+
+
+def _log(rec):
+    if not _LOG:
+        return
+    rec["pid"] = os.getpid()
+    rec["test"] = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+    with open(_LOG, "a") as f:
+        f.write(json.dumps(rec) + "\\n")
+
+
+def swapped(dcp_module):
+    return [n for n in ENTRY_POINTS if hasattr(dcp_module, n)]
+
+
+def resolve(name, dcp_module):
+    key = name  # one object per name: DCP's torch.distributed.checkpoint.save is state_dict_saver.save, etc.
+    if key not in _cache:
+        import goodput.ckpt as gc
+
+        try:
+            obj, source = getattr(gc, name), "goodput"
+        except AttributeError:
+            source = "dcp"
+            if os.environ.get("GOODPUT_SWAP_FALLBACK", "1") == "0":
+                obj = _missing(name)
+            else:
+                obj = _fallback(name, getattr(dcp_module, name))
+        _log({"event": "resolve", "name": name, "module": dcp_module.__name__, "source": source})
+        _cache[key] = obj
+    return _cache[key]
+
+
+def _missing(name):
+    def missing(*a, **k):
+        raise NotImplementedError(f"goodput.ckpt has no {name}")
+
+    return missing
+
+
+def _fallback(name, obj):
+    if isinstance(obj, type):
+        def __init__(self, *a, **k):
+            _log({"event": "fallback", "name": name})
+            obj.__init__(self, *a, **k)
+
+        # a subclass (isinstance checks still pass), importable as goodput_dcp_swap._swap.<name> for pickle
+        return type(name, (obj,), {"__init__": __init__, "__module__": __name__, "__qualname__": name,
+                                   "__doc__": obj.__doc__})
+
+    @functools.wraps(obj)
+    def fallback(*a, **k):
+        _log({"event": "fallback", "name": name})
+        return obj(*a, **k)
+
+    return fallback
+
+
+def __getattr__(name):  # for pickle of a fallback class, in any process
+    if name in ENTRY_POINTS:
+        mod = importlib.import_module("torch.distributed.checkpoint.filesystem")
+        return resolve(name, mod)
+    raise AttributeError(name)
+'''
+
+SHIM_MODULE = '''\
+"""Generated by tools/dcp_tests.py: %(dcp)s, with only its entry points (%(names)s)
+resolved by goodput_dcp_swap._swap (goodput.ckpt's when it has them). Every other name is DCP's own."""
+import %(dcp)s as _dcp
+from %(swap)s import resolve as _resolve, swapped as _swapped
+
+_SWAPPED = frozenset(_swapped(_dcp))
+
+
+def __getattr__(name):
+    if name in _SWAPPED:
+        return _resolve(name, _dcp)
+    return getattr(_dcp, name)
+
+
+def __dir__():
+    return sorted(set(dir(_dcp)))
+'''
+
+
+# ---- the swap ---------------------------------------------------------------------------------------
+
+
+class SwapError(Exception):
+    pass
+
+
+def swap_source(src: str, filename: str = "<test>") -> tuple[str, list[str], list[str]]:
+    """The test file with its DCP entry-point imports pointed at goodput_dcp_swap.
+
+    Returns (new source, one line per rewritten statement, warnings about entry points reached in a
+    form that is not rewritten, e.g. ``torch.distributed.checkpoint.save(...)`` through a plain import).
+    """
+    import torch.distributed.checkpoint as _dcp  # noqa: F401  (the submodules below must be importable)
+
+    tree = ast.parse(src, filename)
+    lines = src.splitlines(keepends=True)
+    edits: list[tuple[int, int, int, int, str]] = []  # (line0, col0, line1, col1, new text)
+    notes: list[str] = []
+    warnings: list[str] = []
+
+    def exports_entry(module: str) -> bool:
+        import importlib
+
+        return any(hasattr(importlib.import_module(module), n) for n in ENTRY_POINTS)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            hits = [a for a in node.names if a.name in SWAP_MODULES]
+            if not hits:
+                continue
+            for a in hits:
+                if a.asname is None:
+                    warnings.append(
+                        f"line {node.lineno}: 'import {a.name}' without 'as' is not rewritten; "
+                        f"entry points reached as {a.name}.<name> stay DCP's"
+                    )
+            if len(node.names) != 1 or node.names[0].asname is None:
+                if len(node.names) != 1:
+                    raise SwapError(f"{filename}:{node.lineno}: multi-module import of DCP is not handled")
+                continue
+            a = node.names[0]
+            new = f"import {SWAP_MODULES[a.name]} as {a.asname}"
+            edits.append((node.lineno, node.col_offset, node.end_lineno, node.end_col_offset, new))
+            notes.append(f"line {node.lineno}: import {a.name} as {a.asname}  ->  {new}")
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            mod = node.module or ""
+            names = [a.name for a in node.names]
+            if mod in SWAP_MODULES and any(n in ENTRY_POINTS for n in names):
+                seg = ast.get_source_segment(src, node)
+                assert seg is not None
+                new = re.sub(rf"^from\s+{re.escape(mod)}\b", f"from {SWAP_MODULES[mod]}", seg, count=1)
+                if new == seg:
+                    raise SwapError(f"{filename}:{node.lineno}: cannot rewrite {seg!r}")
+                edits.append((node.lineno, node.col_offset, node.end_lineno, node.end_col_offset, new))
+                swapped = [n for n in names if n in ENTRY_POINTS]
+                notes.append(
+                    f"line {node.lineno}: from {mod} import ... ({', '.join(swapped)})  ->  from {SWAP_MODULES[mod]}"
+                )
+            elif mod == "torch.distributed" and "checkpoint" in names:
+                warnings.append(f"line {node.lineno}: 'from torch.distributed import checkpoint' is not rewritten")
+            elif mod.startswith(DCP + ".") and mod not in SWAP_MODULES and exports_entry(mod):
+                hit = [n for n in names if n in ENTRY_POINTS]
+                if hit:
+                    warnings.append(f"line {node.lineno}: {', '.join(hit)} from {mod} are not rewritten")
+        elif isinstance(node, ast.Attribute) and node.attr in ENTRY_POINTS:
+            chain = _dotted(node.value)
+            if chain and (chain == DCP or chain.endswith(".checkpoint")):
+                warnings.append(f"line {node.lineno}: {chain}.{node.attr} is reached through an unrewritten name")
+
+    # apply bottom-up so that offsets stay valid
+    for l0, c0, l1, c1, new in sorted(edits, reverse=True):
+        head = lines[l0 - 1][:c0]
+        tail = lines[l1 - 1][c1:]
+        lines[l0 - 1 : l1] = [head + new + tail]
+    return "".join(lines), notes, warnings
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return None
+
+
+def write_shim(root: Path) -> None:
+    pkg = root / SHIM
+    if pkg.exists():
+        shutil.rmtree(pkg)
+    pkg.mkdir(parents=True)
+    (pkg / "_swap.py").write_text(SHIM_SWAP % {"entry_points": ENTRY_POINTS})
+    import importlib
+
+    for dcp_mod, shim_mod in SWAP_MODULES.items():
+        m = importlib.import_module(dcp_mod)
+        names = ", ".join(n for n in ENTRY_POINTS if hasattr(m, n))
+        text = SHIM_MODULE % {"dcp": dcp_mod, "names": names, "swap": f"{SHIM}._swap"}
+        target = pkg / "__init__.py" if shim_mod == SHIM else pkg / (shim_mod.rsplit(".", 1)[1] + ".py")
+        target.write_text(text)
+
+
+# ---- running ----------------------------------------------------------------------------------------
+
+
+# what the upstream test files need that the torch wheel does not bring: torch.testing._internal.common_utils
+# imports expecttest; test_dtensor_resharding.py builds ZStandard() while defining a class, which needs zstandard
+TEST_DEPS = {"expecttest": "expecttest", "zstandard": "zstandard"}
+
+
+def ensure_test_deps(scratch: Path) -> Path:
+    """pip-installs into <scratch>/deps (on PYTHONPATH for both runs) what the interpreter lacks."""
+    deps = scratch / "deps"
+    missing = []
+    for module, package in TEST_DEPS.items():
+        found = (deps / module).exists() or subprocess.run(
+            [sys.executable, "-c", f"import {module}"], capture_output=True
+        ).returncode == 0
+        if not found:
+            missing.append(package)
+    if missing:
+        print(f"installing {', '.join(missing)} into {deps} (pip --target)", file=sys.stderr, flush=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                "--target",
+                str(deps),
+                *missing,
+            ],
+            check=True,
+        )
+    return deps
+
+
+def run_pytest(
+    side: str, test_file: Path, cwd: Path, results: Path, env: dict, timeout: float, ids: list[str] | None
+) -> dict:
+    if results.exists():
+        results.unlink()
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "dcp_results_plugin", "-o", "addopts="]
+    cmd += ["--rootdir", str(cwd), "-c", os.devnull]
+    if ids is not None:
+        cmd += ids  # node ids relative to cwd
+    else:
+        cmd.append(str(test_file))
+    env = dict(env, DCP_TESTS_RESULTS=str(results))
+    t0 = time.time()
+    log = results.with_suffix(".out")
+    with open(log, "w") as out:
+        p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        timed_out = False
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            os.killpg(p.pid, signal.SIGTERM)
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    # the group may still hold spawned ranks
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, signal.SIGKILL)
+    return {
+        "side": side,
+        "file": str(test_file),
+        "rc": p.returncode,
+        "timed_out": timed_out,
+        "elapsed_s": round(time.time() - t0, 1),
+        "log": str(log),
+    }
+
+
+def read_results(path: Path) -> dict[str, dict]:
+    """node id -> {"outcome": passed|failed|skipped|error|timeout|not run, "error": first line, ...}"""
+    tests: dict[str, dict] = {}
+    started = None
+    if not path.exists():
+        return tests
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        ev = rec["event"]
+        if ev == "collected":
+            for i in rec["ids"]:
+                tests.setdefault(i, {"outcome": "not run"})
+        elif ev == "collect_error":
+            full = first_error(rec["longrepr"], None)
+            tests[rec["id"] or "<collection>"] = {"outcome": "error", "error": _clip(full), "error_full": full}
+        elif ev == "start":
+            started = rec["id"]
+            tests.setdefault(started, {"outcome": "not run"})["outcome"] = "timeout"
+        elif ev == "report":
+            t = tests.setdefault(rec["id"], {"outcome": "not run"})
+            t["duration"] = round(t.get("duration", 0) + rec["duration"], 2)
+            when, outcome = rec["when"], rec["outcome"]
+            if outcome == "failed":
+                t["outcome"] = "failed" if when == "call" else "error"
+                full = first_error(rec.get("longrepr") or "", rec.get("crash"))
+                t["error"], t["error_full"] = _clip(full), full
+            elif outcome == "skipped":
+                t["outcome"] = "skipped"
+                t["error"] = _skip_reason(rec.get("longrepr") or "")
+            elif when == "call" and t["outcome"] not in ("failed", "error", "skipped"):
+                t["outcome"] = "passed"
+            elif when == "teardown" and t["outcome"] == "timeout":  # set up, torn down, never called
+                t["outcome"] = "error"
+    return tests
+
+
+_EXC = re.compile(
+    r"^(?:[A-Za-z_][\w.]*\.)?([A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning|Failure)|AssertionError|KeyError"
+    r"|StopIteration|CheckpointException|SkipTest)(?::\s?(.*))?$"
+)
+
+
+def first_error(longrepr: str, crash: str | None) -> str:
+    """The line that says what went wrong: inside a rank's traceback when the failure came from a
+    spawned process (MultiProcessTestCase reports 'Process N exited with error code 10 and exception:').
+    An AssertionError gets the test's own line that raised it appended, as ``[at: ...]``."""
+    for text in ([crash.splitlines()] if crash else []) + [[re.sub(r"^E\s+", "", ln) for ln in longrepr.splitlines()]]:
+        blocks, cur = [], None
+        for ln in text:
+            if re.match(r"^(RuntimeError: )?Process \d+ exited with error code", ln.strip()):
+                cur = []
+                blocks.append(cur)
+                continue
+            if cur is not None:
+                if ln.strip().startswith("To execute this test, run"):
+                    cur = None
+                    continue
+                cur.append(ln)
+        for blk in blocks:
+            hits = [i for i, ln in enumerate(blk) if _EXC.match(ln)]
+            if hits:
+                return _with_site(blk, hits[-1])
+    text = [re.sub(r"^E\s+", "", ln) for ln in longrepr.splitlines()]
+    if crash:
+        line = crash.splitlines()[0]
+        if line.startswith("AssertionError"):
+            frames = [i for i, ln in enumerate(text) if _frame_in_test(ln)]
+            if frames and frames[-1] + 1 < len(text):
+                return f"{line} [at: {text[frames[-1] + 1].strip()}]"
+        return line
+    hits = [i for i, ln in enumerate(text) if _EXC.match(ln) and "exited with error code" not in ln]
+    return _with_site(text, hits[-1]) if hits else (text[-1] if text else "")
+
+
+def _frame_in_test(line: str) -> bool:
+    m = re.match(r'^\s*File "([^"]+)", line \d+, in ', line)
+    return (
+        bool(m)
+        and "site-packages" not in m.group(1)
+        and "/lib/python" not in m.group(1)
+        and "/goodput/ckpt/" not in m.group(1)
+    )
+
+
+def _with_site(lines: list[str], i: int) -> str:
+    line = lines[i].strip()
+    if line.startswith("AssertionError"):
+        frames = [j for j in range(i) if _frame_in_test(lines[j])]
+        if frames and frames[-1] + 1 < i:
+            return f"{line} [at: {lines[frames[-1] + 1].strip()}]"
+    return line
+
+
+def _skip_reason(longrepr: str) -> str:
+    m = re.search(r"Skipped: (.*?)['\")]*$", longrepr)
+    return _clip(m.group(1) if m else longrepr)
+
+
+def _clip(s: str, n: int = 300) -> str:
+    s = re.sub(r"\s+", " ", s).strip()
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+def cause_of(err: str) -> str:
+    """A failure's first line as a grouping key: goodput's SaveError reduced to the first rank's message,
+    long reprs in parentheses elided, and what varies between tests (paths, numbers, addresses) replaced."""
+    s = err
+    m = re.match(
+        r"^(?:[\w.]*\.)?SaveError: save to .*? failed; nothing was committed\. rank \d+: (.*?)(?:; rank \d+: .*)?$", s
+    )
+    if m:
+        s = "SaveError: " + m.group(1)
+    while True:  # innermost (...) longer than 30 characters -> (...)
+        t = re.sub(r"\((?=[^()]{30,}\))[^()]*\)", "(...)", s)
+        if t == s:
+            break
+        s = t
+    s = re.sub(r"/tmp/[^\s'\"]+|/(?:work|root|home)/[^\s'\"]+", "<path>", s)
+    s = re.sub(r"'[\w.\[\]-]+': ", "'<key>': ", s)  # goodput names the state-dict key first
+    s = re.sub(r"0x[0-9a-fA-F]+", "<addr>", s)
+    s = re.sub(r"(?<![\w.])\d+(\.\d+)?(?![\w])", "<n>", s)
+    s = re.sub(r"\[<n>(?:, <n>)*\]", "[...]", s)
+    s = re.sub(r"\(<n>(?:, <n>)*,?\)", "(...)", s)
+    return _clip(s)
+
+
+def internal_reason(test_id: str) -> str | None:
+    for pat, reason in INTERNALS:
+        if re.search(pat, test_id):
+            return reason
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("paths", nargs="*", default=["/tmp/dcp-tests/upstream"], help="upstream test files or directories")
+    ap.add_argument("--scratch", default="/tmp/dcp-tests/run", help="where copies, shim and results go")
+    ap.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="PATH",
+        help="write the JSON summary (to stdout if no PATH)",
+    )
+    ap.add_argument("--side", choices=["both", "dcp", "goodput"], default="both")
+    ap.add_argument("--rerun-dcp", action="store_true", help="run DCP again even if results for these file bytes exist")
+    ap.add_argument(
+        "--goodput-all", action="store_true", help="run every test under goodput, not only those DCP passes"
+    )
+    ap.add_argument("--file-timeout", type=float, default=600, help="seconds per file and side (default 600)")
+    ap.add_argument("--test-timeout", type=int, default=90, help="DISTRIBUTED_TESTS_DEFAULT_TIMEOUT (default 90)")
+    ap.add_argument(
+        "--no-fallback", action="store_true", help="a DCP entry point goodput lacks raises instead of falling back"
+    )
+    ap.add_argument(
+        "--no-cpu-gate-patch", action="store_true", help="leave skip_if_lt_x_gpu as it is (GPU-gated tests skip)"
+    )
+    ap.add_argument(
+        "--report-only", action="store_true", help="run nothing: the table and summary from the last results"
+    )
+    ap.add_argument("-k", dest="keyword", default=None, help="only test ids containing this substring")
+    args = ap.parse_args(argv)
+
+    t_start = time.time()
+    files: list[tuple[Path, Path]] = []  # (absolute file, path relative to its root)
+    for p in map(Path, args.paths):
+        p = p.resolve()
+        if p.is_dir():
+            files += [(f, f.relative_to(p)) for f in sorted(p.rglob("test_*.py"))]
+        elif p.is_file():
+            files.append((p, Path(p.name)))
+        else:
+            ap.error(f"no such file or directory: {p}")
+    if not files:
+        ap.error("no test files found")
+    repo = Path(__file__).resolve().parent.parent
+    scratch = Path(args.scratch).resolve()
+    if scratch == repo or repo in scratch.parents:
+        ap.error("--scratch must be outside the repository")
+    for d in ("dcp", "goodput", "shim", "hooks", "results/dcp", "results/goodput"):
+        (scratch / d).mkdir(parents=True, exist_ok=True)
+
+    hooks = scratch / "hooks"
+    (hooks / "sitecustomize.py").write_text(HOOK_SITECUSTOMIZE)
+    (hooks / "dcp_results_plugin.py").write_text(HOOK_PLUGIN)
+    write_shim(scratch / "shim")
+    deps = ensure_test_deps(scratch)
+    swap_log = scratch / "results" / "swap.log"
+    if args.side != "dcp" and swap_log.exists() and not args.report_only:
+        swap_log.unlink()
+
+    base_path = [str(hooks), str(deps)]
+    env = dict(os.environ)
+    env.pop("PYTEST_ADDOPTS", None)
+    env.update(
+        PYTHONUNBUFFERED="1",
+        DISTRIBUTED_TESTS_DEFAULT_TIMEOUT=str(args.test_timeout),
+        DCP_TESTS_ALLOW_CPU="0" if args.no_cpu_gate_patch else "1",
+        OMP_NUM_THREADS="1",
+    )
+    env_dcp = dict(env, PYTHONPATH=os.pathsep.join(base_path + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    env_gp = dict(
+        env,
+        PYTHONPATH=os.pathsep.join(base_path + [str(scratch / "shim"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        GOODPUT_SWAP_LOG=str(swap_log),
+        GOODPUT_SWAP_FALLBACK="0" if args.no_fallback else "1",
+    )
+
+    runs, per_file = [], {}
+    for src, rel in files:
+        data = src.read_bytes()
+        # DCP results are reused only for the same file bytes, torch and environment hooks
+        env_key = (
+            f"{_torch_version()}|{HOOK_SITECUSTOMIZE}|{sorted(TEST_DEPS)}|{args.test_timeout}|{args.no_cpu_gate_patch}"
+        )
+        digest = hashlib.sha256(data + env_key.encode()).hexdigest()[:16]
+        key = str(rel)
+        dcp_copy = scratch / "dcp" / rel
+        gp_copy = scratch / "goodput" / rel
+        dcp_copy.parent.mkdir(parents=True, exist_ok=True)
+        gp_copy.parent.mkdir(parents=True, exist_ok=True)
+        dcp_copy.write_bytes(data)
+        new, notes, warns = swap_source(data.decode(), str(rel))
+        gp_copy.write_text(new)
+        diff = "".join(
+            difflib.unified_diff(data.decode().splitlines(True), new.splitlines(True), f"dcp/{rel}", f"goodput/{rel}")
+        )
+        gp_copy.with_suffix(".swap.diff").write_text(diff)
+        stem = str(rel).replace("/", "__").removesuffix(".py")
+        res_dcp = scratch / "results" / "dcp" / f"{stem}.jsonl"
+        res_gp = scratch / "results" / "goodput" / f"{stem}.jsonl"
+        stamp = res_dcp.with_suffix(".sha")
+        per_file[key] = {"sha256_16": digest, "swap": notes, "swap_warnings": warns}
+        print(
+            f"== {rel}  ({len(notes)} import(s) swapped{', ' + str(len(warns)) + ' warning(s)' if warns else ''})",
+            file=sys.stderr,
+            flush=True,
+        )
+        for w in warns:
+            print(f"   warning: {w}", file=sys.stderr, flush=True)
+
+        if args.report_only:
+            continue
+        ids_filter = args.keyword or None
+        if args.side in ("both", "dcp"):
+            # (a cached full run also serves -k: its results hold every test)
+            cached = stamp.exists() and stamp.read_text() == digest and res_dcp.exists() and not args.rerun_dcp
+            if cached:
+                print("   dcp: reusing earlier results for these bytes", file=sys.stderr, flush=True)
+                per_file[key]["dcp_run"] = {"cached": True}
+            else:
+                ids = _select(scratch / "dcp", rel, env_dcp, ids_filter)
+                r = run_pytest("dcp", rel, scratch / "dcp", res_dcp, env_dcp, args.file_timeout, ids)
+                per_file[key]["dcp_run"] = r
+                runs.append(r)
+                if args.keyword:  # a partial run: the next full run must not reuse it
+                    stamp.unlink(missing_ok=True)
+                else:
+                    stamp.write_text(digest)
+                print(
+                    f"   dcp: rc={r['rc']} {r['elapsed_s']}s{' TIMED OUT' if r['timed_out'] else ''}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        if args.side in ("both", "goodput"):
+            dres = read_results(res_dcp)
+            if args.goodput_all or not dres:
+                ids = _select(scratch / "goodput", rel, env_gp, ids_filter)
+            else:
+                ids = [i for i, t in dres.items() if t["outcome"] == "passed" and (not ids_filter or ids_filter in i)]
+            if ids == []:
+                print("   goodput: nothing to run (no test passes under DCP)", file=sys.stderr, flush=True)
+                if res_gp.exists():
+                    res_gp.unlink()
+                continue
+            res_gp.with_suffix(".sha").write_text(_tree_digest(repo / "goodput" / "ckpt"))  # the code this run tests
+            r = run_pytest("goodput", rel, scratch / "goodput", res_gp, env_gp, args.file_timeout, ids)
+            per_file[key]["goodput_run"] = r
+            runs.append(r)
+            print(
+                f"   goodput: rc={r['rc']} {r['elapsed_s']}s{' TIMED OUT' if r['timed_out'] else ''}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    # ---- collect --------------------------------------------------------------------------------------
+    tests = []
+    gp_code: dict[str, str] = {}
+    for _src, rel in files:
+        stem = str(rel).replace("/", "__").removesuffix(".py")
+        sha = scratch / "results" / "goodput" / f"{stem}.sha"
+        if sha.exists():
+            gp_code[str(rel)] = sha.read_text().strip()
+        d = read_results(scratch / "results" / "dcp" / f"{stem}.jsonl")
+        g = read_results(scratch / "results" / "goodput" / f"{stem}.jsonl")
+        for tid in sorted(set(d) | set(g)):
+            if args.keyword and args.keyword not in tid:
+                continue
+            dt, gt = d.get(tid, {"outcome": "not run"}), g.get(tid, {"outcome": "not run"})
+            tests.append(
+                {
+                    "id": tid,
+                    "file": str(rel),
+                    "dcp": dt["outcome"],
+                    "dcp_error": dt.get("error"),
+                    "goodput": gt["outcome"],
+                    "goodput_error": gt.get("error"),
+                    "cause": cause_of(gt.get("error_full") or gt["outcome"])
+                    if gt["outcome"] not in ("passed", "not run")
+                    else None,
+                    "internal": internal_reason(tid),
+                }
+            )
+    fallbacks: dict[str, set[str]] = collections.defaultdict(set)
+    resolution: dict[str, str] = {}
+    if swap_log.exists():
+        for line in swap_log.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if rec["event"] == "resolve":
+                resolution[f"{rec['module']}.{rec['name']}"] = rec["source"]
+            elif rec["event"] == "fallback" and rec.get("test"):
+                fallbacks[rec["test"]].add(rec["name"])
+    for t in tests:
+        t["dcp_fallbacks"] = sorted(fallbacks.get(t["id"], ()))
+
+    dcp_pass = [t for t in tests if t["dcp"] == "passed"]
+    goal = [t for t in dcp_pass if not t["internal"]]
+    gp_pass = [t for t in dcp_pass if t["goodput"] == "passed"]
+    gp_pure = [t for t in gp_pass if not t["dcp_fallbacks"]]
+    goal_pass = [t for t in goal if t["goodput"] == "passed" and not t["dcp_fallbacks"]]
+    causes: dict[str, list[dict]] = collections.defaultdict(list)
+    for t in dcp_pass:
+        if t["goodput"] != "passed":
+            causes[t["cause"] or t["goodput"]].append(t)
+    summary = {
+        "collected": len(tests),
+        "dcp": dict(collections.Counter(t["dcp"] for t in tests)),
+        "dcp_passed": len(dcp_pass),
+        "goodput_passed_of_dcp_passed": len(gp_pass),
+        "goodput_passed_without_dcp_fallback": len(gp_pure),
+        "goodput_passed_using_dcp_fallback": len(gp_pass) - len(gp_pure),
+        "dcp_internals_among_dcp_passed": len(dcp_pass) - len(goal),
+        "goal_tests": len(goal),
+        "goal_passed": len(goal_pass),
+        "elapsed_s": round(time.time() - t_start, 1),
+    }
+    out = {
+        "date": time.strftime("%Y-%m-%d"),
+        "python": sys.version.split()[0],
+        "torch": _torch_version(),
+        # fingerprint of goodput/ckpt/*.py when each file's goodput run started (others edit it meanwhile)
+        "goodput_ckpt_sha256_16": sorted(set(gp_code.values())),
+        "goodput_ckpt_sha256_16_by_file": gp_code,
+        "scratch": str(scratch),
+        "resolution": resolution,
+        "summary": summary,
+        "causes": [
+            {
+                "cause": c,
+                "count": len(ts),
+                "internal": sum(1 for t in ts if t["internal"]),
+                "example": ts[0]["id"],
+                "first_line": ts[0]["goodput_error"],
+                "tests": [t["id"] for t in ts],
+            }
+            for c, ts in sorted(causes.items(), key=lambda kv: -len(kv[1]))
+        ],
+        "files": per_file,
+        "runs": runs,
+        "tests": tests,
+    }
+
+    # ---- print ------------------------------------------------------------------------------------------
+    if args.json != "-":
+        _print_table(tests, out)
+    if args.json:
+        text = json.dumps(out, indent=1)
+        if args.json == "-":
+            print(text)
+        else:
+            Path(args.json).write_text(text)
+            print(f"\nJSON summary: {args.json}")
+    return 0
+
+
+def _select(cwd: Path, rel: Path, env: dict, keyword: str | None) -> list[str] | None:
+    if not keyword:
+        return None
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "--collect-only",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "addopts=",
+        "-c",
+        os.devnull,
+        "--rootdir",
+        str(cwd),
+        str(rel),
+    ]
+    p = subprocess.run(cmd, cwd=cwd, env=dict(env, DCP_TESTS_RESULTS=os.devnull), capture_output=True, text=True)
+    return [ln.strip() for ln in p.stdout.splitlines() if "::" in ln and keyword in ln]
+
+
+def _tree_digest(d: Path) -> str:
+    """A fingerprint of goodput/ckpt's sources as they were when the run ended (they may be edited meanwhile)."""
+    h = hashlib.sha256()
+    for f in sorted(d.rglob("*.py")):
+        h.update(str(f.relative_to(d)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _torch_version() -> str:
+    try:
+        import torch
+
+        return torch.__version__
+    except Exception:  # pragma: no cover
+        return "?"
+
+
+def _print_table(tests: list[dict], out: dict) -> None:
+    short = {"passed": "pass", "failed": "FAIL", "skipped": "skip", "error": "ERR", "timeout": "TIME", "not run": "-"}
+    w = max([len(t["id"]) for t in tests] + [10])
+    print()
+    print(f"{'test':<{w}}  {'dcp':<4}  {'goodput':<7}  first line of the goodput failure / note")
+    for t in tests:
+        g = short[t["goodput"]] + ("*" if t["goodput"] == "passed" and t["dcp_fallbacks"] else "")
+        note = ""
+        if t["goodput"] not in ("passed", "not run"):
+            note = t["goodput_error"] or ""
+        elif t["dcp"] != "passed":
+            note = f"(dcp: {t['dcp_error'] or t['dcp']})"
+        if t["internal"]:
+            note = "[DCP internal] " + note
+        if t["dcp_fallbacks"]:
+            note += f" [DCP fallback: {', '.join(t['dcp_fallbacks'])}]"
+        print(f"{t['id']:<{w}}  {short[t['dcp']]:<4}  {g:<7}  {note}")
+    s = out["summary"]
+    print()
+    print(f"collected {s['collected']}; under DCP: {s['dcp']}")
+    print(f"passed under DCP: {s['dcp_passed']}")
+    print(
+        f"  of those, passed under goodput: {s['goodput_passed_of_dcp_passed']} "
+        f"({s['goodput_passed_without_dcp_fallback']} without any DCP fallback, {s['goodput_passed_using_dcp_fallback']} using one: '*')"
+    )
+    print(
+        f"  DCP internals among them: {s['dcp_internals_among_dcp_passed']}; "
+        f"goal: {s['goal_passed']} / {s['goal_tests']} pass under goodput without a DCP fallback"
+    )
+    if out["resolution"]:
+        print(
+            "entry points: "
+            + ", ".join(f"{k.removeprefix(DCP + '.')}={v}" for k, v in sorted(out["resolution"].items()))
+        )
+    if out["causes"]:
+        print("\ngoodput failures among DCP passes, by first line:")
+        for c in out["causes"]:
+            tag = f"  ({c['internal']} of them DCP internals)" if c["internal"] else ""
+            print(f"  {c['count']:3d}  {c['cause']}{tag}\n       e.g. {c['example']}")
+    print(f"\nelapsed {s['elapsed_s']} s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

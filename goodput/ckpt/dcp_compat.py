@@ -15,8 +15,6 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from torch.distributed.checkpoint.api import CheckpointException
-
 from .errors import CheckpointError, SaveError
 
 
@@ -125,16 +123,21 @@ def overwrite_refused(path: Any) -> CheckpointError:
     return CheckpointError(f"Checkpoint already exists at {os.fspath(path)!r} {OVERWRITE_REFUSED}")
 
 
-class CheckpointExists(SaveError, CheckpointException):
+def checkpoint_exists(msg: str) -> SaveError:
     """A save refused by ``FileSystemWriter(overwrite=False)``: a SaveError, and DCP's own
-    CheckpointException, so that code catching either catches it (as DCP's tests do)."""
+    CheckpointException, so that code catching either catches it (as DCP's tests do). DCP is
+    imported only here: importing it costs tens of megabytes a plain load must not pay."""
+    from torch.distributed.checkpoint.api import CheckpointException
 
-    def __init__(self, msg: str) -> None:
-        Exception.__init__(self, msg)
-        self._failures: dict = {}
+    class CheckpointExists(SaveError, CheckpointException):
+        def __init__(self, msg: str) -> None:
+            Exception.__init__(self, msg)
+            self._failures: dict = {}
 
-    def __str__(self) -> str:
-        return str(self.args[0])
+        def __str__(self) -> str:
+            return str(self.args[0])
+
+    return CheckpointExists(msg)
 
 
 def save_state_dict(

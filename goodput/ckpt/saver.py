@@ -54,8 +54,8 @@ from .collective import name_ranks
 from .commit import commit, commit_round, file_records, replica_mismatch
 from .dcp_compat import (
     OVERWRITE_REFUSED,
-    CheckpointExists,
     check_planner,
+    checkpoint_exists,
     location,
     overwrite_refused,
     refuses_overwrite,
@@ -311,7 +311,7 @@ def save(
         prep = prepare(state_dict, path, group, block_bytes, overwrite=not refuses_overwrite(storage_writer))
     except SaveError as e:
         if OVERWRITE_REFUSED in str(e):
-            raise CheckpointExists(str(e)) from None
+            raise checkpoint_exists(str(e)) from None
         raise
     rank = prep.rank
 

@@ -50,14 +50,11 @@ class FileSystemWriter:
 
 @dataclass
 class FileSystemReader:
-    """DCP's ``FileSystemReader``: where to load from."""
+    """DCP's ``FileSystemReader``: where to load from. ``_extension_registry`` is accepted and
+    ignored: it says how to undo extensions a writer applied, and a goodput checkpoint has none."""
 
     path: str | os.PathLike
     _extension_registry: Any = None
-
-    def __post_init__(self) -> None:
-        if self._extension_registry:
-            raise ValueError("FileSystemReader(_extension_registry=...): DCP's storage extensions are not supported")
 
     @property
     def checkpoint_id(self) -> str | os.PathLike:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +56,7 @@ class Assignment:
     name: str
     piece: Region  # the region written
     source: Region  # the holder's local region it is cut from
+    leaf: int = -1  # the holder's leaf, by index in its flatten order (its name may name several)
 
 
 def split_region(region: Region, k: int) -> list[Region]:
@@ -201,11 +201,9 @@ def _declared(msgs: list[dict]) -> tuple[list[str], dict[str, tuple[str, list[in
     for m in msgs:
         b = m["names"]
         if b not in names_of:
-            ns = msgspec.msgpack.decode(b, type=list[str])
-            if len(set(ns)) != len(ns):
-                dup = next(n for n, c in Counter(ns).items() if c > 1)
-                raise SaveError(f"{dup!r}: rank {m['rank']} holds two tensors of that name")
-            names_of[b] = ns
+            # a name may repeat: a rank can hold several shards of one tensor (two copies of one
+            # region are refused once rows are grouped, in ``agree``)
+            names_of[b] = msgspec.msgpack.decode(b, type=list[str])
         counts.append(len(names_of[b]))
     distinct: set[str] = set()
     for ns in names_of.values():
@@ -393,6 +391,16 @@ def agree(msgs: list[dict], world: int, path: Path | str) -> Agreement:
     order, starts = group_rows(rows.keys())
     first = order[starts[:-1]]  # one row per distinct (tensor, region)
     count = np.diff(starts)
+    # within a group rows keep rank order: one rank twice in a group holds one region twice
+    ranks_in_order = rows.rank[order]
+    group_of = np.repeat(np.arange(len(count)), count)
+    twice = np.flatnonzero((ranks_in_order[1:] == ranks_in_order[:-1]) & (group_of[1:] == group_of[:-1]))
+    if len(twice):
+        i = int(order[twice[0]])
+        t = int(rows.tid[i])
+        raise SaveError(
+            f"{names[t]!r}: rank {int(rows.rank[i])} holds the region {rows.region(i, int(ndims[t])).describe()} twice"
+        )
     u = rows.take(first)
     bad = tiling_errors_columns(
         shape_t, ndims, u.tid, u.fs, u.fc, u.offs, u.sizes, lambda i: u.region(i, int(ndims[u.tid[i]]))

@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ import torch.distributed as dist
 
 from . import collective
 from .background import abort_job, run_job
+from .dcp_compat import OVERWRITE_REFUSED, check_planner, checkpoint_exists, location, refuses_overwrite
 from .errors import SaveError
 from .format import DEFAULT_BLOCK
 from .saver import check_block_bytes, prepare
@@ -83,22 +84,33 @@ class _LazyCopy:
         self.done = threading.Event()  # set when the copy ended, whether it succeeded or not
 
 
-@dataclass
-class AsyncSave:
-    path: Path
-    step: int | None
-    save_id: str
-    staged: Future = field(default_factory=Future)
-    committed: Future = field(default_factory=Future)
-    timings: SaveTimings | None = None
-    _lazy: _LazyCopy | None = field(default=None, repr=False)
+class AsyncSave(Future):
+    """One asynchronous save: a :class:`concurrent.futures.Future` that completes when the save is
+    committed (as the future DCP's ``async_save`` returns, so ``result()``, ``done()``,
+    callbacks and ``concurrent.futures.wait`` work on it), with the save's name, step and
+    timings. ``staged`` completes when the state may change again; ``committed`` is the handle
+    itself, kept for the code that names it."""
+
+    def __init__(self, path: Path, step: int | None, save_id: str, timings: SaveTimings | None = None) -> None:
+        super().__init__()
+        self.path = path
+        self.step = step
+        self.save_id = save_id
+        self.timings = timings
+        self.staged: Future = Future()
+        self._lazy: _LazyCopy | None = None
+
+    @property
+    def committed(self) -> Future:
+        return self
+
+    def __repr__(self) -> str:
+        state = "committed" if self.done() and self.exception() is None else "failed" if self.done() else "running"
+        return f"AsyncSave(path={str(self.path)!r}, step={self.step}, save_id={self.save_id!r}, {state})"
 
     def result(self, timeout: float | None = None) -> SaveTimings:
         """Wait until the save is committed; raises :class:`SaveError` if it failed."""
-        return self.committed.result(timeout)
-
-    def done(self) -> bool:
-        return self.committed.done()
+        return super().result(timeout)
 
     def wait_staged(self) -> None:
         """Wait until this save's copy is complete, helping with it meanwhile (the waiting thread
@@ -170,7 +182,11 @@ class AsyncSaver:
         checkpoint_id: str | os.PathLike | None = None,
         step: int | None = None,
         user: dict[str, Any] | None = None,
+        overwrite: bool = True,
     ) -> AsyncSave | None:
+        """Stage ``state_dict`` and return at once; the save is written and committed behind the
+        training loop. ``overwrite=False`` refuses a path that already holds a checkpoint (DCP's
+        ``FileSystemWriter(overwrite=False)``). Returns None when ``if_busy="skip"`` skipped it."""
         if self.if_busy == "wait":
             self.wait()
         busy = self.inflight is not None and not self.inflight.done()
@@ -190,7 +206,12 @@ class AsyncSaver:
             return None  # if_busy="skip" on some rank: every rank skips
         path = checkpoint_path(path, checkpoint_id)
         t0 = time.perf_counter()
-        prep = prepare(state_dict, path, self.group, self.block_bytes)
+        try:
+            prep = prepare(state_dict, path, self.group, self.block_bytes, overwrite=overwrite)
+        except SaveError as e:
+            if OVERWRITE_REFUSED in str(e):
+                raise checkpoint_exists(str(e)) from None
+            raise
         t1 = time.perf_counter()
         slots, size = layout(prep.leaves)
         job = self._job(prep, path, step, slots, user)
@@ -208,7 +229,7 @@ class AsyncSaver:
             raise SaveError(f"asynchronous save to {str(path)!r}: {msg}") from e
         t2 = time.perf_counter()
         timings = SaveTimings(step, plan_s=t1 - t0, stage_s=t2 - t1, stall_s=t2 - t0, staging=self.staging)
-        timings.lazy_bytes = sum(slots[lf.name].nbytes for lf in later)
+        timings.lazy_bytes = sum(slots[lf.ident].nbytes for lf in later)
         handle = AsyncSave(path, step, prep.save_id, timings=timings)
         self.inflight = handle
         if later:
@@ -246,14 +267,17 @@ class AsyncSaver:
             "files_per_rank": self.files_per_rank,
             "direct": self.direct,
             "timeout": self.timeout,
-            "leaves": {n: [s.offset, s.nbytes, list(s.shape), s.itemsize] for n, s in slots.items()},
-            "pieces": [[a.name, a.piece.encode(), a.source.encode()] for a in prep.my_pieces()],
-            "replicas": [[i, name] for i, name in prep.my_replicas] if prep.world > 1 else [],
+            # by leaf index (a name can name several of this rank's shards of one tensor)
+            "leaves": [
+                [s.offset, s.nbytes, list(s.shape), s.itemsize] for s in (slots[lf.ident] for lf in prep.leaves)
+            ],
+            "pieces": [[a.name, a.leaf, a.piece.encode(), a.source.encode()] for a in prep.my_pieces()],
+            "replicas": [[i, leaf] for i, leaf in prep.my_replicas] if prep.world > 1 else [],
             "commit": None,
         }
         # the global region/leaf shapes each piece is cut against
         for a in prep.my_pieces():
-            job["leaves"][a.name][2] = list(prep.meta[a.name][1])
+            job["leaves"][a.leaf][2] = list(prep.meta[a.name][1])
         if prep.rank == 0:
             job["commit"] = {
                 "meta": {k: list(v) for k, v in prep.meta.items()},
@@ -345,7 +369,7 @@ class AsyncSaver:
         t_request: float,
         leaves: list,
         slots: dict,
-        versions: dict[str, int],
+        versions: dict[tuple[str, int], int],
         ready: Any,
         gate: threading.Event | None,
     ) -> None:
@@ -430,21 +454,85 @@ def async_save(
     path: str | os.PathLike | None = None,
     *,
     checkpoint_id: str | os.PathLike | None = None,
+    storage_writer: Any = None,
+    planner: Any = None,
     process_group: Any = None,
+    async_checkpointer_type: Any = None,
+    async_stager: Any = None,
+    no_dist: bool = False,
+    use_collectives: bool = True,
     step: int | None = None,
     user: dict[str, Any] | None = None,
-    mode: str = "process",
+    mode: str | None = None,
     if_busy: str = "wait",
-    staging: str = "eager",
-) -> AsyncSave | None:
-    """Stage ``state_dict`` and write it in the background; see :class:`AsyncSaver`. With
-    ``staging="lazy"``, call the handle's ``wait_staged()`` before the state changes (or keep an
-    :class:`AsyncSaver` and :meth:`~AsyncSaver.protect` the optimizer)."""
-    key = (id(process_group), mode, if_busy, staging, collective.world(process_group))
+    staging: str | None = None,
+) -> AsyncSave | Any | None:
+    """Stage ``state_dict`` and write it in the background; see :class:`AsyncSaver`. Returns an
+    :class:`AsyncSave`, a ``concurrent.futures.Future`` of the commit. With ``staging="lazy"``,
+    call the handle's ``wait_staged()`` before the state changes (or keep an
+    :class:`AsyncSaver` and :meth:`~AsyncSaver.protect` the optimizer).
+
+    DCP's call shapes work: ``storage_writer=`` (``overwrite=False`` refuses an existing
+    checkpoint), ``planner=`` (the default planner only), ``no_dist=``, ``use_collectives=`` as
+    in :func:`save`; ``async_checkpointer_type=`` THREAD or PROCESS picks ``mode``; and
+    ``async_stager=`` DCP's ``DefaultStager``: with ``use_async_staging`` (DCP's zero-overhead
+    checkpointing) the copy runs behind the loop (``staging="lazy"``) and the answer is DCP's
+    ``AsyncSaveResponse``, whose ``staging_completion`` must be awaited before the state changes
+    (as in DCP) and whose ``upload_completion`` is the :class:`AsyncSave`. Its other options
+    (pinned, shared memory, non-blocking copies) are goodput's own choices here; the stager is
+    not used and stays the caller's to close."""
+    path = checkpoint_path(location(path, checkpoint_id, storage_writer, "storage_writer"), None)
+    check_planner(planner, "async_save")
+    respond = False
+    if async_stager is not None:
+        respond = _async_staging(async_stager)
+        if respond and staging == "eager":
+            raise ValueError(
+                "async_stager with use_async_staging=True stages behind the loop; it contradicts staging='eager'"
+            )
+        staging = "lazy" if respond else staging
+    staging = staging or "eager"
+    if async_checkpointer_type is not None:
+        kind = str(getattr(async_checkpointer_type, "value", async_checkpointer_type)).lower()
+        if kind not in ("thread", "process"):
+            raise ValueError(f"async_checkpointer_type must be THREAD or PROCESS, got {async_checkpointer_type!r}")
+        if mode is not None and mode != kind:
+            raise ValueError(f"async_checkpointer_type={kind!r} contradicts mode={mode!r}")
+        mode = kind
+    mode = mode or "process"
+    group = collective.LOCAL if no_dist else process_group
+    if not use_collectives and collective.world(group)[1] > 1:
+        raise ValueError(
+            "use_collectives=False: a goodput save commits atomically through rank 0, which needs the group; "
+            "pass no_dist=True to save from one process alone"
+        )
+    key = (id(group), mode, if_busy, staging, collective.world(group))
     saver = _default.get(key)
     if saver is None:
-        saver = _default[key] = AsyncSaver(process_group=process_group, mode=mode, if_busy=if_busy, staging=staging)
-    return saver.save(state_dict, path, checkpoint_id=checkpoint_id, step=step, user=user)
+        saver = _default[key] = AsyncSaver(process_group=group, mode=mode, if_busy=if_busy, staging=staging)
+    handle = saver.save(state_dict, path, step=step, user=user, overwrite=not refuses_overwrite(storage_writer))
+    if not respond or handle is None:
+        return handle
+    from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
+
+    staged: Future = Future()  # DCP's staging_completion holds None
+    handle.staged.add_done_callback(
+        lambda f: staged.set_exception(f.exception()) if f.exception() is not None else staged.set_result(None)
+    )
+    return AsyncSaveResponse(staging_completion=staged, upload_completion=handle)
+
+
+def _async_staging(stager: Any) -> bool:
+    """Whether DCP's stager asks for staging behind the loop. Only DCP's own stagers are taken:
+    goodput stages into its own buffer, so a stager's code would never run."""
+    cls = type(stager)
+    if not cls.__module__.startswith("torch.distributed.checkpoint"):
+        raise ValueError(
+            f"async_stager={cls.__name__}: goodput stages into its own buffer and cannot run a custom stager; "
+            "pass DCP's DefaultStager (its use_async_staging picks goodput's lazy staging) or nothing"
+        )
+    config = getattr(stager, "_config", None)
+    return bool(getattr(config, "use_async_staging", False))
 
 
 def _cuda_ready(leaves: list) -> Any:

@@ -117,12 +117,12 @@ def run_job(job: dict[str, Any], buf: np.ndarray) -> dict[str, Any]:
     crcs: list[list[int]] = []
     try:
         leaves = job["leaves"]
-        for idx, name in job["replicas"]:
-            off, nbytes = leaves[name][0], leaves[name][1]
+        for idx, leaf in job["replicas"]:
+            off, nbytes = leaves[leaf][0], leaves[leaf][1]
             crcs.append([idx, crc32c.crc32c(memoryview(buf[off : off + nbytes]), 0, 1)])
         pieces = []
-        for name, piece_enc, source_enc in job["pieces"]:
-            off, _nbytes, shape, item = leaves[name]
+        for name, leaf, piece_enc, source_enc in job["pieces"]:
+            off, _nbytes, shape, item = leaves[leaf]
             piece, source = Region.decode(piece_enc), Region.decode(source_enc)
             if piece.is_flat and source.is_flat:
                 a = off + (piece.flat_start - source.flat_start) * item

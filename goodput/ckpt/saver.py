@@ -115,12 +115,11 @@ class Prepared:
     world: int
     save_id: str
     leaves: list[TensorLeaf]
-    by_name: dict[str, TensorLeaf]
     meta: dict[str, tuple[str, list[int], str]]  # all tensors on rank 0; this rank's elsewhere
     values: dict[str, Any]  # rank 0 only
     replica_keys: list[tuple[str, Region]]  # rank 0 only: every replica group, in index order
     has_replicas: bool  # the same on every rank: whether the replica check runs at all
-    my_replicas: list[tuple[int, str]]  # (replica group index, tensor) this rank checksums
+    my_replicas: list[tuple[int, int]]  # (replica group index, leaf index) this rank checksums
     plan: list[Assignment]  # this rank's writes
     bytes_per_rank: list[int]
     cached: bool = False  # the agreement was reused from the last save
@@ -247,8 +246,8 @@ def prepare(
                 kept.agreement = dataclasses.replace(ag, orders=[])
             _AGREEMENTS[key] = kept
     whole, cut, reps = decode_orders(mine_orders, lambda i: len(leaves[i].global_shape))
-    plan = [Assignment(rank, leaves[i].name, leaves[i].region, leaves[i].region) for i in whole]
-    plan += [Assignment(rank, leaves[i].name, p, leaves[i].region) for i, p in cut]
+    plan = [Assignment(rank, leaves[i].name, leaves[i].region, leaves[i].region, i) for i in whole]
+    plan += [Assignment(rank, leaves[i].name, p, leaves[i].region, i) for i, p in cut]
     my_meta = {lf.name: (lf.dtype, list(lf.global_shape), lf.kind) for lf in leaves}
     return Prepared(
         path,
@@ -257,12 +256,11 @@ def prepare(
         world,
         save_id,
         leaves,
-        {lf.name: lf for lf in leaves},
         ag.meta if ag is not None else my_meta,
         ag.values if ag is not None else {},
         ag.replica_keys if ag is not None else [],
         has_replicas,
-        [(g, leaves[i].name) for g, i in reps],
+        reps,
         plan,
         bytes_per_rank,
         cached,
@@ -320,8 +318,8 @@ def save(
         mine: list[list[int]] = []
         error = None
         try:
-            for i, name in prep.my_replicas:
-                mine.append([i, crc32c.crc32c(host_bytes(prep.by_name[name].local))])
+            for i, leaf in prep.my_replicas:
+                mine.append([i, crc32c.crc32c(host_bytes(prep.leaves[leaf].local))])
         except Exception as e:
             error = describe(e)
         reports = collective.gather_obj({"rank": rank, "error": error, "crcs": mine}, 0, group)
@@ -345,7 +343,7 @@ def save(
     results: list[FileResult] = []
     try:
         pieces = [
-            Piece(a.name, a.piece, host_bytes(slice_local(prep.by_name[a.name], a.piece))) for a in prep.my_pieces()
+            Piece(a.name, a.piece, host_bytes(slice_local(prep.leaves[a.leaf], a.piece))) for a in prep.my_pieces()
         ]
         results = write_rank_files(storage, str(path), prep.save_id, rank, pieces, block_bytes, files_per_rank, direct)
     except Exception as e:

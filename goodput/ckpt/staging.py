@@ -60,14 +60,15 @@ class Slot:
     itemsize: int
 
 
-def layout(leaves: list[TensorLeaf]) -> tuple[dict[str, Slot], int]:
-    slots: dict[str, Slot] = {}
+def layout(leaves: list[TensorLeaf]) -> tuple[dict[tuple[str, int], Slot], int]:
+    """Each leaf's place in the staging buffer, by :attr:`TensorLeaf.ident`, and the total size."""
+    slots: dict[tuple[str, int], Slot] = {}
     pos = 0
     for lf in leaves:
         item = dtype_info(lf.dtype).itemsize
         n = lf.region.numel * item
         shape = (lf.region.flat_count,) if lf.region.is_flat else tuple(lf.region.sizes)
-        slots[lf.name] = Slot(lf.name, pos, n, shape, item)
+        slots[lf.ident] = Slot(lf.name, pos, n, shape, item)
         pos += n + (-n) % ALIGN
     return slots, pos
 
@@ -161,7 +162,7 @@ def leaf_version(lf: TensorLeaf) -> int | None:
     return v
 
 
-def split_lazy(leaves: list[TensorLeaf]) -> tuple[list[TensorLeaf], list[TensorLeaf], dict[str, int]]:
+def split_lazy(leaves: list[TensorLeaf]) -> tuple[list[TensorLeaf], list[TensorLeaf], dict[tuple[str, int], int]]:
     """(copied now, copied behind the loop, version of each of the latter at the request).
 
     A leaf goes behind the loop only when a change to it can be seen: a torch tensor with a
@@ -169,7 +170,7 @@ def split_lazy(leaves: list[TensorLeaf]) -> tuple[list[TensorLeaf], list[TensorL
     leaves (see :data:`LAZY_MIN_BYTES`)."""
     now: list[TensorLeaf] = []
     later: list[TensorLeaf] = []
-    versions: dict[str, int] = {}
+    versions: dict[tuple[str, int], int] = {}
     for lf in leaves:
         x = lf.local
         v = leaf_version(lf)
@@ -177,7 +178,7 @@ def split_lazy(leaves: list[TensorLeaf]) -> tuple[list[TensorLeaf], list[TensorL
             now.append(lf)
         else:
             later.append(lf)
-            versions[lf.name] = v
+            versions[lf.ident] = v
     return now, later, versions
 
 
@@ -338,8 +339,8 @@ class StageJob:
         self,
         pool: StagingPool,
         leaves: list[TensorLeaf],
-        slots: dict[str, Slot],
-        versions: dict[str, int] | None = None,
+        slots: dict[tuple[str, int], Slot],
+        versions: dict[tuple[str, int], int] | None = None,
         ready: Any = None,
     ):
         arr = pool.array
@@ -351,7 +352,7 @@ class StageJob:
         self._cuda: list[tuple[torch.Tensor, TensorLeaf]] = []
         units = []
         for i, lf in enumerate(leaves):
-            s = slots[lf.name]
+            s = slots[lf.ident]
             if s.nbytes == 0:
                 continue
             view = arr[s.offset : s.offset + s.nbytes]
@@ -364,7 +365,7 @@ class StageJob:
 
     def _check(self, lf: TensorLeaf) -> None:
         assert self._versions is not None
-        before = self._versions[lf.name]
+        before = self._versions[lf.ident]
         after = leaf_version(lf)
         if after != before:
             raise StaleStateError(lf.name, before, -1 if after is None else after)
@@ -493,8 +494,8 @@ class StagingPool:
     def job(
         self,
         leaves: list[TensorLeaf],
-        slots: dict[str, Slot],
-        versions: dict[str, int] | None = None,
+        slots: dict[tuple[str, int], Slot],
+        versions: dict[tuple[str, int], int] | None = None,
         ready: Any = None,
     ) -> StageJob:
         """A copy to run later, possibly on another thread. With ``versions`` (leaf name -> version
@@ -502,7 +503,7 @@ class StagingPool:
         it changed; ``ready``: a CUDA event recorded on the requester's stream at the request."""
         return StageJob(self, leaves, slots, versions, ready)
 
-    def stage(self, leaves: list[TensorLeaf], slots: dict[str, Slot], sync: bool = True) -> None:
+    def stage(self, leaves: list[TensorLeaf], slots: dict[tuple[str, int], Slot], sync: bool = True) -> None:
         """Copy every leaf into its slot; returns when the copy is complete (the state may change;
         with ``sync=False`` device-to-host copies may still run, see :meth:`StageJob.run`)."""
         self.job(leaves, slots).run(sync=sync)

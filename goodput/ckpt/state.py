@@ -74,6 +74,12 @@ class TensorLeaf:
     parent: Any = None
     key: Any = None
     holder: Any = None  # the LocalShard/FlatShard/DTensor object, if any
+    part: int = 0  # which of this rank's shards of the tensor (a ShardedTensor or LocalShardsWrapper can hold several)
+
+    @property
+    def ident(self) -> tuple[str, int]:
+        """The leaf among this rank's leaves: its name alone is shared by the shards of one tensor."""
+        return (self.name, self.part)
 
 
 @dataclass
@@ -185,7 +191,7 @@ def flatten(state: Any) -> tuple[list[TensorLeaf], list[ValueLeaf]]:
     state, _ = expand_stateful(state)
     for k, v in state.items():
         _walk(str(k), v, state, k, tensors, values)
-    names = [x.name for x in tensors] + [x.name for x in values]
+    names = [x.name for x in tensors if x.part == 0] + [x.name for x in values]
     if len(set(names)) != len(names):  # {"a": {"b": x}, "a.b": y}: one would silently replace the other
         seen: set[str] = set()
         dup = next(n for n in names if n in seen or seen.add(n))
@@ -204,15 +210,27 @@ def _walk(name: str, v: Any, parent: Any, key: Any, tensors: list, values: list)
         for i, x in enumerate(v):
             _walk(f"{name}.{i}", x, v, i, tensors, values)
         return
-    leaf = tensor_leaf(name, v)
-    if leaf is not None:
-        leaf.parent, leaf.key = parent, key
-        tensors.append(leaf)
+    parts = tensor_leaves(name, v)
+    if parts is not None:
+        for leaf in parts:
+            leaf.parent, leaf.key = parent, key
+            tensors.append(leaf)
         return
     from .format import encode_value
 
     encode_value(v, name)  # raises a TypeError naming the key for anything not JSON-able
     values.append(ValueLeaf(name, v, parent, key))
+
+
+def tensor_leaves(name: str, v: Any) -> list[TensorLeaf] | None:
+    """The leaves of one value: one, or one per local shard where a rank holds several shards of
+    one tensor (a ShardedTensor, a DTensor over ``LocalShardsWrapper``); None if not a tensor."""
+    if _is_sharded_tensor(v):
+        return _sharded_tensor_leaves(name, v)
+    if _is_dtensor(v) and _is_shards_wrapper(v._local_tensor):
+        return _wrapped_dtensor_leaves(name, v)
+    leaf = tensor_leaf(name, v)
+    return None if leaf is None else [leaf]
 
 
 def tensor_leaf(name: str, v: Any) -> TensorLeaf | None:
@@ -237,8 +255,6 @@ def tensor_leaf(name: str, v: Any) -> TensorLeaf | None:
         except TypeError as e:
             raise TypeError(f"{name!r}: {e}") from None
         return TensorLeaf(name, dt, tuple(v.shape), Region.whole(v.shape), v, "numpy", False)
-    if _is_sharded_tensor(v):
-        return _sharded_tensor_leaf(name, v)
     if isinstance(v, torch.Tensor):
         if _is_dtensor(v):
             return _dtensor_leaf(name, v)
@@ -268,26 +284,60 @@ def _is_sharded_tensor(v: Any) -> bool:
     return type(v).__name__ == "ShardedTensor" and type(v).__module__.startswith("torch.distributed._shard")
 
 
-def _sharded_tensor_leaf(name: str, v: Any) -> TensorLeaf:
-    shards = v.local_shards()
-    gshape = tuple(int(x) for x in v.size())
-    dt = v.metadata().tensor_properties.dtype
-    if len(shards) > 1:
-        raise TypeError(
-            f"{name!r}: this rank holds {len(shards)} shards of one ShardedTensor; one shard per rank is supported"
-        )
-    if not shards:  # this rank holds none of it: an empty box, which the agreement drops
+def _is_shards_wrapper(t: Any) -> bool:
+    """``torch.distributed.tensor._shards_wrapper.LocalShardsWrapper``: several shards of one
+    DTensor on a rank (torchrec's uneven row-wise and column-wise sharding)."""
+    return type(t).__name__ == "LocalShardsWrapper" and type(t).__module__.startswith("torch.distributed")
+
+
+def _shard_leaves(name: str, v: Any, gshape: tuple[int, ...], dt: torch.dtype, boxes: list) -> list[TensorLeaf]:
+    """One leaf per ``(tensor, offsets)`` box this rank holds of ``v``; an empty box when it holds
+    none (the agreement drops it, and the rank still declares the tensor's spec)."""
+    if not boxes:
         local = torch.empty((0,) * len(gshape), dtype=dt)
-        return TensorLeaf(name, torch_dtype_name(dt, name), gshape, Region.box((0,) * len(gshape), (0,) * len(gshape)),
-                          local, "torch", True, holder=v)  # fmt: skip
-    md = shards[0].metadata
-    local = shards[0].tensor.detach()
-    if tuple(local.shape) != tuple(md.shard_sizes):
-        raise ValueError(
-            f"{name!r}: shard tensor {tuple(local.shape)} differs from its metadata {tuple(md.shard_sizes)}"
+        zero = (0,) * len(gshape)
+        return [
+            TensorLeaf(name, torch_dtype_name(dt, name), gshape, Region.box(zero, zero), local, "torch", True, holder=v)
+        ]
+    out = []
+    for part, (t, offsets) in enumerate(boxes):
+        local = t.detach()
+        try:
+            region = Region.box(tuple(int(o) for o in offsets), tuple(local.shape))
+        except ValueError as e:
+            raise ValueError(f"{name!r}: local shard {part}: {e}") from None
+        inside = len(region.offsets) == len(gshape) and all(
+            o >= 0 and o + s <= g for o, s, g in zip(region.offsets, region.sizes, gshape)
         )
-    region = Region.box(tuple(md.shard_offsets), tuple(md.shard_sizes))
-    return TensorLeaf(name, torch_dtype_name(local.dtype, name), gshape, region, local, "torch", True, holder=v)
+        if not inside:
+            raise ValueError(
+                f"{name!r}: local shard {part} at offsets {region.offsets} of size {region.sizes} "
+                f"leaves the global shape {gshape}"
+            )
+        dname = torch_dtype_name(local.dtype, name)
+        out.append(TensorLeaf(name, dname, gshape, region, local, "torch", True, holder=v, part=part))
+    return out
+
+
+def _sharded_tensor_leaves(name: str, v: Any) -> list[TensorLeaf]:
+    gshape = tuple(int(x) for x in v.size())
+    boxes = []
+    for sh in v.local_shards():
+        md = sh.metadata
+        if tuple(sh.tensor.shape) != tuple(md.shard_sizes):
+            raise ValueError(
+                f"{name!r}: shard tensor {tuple(sh.tensor.shape)} differs from its metadata {tuple(md.shard_sizes)}"
+            )
+        boxes.append((sh.tensor, md.shard_offsets))
+    return _shard_leaves(name, v, gshape, v.metadata().tensor_properties.dtype, boxes)
+
+
+def _wrapped_dtensor_leaves(name: str, v: Any) -> list[TensorLeaf]:
+    """A DTensor whose local tensor is a ``LocalShardsWrapper``: the wrapper's shards and their
+    global offsets, as DCP reads them (``local_shards()`` / ``local_offsets()``)."""
+    w = v._local_tensor
+    boxes = [(t, o) for t, o in zip(w.local_shards(), w.local_offsets()) if t.numel() > 0]
+    return _shard_leaves(name, v, tuple(int(x) for x in v.shape), v.dtype, boxes)
 
 
 def _dtensor_leaf(name: str, v: Any) -> TensorLeaf:

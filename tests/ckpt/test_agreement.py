@@ -228,8 +228,11 @@ def test_a_name_twice_on_one_rank_is_refused(tmp_path: Path) -> None:
     # found by review: {"a": {"b": x}, "a.b": y} flattens both to "a.b"; one was silently lost,
     # or (as two halves) the checkpoint committed could not be opened
     w = FakeLeaf("v", "float32", (8,), Region.whole((8,)))
-    with pytest.raises(SaveError, match="'v': rank 1 holds two tensors of that name"):
+    with pytest.raises(SaveError, match=r"'v': rank 1 holds the region .* twice"):
         agree(_new_msgs([[w], [w, w]]), 2, "p")
+    # several shards of one tensor on a rank (a ShardedTensor's, a LocalShardsWrapper's) are fine
+    lo, hi = (FakeLeaf("v", "float32", (8,), Region.box((a,), (4,))) for a in (0, 4))
+    assert agree(_new_msgs([[lo, hi], [hi]]), 2, "p").bytes_per_rank == [16, 16]
     halves = {
         "a": {"b": gc.LocalShard(torch.zeros(2, 4), (4, 4), (0, 0))},
         "a.b": gc.LocalShard(torch.ones(2, 4), (4, 4), (2, 0)),

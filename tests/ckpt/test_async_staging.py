@@ -85,7 +85,7 @@ def test_parallel_eager_staging_is_bytewise_the_state(shared: bool) -> None:
         buf[:] = 0xAB  # every byte of every slot must be written
         pool.stage(leaves, slots)
         for lf in leaves:
-            s = slots[lf.name]
+            s = slots[lf.ident]
             assert buf[s.offset : s.offset + s.nbytes].tobytes() == host_bytes(lf.local).tobytes(), lf.name
     finally:
         pool.unlink_name()

@@ -254,3 +254,134 @@ def test_top_level_values_go_back_into_the_callers_dict(tmp_path: Path) -> None:
     gc.save(sd, tmp_path / "ck")
     gc.load(sd, tmp_path / "ck")
     assert sd.set_called
+
+
+def _several_shards(rank: int, world: int, root: str) -> list:
+    """Each rank holds two shards of one ShardedTensor (DCP's test_load_with_different_shard_plan)."""
+    from torch.distributed._shard import sharded_tensor
+    from torch.distributed._shard.sharding_spec import ChunkShardingSpec
+
+    four = ChunkShardingSpec(dim=0, placements=[f"rank:{r % world}/cpu" for r in range(2 * world)])
+    cols = ChunkShardingSpec(dim=1, placements=[f"rank:{(r + 1) % world}/cpu" for r in range(3 * world)])
+    full = torch.arange(8 * 6, dtype=torch.float32).reshape(8, 6)
+    st = sharded_tensor.empty(four, 8, 6)
+    for sh in st.local_shards():
+        o = sh.metadata.shard_offsets[0]
+        sh.tensor.copy_(full[o : o + sh.tensor.shape[0]])
+    gc.save({"st": st}, f"{root}/sync")
+    gc.async_save({"st": st}, checkpoint_id=f"{root}/async").committed.result(timeout=60)
+    out = []
+    for name in ("sync", "async"):
+        back = sharded_tensor.zeros(cols, 8, 6)
+        gc.load({"st": back}, f"{root}/{name}")
+        out.append(
+            [
+                [sh.metadata.shard_offsets, torch.equal(sh.tensor, full[:, sh.metadata.shard_offsets[1]].unsqueeze(1))]
+                for sh in back.local_shards()
+            ]
+        )
+    return out
+
+
+def test_several_shards_of_one_sharded_tensor_on_a_rank(tmp_path: Path) -> None:
+    out = run_ranks(_several_shards, 2, str(tmp_path))
+    # 6 columns over 6 shards, rank r holding shards r+1, r+3, r+5 (mod 2): each one column
+    assert out[0] == [[[[0, 1], True], [[0, 3], True], [[0, 5], True]]] * 2
+    assert out[1] == [[[[0, 0], True], [[0, 2], True], [[0, 4], True]]] * 2
+    for name in ("sync", "async"):
+        whole = {"st": torch.zeros(8, 6)}
+        gc.load(whole, tmp_path / name)
+        assert torch.equal(whole["st"], torch.arange(48.0).reshape(8, 6))
+        assert gc.Checkpoint(tmp_path / name).verify() > 0
+
+
+def _wrapped(rank: int, world: int, root: str) -> list:
+    """A DTensor over LocalShardsWrapper with uneven shards, two on a rank (torchrec's layout)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor._shards_wrapper import LocalShardsWrapper
+
+    mesh = init_device_mesh("cpu", (world,))
+    full = torch.arange(7 * 3, dtype=torch.float32).reshape(7, 3)
+    rows = [(0, 2), (5, 7)] if rank == 0 else [(2, 5)]  # rank 0: rows 0-1 and 5-6; rank 1: rows 2-4
+    w = LocalShardsWrapper([full[a:b].clone() for a, b in rows], [(a, 0) for a, _ in rows])
+    dt = DTensor.from_local(w, mesh, [Shard(0)], run_check=False, shape=full.shape, stride=full.stride())
+    gc.save({"t": dt}, f"{root}/ck")
+    back = [torch.zeros(b - a, 3) for a, b in rows]
+    into = DTensor.from_local(
+        LocalShardsWrapper(back, [(a, 0) for a, _ in rows]), mesh, [Shard(0)], run_check=False,
+        shape=full.shape, stride=full.stride(),
+    )  # fmt: skip
+    gc.load({"t": into}, f"{root}/ck")
+    return [torch.equal(t, full[a:b]) for t, (a, b) in zip(back, rows)]
+
+
+def test_dtensor_over_local_shards_wrapper_uneven(tmp_path: Path) -> None:
+    assert run_ranks(_wrapped, 2, str(tmp_path)) == [[True, True], [True]]
+    whole = {"t": torch.zeros(7, 3)}
+    gc.load(whole, tmp_path / "ck")
+    assert torch.equal(whole["t"], torch.arange(21.0).reshape(7, 3))
+
+
+@pytest.mark.parametrize("kind", ["THREAD", "PROCESS"])
+def test_async_save_returns_a_future_of_the_commit(tmp_path: Path, kind: str) -> None:
+    """DCP's call: ``async_save(sd, storage_writer=..., async_checkpointer_type=...)`` gives a
+    ``concurrent.futures.Future``; ``concurrent.futures.wait`` and callbacks work on it."""
+    import concurrent.futures as cf
+
+    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+    model, optim = _trained(3)
+    fut = gc.async_save(
+        {"app": AppState(model, optim)},
+        storage_writer=dcp.FileSystemWriter(str(tmp_path / "ck")),
+        async_checkpointer_type=getattr(AsyncCheckpointerType, kind),
+    )
+    assert isinstance(fut, cf.Future)
+    called: list[bool] = []
+    fut.add_done_callback(lambda f: called.append(f.exception() is None))
+    done, _ = cf.wait([fut], timeout=60)
+    assert done == {fut} and fut.result().bytes > 0 and called == [True]
+    assert fut.committed is fut and fut.staged.done()
+    fresh, fresh_optim = _trained(4)
+    dcp_free = {"app": AppState(fresh, fresh_optim)}
+    gc.load(dcp_free, checkpoint_id=str(tmp_path / "ck"))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
+    with pytest.raises(dcp.api.CheckpointException, match="Checkpoint already exists"):
+        gc.async_save({"w": torch.zeros(1)}, storage_writer=gc.FileSystemWriter(tmp_path / "ck", overwrite=False))
+
+
+def test_async_save_with_dcp_zero_overhead_staging_answers_async_save_response(tmp_path: Path) -> None:
+    """DCP's ``DefaultStager(StagingOptions(use_async_staging=True))`` asks for staging behind the
+    loop: the answer is DCP's AsyncSaveResponse, and the checkpoint holds the state as it was
+    when ``staging_completion`` completed (the state may change only after that, as in DCP)."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
+
+    w = torch.arange(1 << 16, dtype=torch.float32)  # 256 KiB: large enough to be copied lazily
+    stager = DefaultStager(StagingOptions(False, False, True, False))
+    resp = gc.async_save({"w": w}, checkpoint_id=str(tmp_path / "zoc"), async_stager=stager)
+    assert isinstance(resp, AsyncSaveResponse)
+    assert resp.staging_completion.result(timeout=60) is None
+    w.add_(1)  # after staging_completion: not in the checkpoint
+    assert isinstance(resp.upload_completion, gc.AsyncSave) and resp.upload_completion.result(timeout=60)
+    out = {"w": torch.zeros(1 << 16)}
+    gc.load(out, tmp_path / "zoc")
+    assert torch.equal(out["w"], torch.arange(1 << 16, dtype=torch.float32))
+    eager = gc.async_save(
+        {"w": w},
+        checkpoint_id=str(tmp_path / "eager"),
+        async_stager=DefaultStager(StagingOptions(False, False, False, False)),
+    )
+    assert isinstance(eager, gc.AsyncSave) and eager.result(timeout=60)
+    stager.close()
+
+    class Mine:
+        def stage(self, sd: dict) -> dict:
+            return sd
+
+    with pytest.raises(ValueError, match="async_stager=Mine: goodput stages into its own buffer"):
+        gc.async_save({"w": w}, checkpoint_id=str(tmp_path / "x"), async_stager=Mine())
+    with pytest.raises(TypeError, match="planner=object: goodput makes its own async_save plan"):
+        gc.async_save({"w": w}, checkpoint_id=str(tmp_path / "x"), planner=object())
+    assert gc.latest(tmp_path) is not None and not (tmp_path / "x").exists()

@@ -477,6 +477,8 @@ def run_pytest(
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "dcp_results_plugin", "-o", "addopts="]
     cmd += ["--rootdir", str(cwd), "-c", os.devnull]
     if ids is not None:
+        if not ids:
+            raise ValueError(f"{test_file}: an empty list of test ids would run every file under {cwd}")
         cmd += ids  # node ids relative to cwd
     else:
         cmd.append(str(test_file))
@@ -675,7 +677,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--report-only", action="store_true", help="run nothing: the table and summary from the last results"
     )
-    ap.add_argument("-k", dest="keyword", default=None, help="only test ids containing this substring")
+    ap.add_argument(
+        "-k",
+        dest="keyword",
+        action="append",
+        default=None,
+        help="only test ids containing this substring (repeatable: any)",
+    )
     args = ap.parse_args(argv)
 
     t_start = time.time()
@@ -767,6 +775,11 @@ def main(argv: list[str] | None = None) -> int:
                 per_file[key]["dcp_run"] = {"cached": True}
             else:
                 ids = _select(scratch / "dcp", rel, env_dcp, ids_filter)
+                if ids == []:  # -k matched nothing here (pytest given no id would run the whole scratch side)
+                    print("   dcp: no test id matches -k here", file=sys.stderr, flush=True)
+                    res_dcp.unlink(missing_ok=True)
+                    stamp.unlink(missing_ok=True)
+                    continue
                 r = run_pytest("dcp", rel, scratch / "dcp", res_dcp, env_dcp, args.file_timeout, ids)
                 per_file[key]["dcp_run"] = r
                 runs.append(r)
@@ -784,7 +797,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.goodput_all or not dres:
                 ids = _select(scratch / "goodput", rel, env_gp, ids_filter)
             else:
-                ids = [i for i, t in dres.items() if t["outcome"] == "passed" and (not ids_filter or ids_filter in i)]
+                ids = [i for i, t in dres.items() if t["outcome"] == "passed" and _matches(i, ids_filter)]
             if ids == []:
                 print("   goodput: nothing to run (no test passes under DCP)", file=sys.stderr, flush=True)
                 if res_gp.exists():
@@ -811,7 +824,7 @@ def main(argv: list[str] | None = None) -> int:
         d = read_results(scratch / "results" / "dcp" / f"{stem}.jsonl")
         g = read_results(scratch / "results" / "goodput" / f"{stem}.jsonl")
         for tid in sorted(set(d) | set(g)):
-            if args.keyword and args.keyword not in tid:
+            if not _matches(tid, args.keyword):
                 continue
             dt, gt = d.get(tid, {"outcome": "not run"}), g.get(tid, {"outcome": "not run"})
             tests.append(
@@ -903,7 +916,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _select(cwd: Path, rel: Path, env: dict, keyword: str | None) -> list[str] | None:
+def _matches(tid: str, keywords: list[str] | None) -> bool:
+    return not keywords or any(k in tid for k in keywords)
+
+
+def _select(cwd: Path, rel: Path, env: dict, keyword: list[str] | None) -> list[str] | None:
     if not keyword:
         return None
     cmd = [
@@ -923,7 +940,7 @@ def _select(cwd: Path, rel: Path, env: dict, keyword: str | None) -> list[str] |
         str(rel),
     ]
     p = subprocess.run(cmd, cwd=cwd, env=dict(env, DCP_TESTS_RESULTS=os.devnull), capture_output=True, text=True)
-    return [ln.strip() for ln in p.stdout.splitlines() if "::" in ln and keyword in ln]
+    return [ln.strip() for ln in p.stdout.splitlines() if "::" in ln and _matches(ln, keyword)]
 
 
 def _tree_digest(d: Path) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 import crc32c
 import numpy as np
 
-from .errors import CheckpointError, describe, rank_errors
+from .errors import CheckpointError, SaveError, describe, rank_errors
 from .format import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -148,7 +148,14 @@ def commit(
         user=user,
     )
     replaced = previous_files(storage, path)
-    storage.publish(path, MANIFEST, encode_manifest(manifest))  # the commit point
+    raw_manifest = encode_manifest(manifest)
+    if storage.exists(path, MANIFEST):
+        storage.publish(path, MANIFEST, raw_manifest)  # the commit point: replaces the checkpoint
+    elif not storage.publish_new(path, MANIFEST, raw_manifest):  # the commit point of a first save
+        storage.remove(path, mname)  # the ranks remove their data files when they hear of it
+        raise SaveError(
+            f"another save committed {str(path)!r} first (save {save_id} lost the race; its files are removed)"
+        )
     return stale_files(storage, path, keep={mname, MANIFEST} | {f.name for f in files}, replaced=replaced)
 
 

@@ -23,6 +23,7 @@ import mmap
 import os
 import shutil
 import stat
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -238,6 +239,11 @@ class Storage:
         """Replace a small file atomically: readers see the old content or the new, never a part."""
         raise NotImplementedError
 
+    def publish_new(self, directory: Path, name: str, data: bytes) -> bool:
+        """Create a small file atomically only if no file has the name: False if one has. Two
+        writers racing to commit one checkpoint: exactly one wins."""
+        raise NotImplementedError
+
     def sync(self, directory: Path) -> None:
         """Make the names written into ``directory`` durable (before a commit names them)."""
         raise NotImplementedError
@@ -361,6 +367,20 @@ class PosixStorage(Storage):
     def publish(self, directory: Path, name: str, data: bytes) -> None:
         publish_atomic(directory, name, data)
 
+    def publish_new(self, directory: Path, name: str, data: bytes) -> bool:
+        directory = Path(directory)
+        tmp = directory / f".{name}.tmp-{os.getpid()}-{threading.get_ident()}"
+        write_durable(tmp, data)
+        try:
+            os.link(tmp, directory / name)  # link(2) fails if the name exists: create-if-absent
+        except FileExistsError:
+            return False
+        finally:
+            remove_quietly(tmp)
+        with contextlib.suppress(OSError):
+            fsync_dir(directory)
+        return True
+
     def sync(self, directory: Path) -> None:
         fsync_dir(directory)
 
@@ -406,9 +426,14 @@ POSIX = PosixStorage()
 
 
 def storage_for(location: str | os.PathLike) -> Storage:
-    """The storage a checkpoint location lives on. Plain paths are POSIX; a URL scheme this
-    build does not implement is refused, never taken for a directory name."""
+    """The storage a checkpoint location lives on. Plain paths are POSIX, ``s3://bucket/prefix``
+    an S3-compatible object store (:mod:`goodput.ckpt.s3`); a URL scheme this build does not
+    implement is refused, never taken for a directory name."""
     s = os.fspath(location)
+    if isinstance(s, str) and s.startswith("s3:/"):  # ``Path("s3://b/k")`` is ``s3:/b/k``
+        from . import s3
+
+        return s3.default_storage()
     if isinstance(s, str) and "://" in s:
         scheme = s.split("://", 1)[0]
         raise ValueError(f"{s!r}: storage scheme {scheme + '://'!r} is not supported (plain paths are)")

@@ -1,0 +1,482 @@
+"""S3-compatible object stores as checkpoint storage: ``s3://bucket/prefix/step_100``.
+
+The commit protocol (docs/FORMAT.md) needs no rename and no overwrite of data, so an object store
+serves it with the operations of :class:`goodput.ckpt.storage.Storage`: each rank's data file is
+one object written by a multipart upload (parts in parallel, bounded memory), the metadata one
+PUT, and the manifest, last, one small PUT, which is atomic on every S3 server. A first commit of
+a checkpoint is a conditional PUT (``If-None-Match: *``): of two writers racing to commit one
+checkpoint exactly one wins (:meth:`S3Storage.publish_new`). Loads read byte ranges (ranged GETs),
+so a resharded load reads only what its boxes need, and every block checksum is verified as on
+POSIX.
+
+Endpoint, region and credentials come from boto3's standard chain (``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``, ``~/.aws/config`` ...), or from
+:func:`configure`. Retries (botocore's "standard" mode: exponential backoff with jitter) cover
+throttling (503 whatever its error code, e.g. SeaweedFS's ``ErrTooManyRequest``), other 5xx,
+connection resets and timeouts; a request that still fails raises an error naming the object.
+
+A path ``s3://b/k`` becomes ``Path("s3:/b/k")`` where the code joins names onto it (``Path``
+folds the double slash); both spellings are understood here, and messages print the URL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import CheckpointError, SaveError
+from .storage import Entry, Sink, Source, Storage
+
+SCHEME = "s3"
+MIN_PART = 5 << 20  # S3's smallest part (all but the last)
+MAX_PARTS = 10_000
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+def is_s3(location: Any) -> bool:
+    s = os.fspath(location) if not isinstance(location, str) else location
+    return isinstance(s, str) and s.startswith(f"{SCHEME}:/")
+
+
+def split(location: Any) -> tuple[str, str]:
+    """``(bucket, key prefix)`` of ``s3://bucket/a/b`` (or ``Path``'s ``s3:/bucket/a/b``), the
+    prefix without its trailing slash. Refuses what an object key must not be here: empty, ``.``
+    or ``..`` parts (a listing would not find them again)."""
+    s = os.fspath(location)
+    rest = s[len("s3://") :] if s.startswith("s3://") else s[len("s3:/") :]
+    bucket, _, key = rest.partition("/")
+    if not _BUCKET.match(bucket):
+        raise ValueError(f"{url(location)!r}: {bucket!r} is not an S3 bucket name (3-63 of a-z, 0-9, '.', '-')")
+    key = key.strip("/")
+    if any(p in ("", ".", "..") for p in key.split("/")) and key:
+        raise ValueError(f"{url(location)!r}: an object key may not hold empty, '.' or '..' parts")
+    return bucket, key
+
+
+def url(location: Any) -> str:
+    s = os.fspath(location)
+    return "s3://" + s[len("s3:/") :].lstrip("/") if s.startswith("s3:/") else s
+
+
+@dataclass(frozen=True)
+class S3Options:
+    """How to reach the store; None takes boto3's standard chain (environment, config files)."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+    part_bytes: int = 16 << 20  # multipart part size (>= 5 MiB)
+    concurrency: int = 8  # parts in flight per file, and ranged GETs per load thread pool
+    max_attempts: int = 8  # per request, with backoff and jitter
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.part_bytes < MIN_PART:
+            raise ValueError(f"part_bytes must be at least 5 MiB (S3's smallest part), got {self.part_bytes}")
+        if self.concurrency < 1 or self.max_attempts < 1:
+            raise ValueError("concurrency and max_attempts must be at least 1")
+
+
+class _Client:
+    """One boto3 client per process (clients are thread-safe; they must not cross a fork)."""
+
+    def __init__(self, options: S3Options):
+        self.options = options
+        self._pid = -1
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Any:
+        if self._client is None or self._pid != os.getpid():
+            with self._lock:
+                if self._client is None or self._pid != os.getpid():
+                    self._client = self._make()
+                    self._pid = os.getpid()
+        return self._client
+
+    def _make(self) -> Any:
+        try:
+            import boto3
+            from botocore.config import Config
+        except ImportError:
+            raise ImportError("s3:// checkpoints need boto3: pip install 'goodput[s3]'") from None
+
+        o = self.options
+        config = Config(
+            retries={"mode": "standard", "max_attempts": o.max_attempts},
+            # boto3 >= 1.36 sends and demands CRC checksums by default, which servers other
+            # than AWS reject or lack; goodput checksums every block itself
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+            s3={"addressing_style": "path"},
+            max_pool_connections=max(10, 4 * o.concurrency),
+            connect_timeout=o.connect_timeout_s,
+            read_timeout=o.read_timeout_s,
+        )
+        return boto3.session.Session().client(
+            "s3",
+            endpoint_url=o.endpoint_url,
+            region_name=o.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+            aws_access_key_id=o.access_key_id,
+            aws_secret_access_key=o.secret_access_key,
+            config=config,
+        )
+
+
+def _code(e: Exception) -> str:
+    resp = getattr(e, "response", None) or {}
+    err = resp.get("Error", {})
+    return str(err.get("Code") or resp.get("ResponseMetadata", {}).get("HTTPStatusCode") or "")
+
+
+def _missing(e: Exception) -> bool:
+    return _code(e) in ("404", "NoSuchKey", "NotFound", "NoSuchUpload")
+
+
+def _why(e: Exception) -> str:
+    code = _code(e)
+    return f"{code}: {e}" if code and code not in str(e) else str(e)
+
+
+class S3Sink(Sink):
+    """One object written once, sequentially: a multipart upload whose parts go up in parallel
+    while later ones fill (at most ``concurrency`` parts in memory), or one PUT when it stays
+    under a part. Nothing is visible under the key until :meth:`finish` completes the upload;
+    a failure aborts it, so no orphaned parts stay behind."""
+
+    def __init__(self, store: S3Storage, bucket: str, key: str):
+        self.store, self.bucket, self.key = store, bucket, key
+        o = store.options
+        self.part_bytes = o.part_bytes
+        self.pos = 0
+        self._buf = bytearray(self.part_bytes)
+        self._fill = 0
+        self._upload: str | None = None
+        self._parts: list[Future] = []
+        self._slots = threading.Semaphore(o.concurrency)
+        self._pool: ThreadPoolExecutor | None = None
+        self._done = False
+
+    def write(self, data: memoryview) -> None:
+        mv = memoryview(data).cast("B")
+        self.pos += len(mv)
+        while len(mv):
+            n = min(len(mv), self.part_bytes - self._fill)
+            self._buf[self._fill : self._fill + n] = mv[:n]
+            self._fill += n
+            mv = mv[n:]
+            if self._fill == self.part_bytes:
+                self._send_part()
+
+    def align(self, to: int) -> None:
+        pad = (-self.pos) % to
+        if pad:
+            self.write(memoryview(bytes(pad)))
+
+    def _send_part(self) -> None:
+        c = self.store.client()
+        if self._upload is None:
+            try:
+                self._upload = c.create_multipart_upload(Bucket=self.bucket, Key=self.key)["UploadId"]
+            except Exception as e:
+                raise SaveError(f"{self._url()}: starting the multipart upload failed: {_why(e)}") from None
+            self._pool = ThreadPoolExecutor(self.store.options.concurrency, thread_name_prefix="goodput-s3-put")
+        number = len(self._parts) + 1
+        if number > MAX_PARTS:
+            raise SaveError(f"{self._url()}: more than {MAX_PARTS} parts; raise S3Options.part_bytes")
+        self._failed()
+        self._slots.acquire()  # bounded: at most ``concurrency`` parts held while they upload
+        if self._fill == self.part_bytes:  # hand the full buffer over and fill a new one: no copy
+            body, self._buf = self._buf, bytearray(self.part_bytes)
+        else:
+            body = bytes(memoryview(self._buf)[: self._fill])
+        self._fill = 0
+        assert self._pool is not None
+        self._parts.append(self._pool.submit(self._put_part, number, body))
+
+    def _put_part(self, number: int, body: bytes | bytearray) -> dict:
+        try:
+            r = self.store.client().upload_part(
+                Bucket=self.bucket, Key=self.key, UploadId=self._upload, PartNumber=number, Body=body
+            )
+            return {"PartNumber": number, "ETag": r["ETag"]}
+        finally:
+            self._slots.release()
+
+    def _failed(self) -> None:
+        for f in self._parts:
+            if f.done() and f.exception() is not None:
+                raise SaveError(f"{self._url()}: uploading part failed: {_why(f.exception())}")  # type: ignore[arg-type]
+
+    def finish(self) -> None:
+        c = self.store.client()
+        if self._upload is None:
+            try:
+                c.put_object(Bucket=self.bucket, Key=self.key, Body=bytes(memoryview(self._buf)[: self._fill]))
+            except Exception as e:
+                raise SaveError(f"{self._url()}: PUT failed: {_why(e)}") from None
+            self._done = True
+            return
+        if self._fill:
+            self._send_part()
+        parts = []
+        for f in self._parts:
+            try:
+                parts.append(f.result())
+            except Exception as e:
+                raise SaveError(f"{self._url()}: uploading part failed: {_why(e)}") from None
+        try:
+            c.complete_multipart_upload(
+                Bucket=self.bucket, Key=self.key, UploadId=self._upload, MultipartUpload={"Parts": parts}
+            )
+        except Exception as e:
+            raise SaveError(f"{self._url()}: completing the multipart upload failed: {_why(e)}") from None
+        self._done = True
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._upload is not None and not self._done:
+            # best effort: an upload left behind is found by its key (it names the save) later
+            with contextlib.suppress(Exception):  # the save already failed; cleanup is best effort
+                self.store.client().abort_multipart_upload(Bucket=self.bucket, Key=self.key, UploadId=self._upload)
+        self._buf = bytearray()
+
+    def _url(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+
+class S3Source(Source):
+    """An object read by byte ranges (ranged GETs; the reader's threads issue them in parallel)."""
+
+    def __init__(self, store: S3Storage, bucket: str, key: str, size: int):
+        self.store, self.bucket, self.key = store, bucket, key
+        self.name = f"s3://{bucket}/{key}"
+        self.size = size
+        self.fd = None
+
+    def read_into(self, buf: memoryview, offset: int, what: str | None = None) -> None:
+        mv = memoryview(buf).cast("B")
+        n = len(mv)
+        if n == 0:
+            return
+        if offset + n > self.size:
+            raise CheckpointError(f"{what or self.name}: file ends early at byte {self.size} (truncated)")
+        try:
+            r = self.store.client().get_object(
+                Bucket=self.bucket, Key=self.key, Range=f"bytes={offset}-{offset + n - 1}"
+            )
+            body = r["Body"]
+            got = 0
+            while got < n:
+                chunk = body.read(min(n - got, 8 << 20))
+                if not chunk:
+                    break
+                mv[got : got + len(chunk)] = chunk
+                got += len(chunk)
+            body.close()
+        except CheckpointError:
+            raise
+        except Exception as e:
+            raise CheckpointError(f"{what or self.name}: ranged GET at byte {offset} failed: {_why(e)}") from None
+        if got != n:
+            raise CheckpointError(f"{what or self.name}: file ends early at byte {offset + got} (truncated)")
+        self.store.bytes_read += n
+
+    def close(self) -> None:
+        pass
+
+
+class S3Storage(Storage):
+    """An S3-compatible object store (AWS S3, SeaweedFS, MinIO, Ceph RGW, ...)."""
+
+    def __init__(self, options: S3Options | None = None):
+        self.options = options or S3Options()
+        self._client = _Client(self.options)
+        self.bytes_read = 0  # ranged-GET bytes, for tests and benchmarks (approximate under threads)
+
+    def client(self) -> Any:
+        return self._client.get()
+
+    def _key(self, directory: Path | str, name: str | None = None) -> tuple[str, str]:
+        bucket, prefix = split(directory)
+        if name is None:
+            return bucket, prefix
+        if not name or "/" in name or name in (".", ".."):
+            raise ValueError(f"{name!r} is not a plain file name")
+        return bucket, f"{prefix}/{name}" if prefix else name
+
+    def prepare(self, directory: Path) -> None:
+        bucket, _ = split(directory)
+        try:
+            self.client().head_bucket(Bucket=bucket)
+        except Exception as e:
+            raise SaveError(f"{url(directory)!r}: bucket {bucket!r} cannot be reached: {_why(e)}") from None
+
+    def create(self, directory: Path, name: str, direct: bool = False) -> Sink:
+        return S3Sink(self, *self._key(directory, name))
+
+    def put(self, directory: Path, name: str, data: bytes) -> None:
+        bucket, key = self._key(directory, name)
+        try:
+            self.client().put_object(Bucket=bucket, Key=key, Body=bytes(data))
+        except Exception as e:
+            raise SaveError(f"s3://{bucket}/{key}: PUT failed: {_why(e)}") from None
+
+    def publish(self, directory: Path, name: str, data: bytes) -> None:
+        self.put(directory, name, data)  # one PUT is atomic: readers see the old object or the new
+
+    def publish_new(self, directory: Path, name: str, data: bytes) -> bool:
+        bucket, key = self._key(directory, name)
+        try:
+            self.client().put_object(Bucket=bucket, Key=key, Body=bytes(data), IfNoneMatch="*")
+        except Exception as e:
+            if _code(e) in ("412", "PreconditionFailed", "409", "ConditionalRequestConflict"):
+                return False
+            raise SaveError(f"s3://{bucket}/{key}: conditional PUT failed: {_why(e)}") from None
+        return True
+
+    def sync(self, directory: Path) -> None:
+        pass  # a completed PUT is durable
+
+    def _head(self, bucket: str, key: str, what: str) -> int:
+        try:
+            return int(self.client().head_object(Bucket=bucket, Key=key)["ContentLength"])
+        except Exception as e:
+            if _missing(e):
+                raise CheckpointError(f"{what} 's3://{bucket}/{key}' is missing") from None
+            raise CheckpointError(f"{what} 's3://{bucket}/{key}' cannot be opened: {_why(e)}") from None
+
+    def open(self, directory: Path, name: str, what: str) -> Source:
+        bucket, key = self._key(directory, name)
+        return S3Source(self, bucket, key, self._head(bucket, key, what))
+
+    def get(self, directory: Path, name: str, what: str, limit: int) -> bytes:
+        bucket, key = self._key(directory, name)
+        try:
+            r = self.client().get_object(Bucket=bucket, Key=key)
+        except Exception as e:
+            if _missing(e):
+                raise CheckpointError(f"{what} 's3://{bucket}/{key}' is missing") from None
+            raise CheckpointError(f"{what} 's3://{bucket}/{key}' cannot be read: {_why(e)}") from None
+        size = int(r.get("ContentLength", 0))
+        if size > limit:
+            r["Body"].close()
+            raise CheckpointError(f"{what} 's3://{bucket}/{key}' is {size} bytes, more than the {limit} it may be")
+        data = r["Body"].read(limit + 1)
+        if len(data) > limit:
+            raise CheckpointError(f"{what} 's3://{bucket}/{key}' is more than the {limit} bytes it may be")
+        return data
+
+    def get_if_exists(self, directory: Path, name: str, what: str, limit: int) -> bytes | None:
+        try:
+            return self.get(directory, name, what, limit)
+        except CheckpointError:
+            return None
+
+    def exists(self, directory: Path, name: str) -> bool:
+        bucket, key = self._key(directory, name)
+        try:
+            self.client().head_object(Bucket=bucket, Key=key)
+            return True
+        except Exception as e:
+            if _missing(e):
+                return False
+            raise CheckpointError(f"'s3://{bucket}/{key}' cannot be checked: {_why(e)}") from None
+
+    def list(self, directory: Path) -> list[Entry]:
+        """Objects and common prefixes one level under ``directory``; FileNotFoundError when there
+        is neither (as a missing directory on POSIX: an empty prefix does not exist on S3)."""
+        bucket, prefix = self._key(directory)
+        pre = f"{prefix}/" if prefix else ""
+        out = []
+        try:
+            pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=pre, Delimiter="/")
+            for page in pages:
+                for p in page.get("CommonPrefixes", []):
+                    name = p["Prefix"][len(pre) :].rstrip("/")
+                    if name and "/" not in name:
+                        out.append(Entry(name, "dir", 0.0, 0))
+                for o in page.get("Contents", []):
+                    name = o["Key"][len(pre) :]
+                    if name and "/" not in name:
+                        out.append(Entry(name, "file", o["LastModified"].timestamp(), int(o["Size"])))
+        except Exception as e:
+            raise OSError(f"{url(directory)!r} cannot be listed: {_why(e)}") from None
+        if not out:
+            raise FileNotFoundError(f"{url(directory)!r}: nothing is stored under this prefix")
+        out.sort(key=lambda x: x.name)
+        return out
+
+    def remove(self, directory: Path, name: str) -> None:
+        bucket, key = self._key(directory, name)
+        with contextlib.suppress(Exception):  # best effort by contract
+            self.client().delete_object(Bucket=bucket, Key=key)
+
+    def remove_tree(self, directory: Path) -> None:
+        bucket, prefix = self._key(directory)
+        if not prefix:
+            return  # never a whole bucket
+        c = self.client()
+        try:
+            for page in c.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
+                keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+                if keys:
+                    c.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+            self.abort_uploads(directory)
+        except Exception:  # noqa: BLE001, S110 - best effort by contract
+            pass
+
+    def uploads(self, directory: Path) -> list[tuple[str, str]]:
+        """Incomplete multipart uploads under ``directory``: ``(key, upload id)``. Their keys name
+        the save they belong to (``data-<save id>-...``), so no start time is needed to tell whose
+        they are (some servers give none)."""
+        bucket, prefix = self._key(directory)
+        out = []
+        for page in self.client().get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=prefix + "/"):
+            out += [(u["Key"], u["UploadId"]) for u in page.get("Uploads", [])]
+        return out
+
+    def abort_uploads(self, directory: Path, keep: set[str] = frozenset()) -> int:  # type: ignore[assignment]
+        """Abort the incomplete uploads under ``directory`` except those of objects in ``keep``."""
+        bucket, _ = self._key(directory)
+        n = 0
+        for key, uid in self.uploads(directory):
+            if key.rsplit("/", 1)[-1] in keep:
+                continue
+            try:
+                self.client().abort_multipart_upload(Bucket=bucket, Key=key, UploadId=uid)
+                n += 1
+            except Exception:  # noqa: BLE001, S112 - another cleaner may have taken it
+                continue
+        return n
+
+
+_default_lock = threading.Lock()
+_default: S3Storage | None = None
+
+
+def configure(**options: Any) -> S3Storage:
+    """Set how ``s3://`` locations are reached in this process (see :class:`S3Options`); fields
+    not given keep their values. Returns the storage now used."""
+    global _default
+    with _default_lock:
+        base = _default.options if _default is not None else S3Options()
+        _default = S3Storage(replace(base, **options))
+        return _default
+
+
+def default_storage() -> S3Storage:
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = S3Storage()
+        return _default

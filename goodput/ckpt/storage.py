@@ -280,6 +280,12 @@ class Storage:
         """Remove a whole checkpoint directory (retention), best effort."""
         raise NotImplementedError
 
+    def abort_uploads(self, directory: Path) -> int:
+        """Abort the incomplete uploads under ``directory`` (an object store's multipart uploads
+        of saves that never finished; they hold space but no listing shows them). Only when no
+        save is in flight there. Returns how many; storage without such uploads has none."""
+        return 0
+
 
 class PosixFile(Sink):
     """Sequential writes to a file, buffered or O_DIRECT (whole aligned blocks, tails bounced)."""
@@ -423,6 +429,12 @@ class PosixStorage(Storage):
 
 
 POSIX = PosixStorage()
+
+
+def display(location: str | os.PathLike) -> str:
+    """A location as its user wrote it: ``s3://b/k`` for the ``Path("s3:/b/k")`` the code joins on."""
+    s = os.fspath(location)
+    return "s3://" + s[len("s3:/") :].lstrip("/") if isinstance(s, str) and s.startswith("s3:/") else str(s)
 
 
 def storage_for(location: str | os.PathLike) -> Storage:

@@ -14,12 +14,26 @@ from rich.table import Table
 
 from goodput.ckpt.format import CheckpointError
 from goodput.ckpt.reader import Checkpoint, list_checkpoints
-from goodput.ckpt.storage import storage_for
+from goodput.ckpt.storage import display, storage_for
 from goodput.plan.units import UnitError, fmt_bytes, parse_size
 
 app = typer.Typer(no_args_is_help=True)
 console = Console()
 err = Console(stderr=True)
+
+
+@app.callback()
+def options(
+    endpoint: str | None = typer.Option(
+        None, "--endpoint", help="S3 endpoint URL for s3:// locations (default: AWS_ENDPOINT_URL, AWS config)."
+    ),
+    region: str | None = typer.Option(None, "--region", help="S3 region (default: AWS_REGION, AWS config)."),
+) -> None:
+    """Checkpoint locations are directories or s3://bucket/prefix (credentials: the AWS chain)."""
+    if endpoint or region:
+        from goodput.ckpt import s3
+
+        s3.configure(endpoint_url=endpoint, region=region)
 
 
 def _fail(e: Exception) -> None:
@@ -37,15 +51,17 @@ def ls(
         storage_for(root).list(root)
     except (FileNotFoundError, NotADirectoryError) as e:
         what = "does not exist" if isinstance(e, FileNotFoundError) else "is not a directory"
-        err.print(f"[red]error:[/red] checkpoint root {str(root)!r} {what}")
+        err.print(f"[red]error:[/red] checkpoint root {display(root)!r} {what}")
         raise typer.Exit(2) from None
     except (OSError, ValueError) as e:
-        err.print(f"[red]error:[/red] cannot read checkpoint root {str(root)!r}: {getattr(e, 'strerror', None) or e}")
+        err.print(
+            f"[red]error:[/red] cannot read checkpoint root {display(root)!r}: {getattr(e, 'strerror', None) or e}"
+        )
         raise typer.Exit(2) from None
     found = list_checkpoints(root)
     rows = [
         {
-            "path": str(p),
+            "path": display(p),
             "step": m.step,
             "bytes": m.data_bytes,
             "tensors": m.num_tensors,
@@ -59,15 +75,15 @@ def ls(
         print(json.dumps(rows, indent=2))
         return
     if not rows:
-        console.print(f"no committed checkpoint in {root}")
+        console.print(f"no committed checkpoint in {display(root)}")
         return
-    t = Table(title=f"committed checkpoints in {root}")
+    t = Table(title=f"committed checkpoints in {display(root)}")
     t.add_column("checkpoint", overflow="fold")
     for c in ("step", "size", "tensors", "files", "ranks", "committed"):
         t.add_column(c)
-    for r in rows:
+    for (p, _), r in zip(found, rows):
         t.add_row(
-            str(Path(r["path"]).relative_to(root)) if Path(r["path"]) != root else ".", str(r["step"]), fmt_bytes(r["bytes"]), str(r["tensors"]), str(r["files"]), str(r["world_size"]),
+            str(p.relative_to(root)) if p != root else ".", str(r["step"]), fmt_bytes(r["bytes"]), str(r["tensors"]), str(r["files"]), str(r["world_size"]),
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created"])),
         )  # fmt: skip
     console.print(t)
@@ -117,7 +133,7 @@ def inspect(path: Path, as_json: bool = typer.Option(False, "--json")) -> None:
         print(json.dumps(out, indent=2, default=str))
         return
     console.print(
-        f"[bold]{path}[/bold]  step={ck.step}  save={ck.manifest.save_id}  ranks={ck.manifest.world_size}  data={fmt_bytes(ck.manifest.data_bytes)}"
+        f"[bold]{display(path)}[/bold]  step={ck.step}  save={ck.manifest.save_id}  ranks={ck.manifest.world_size}  data={fmt_bytes(ck.manifest.data_bytes)}"
     )
     t = Table()
     for c in ("tensor", "dtype", "shape", "size", "chunks", "layout"):
@@ -154,7 +170,7 @@ def verify(path: Path) -> None:
         _fail(e)
     seal = "manifest sealed" if ck.sealed else "[yellow]manifest has no checksum (written by an older goodput)[/yellow]"
     console.print(
-        f"[green]ok[/green]: {path} ({fmt_bytes(checked)} in {ck.metadata.num_chunks} chunks, {len(ck.metadata.tensors)} tensors; {seal})"
+        f"[green]ok[/green]: {display(path)} ({fmt_bytes(checked)} in {ck.metadata.num_chunks} chunks, {len(ck.metadata.tensors)} tensors; {seal})"
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -203,3 +204,69 @@ def test_checkpointer_latest_and_retention(bucket: str) -> None:
     fresh = gc.Checkpointer(root, interval=1)
     assert fresh.restore(out) == 4 and torch.equal(out["w"], torch.full((4,), 4.0))
     fresh.close()
+
+
+def test_server_killed_mid_upload_then_restarted(weed: Weed, bucket: str) -> None:
+    """Killed mid-upload: the save fails naming the object and commits nothing. Restarted on the
+    same data: the next save succeeds and the Checkpointer's start-up cleanup aborts the dead
+    save's multipart upload and removes its objects."""
+    root = f"s3://{bucket}/kill"
+    st = s3.configure(part_bytes=5 << 20, concurrency=2, max_attempts=2, connect_timeout_s=2, read_timeout_s=10)
+    failed: list[BaseException] = []
+    w = torch.randn(40 << 20 >> 2)  # 40 MiB: eight parts
+
+    def save() -> None:
+        try:
+            gc.save({"w": w}, f"{root}/step_00000001", step=1)
+        except BaseException as e:  # noqa: BLE001 - the test inspects it
+            failed.append(e)
+
+    t = threading.Thread(target=save)
+    try:
+        t.start()
+        deadline = time.monotonic() + 60
+        while not st.uploads(Path(root)) and t.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert t.is_alive(), "the save finished before the server could be killed"
+        weed.kill()
+        t.join(120)
+        assert not t.is_alive() and len(failed) == 1
+        assert isinstance(failed[0], gc.SaveError) and "nothing was committed" in str(failed[0])
+        assert "/kill/step_00000001/data-" in str(failed[0])  # the object at fault
+        weed.start()
+        assert gc.latest(root) is None  # nothing was committed
+        assert st.uploads(Path(root)) or _keys(bucket, "kill/")  # the dead save left something behind
+        ck = gc.Checkpointer(root, interval=1)  # start-up cleanup: no save is in flight
+        assert st.uploads(Path(root)) == [] and not [k for k in _keys(bucket, "kill/") if "step_00000001" in k]
+        ck.save(2, {"w": w})
+        ck.wait()
+        ck.close()
+        out = {"w": torch.zeros_like(w)}
+        assert gc.Checkpointer(root, interval=1).restore(out) == 2 and torch.equal(out["w"], w)
+    finally:
+        s3.configure(**{f: getattr(s3.S3Options(), f) for f in ("part_bytes", "concurrency", "max_attempts")})
+        s3.configure(connect_timeout_s=s3.S3Options().connect_timeout_s, read_timeout_s=s3.S3Options().read_timeout_s)
+
+
+def test_cli_commands_take_s3_locations(weed: Weed, bucket: str) -> None:
+    import json
+    import subprocess
+    import sys
+
+    root = f"s3://{bucket}/cli"
+    gc.save({"w": torch.arange(8.0)}, f"{root}/step_00000003", step=3)
+    env = {k: v for k, v in os.environ.items() if k != "AWS_ENDPOINT_URL"}  # the endpoint as an option
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "goodput.cli.main", "ckpt", "--endpoint", weed.endpoint, *args]
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+
+    ls = cli("ls", root, "--json")
+    assert ls.returncode == 0, ls.stderr
+    assert [(r["path"], r["step"]) for r in json.loads(ls.stdout)] == [(f"{root}/step_00000003", 3)]
+    v = cli("verify", f"{root}/step_00000003")
+    assert v.returncode == 0 and f"ok: {root}/step_00000003" in " ".join(v.stdout.split()), v.stdout + v.stderr
+    i = cli("inspect", f"{root}/step_00000003", "--json")
+    assert i.returncode == 0 and "w" in i.stdout
+    missing = cli("ls", f"s3://{bucket}/none")
+    assert missing.returncode == 2 and "does not exist" in missing.stderr

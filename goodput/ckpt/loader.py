@@ -31,7 +31,7 @@ from .read_exec import DEFAULT_READ_BUFFER, ReadStats
 from .read_plan import Request
 from .reader import Checkpoint
 from .state import TensorLeaf, dest_bytes, expand_stateful, flatten, materialize_meta
-from .storage import checkpoint_path
+from .storage import checkpoint_path, storage_for
 
 
 @dataclass
@@ -52,7 +52,7 @@ def load(
     process_group: Any = None,
     verify: bool = True,
     read_buffer: int = DEFAULT_READ_BUFFER,
-    threads: int = 4,
+    threads: int | None = None,
     strict: bool = True,
     allow_partial_load: bool = False,
     strict_dtype: bool = False,
@@ -92,6 +92,8 @@ def load(
     expanded, statefuls = state_dict, []
     try:
         expanded, statefuls = expand_stateful(state_dict)
+        if threads is None:  # the storage's own parallelism: 4 on a file system, more on S3
+            threads = storage_for(path).read_threads
         result = _load(
             expanded, path, verify, read_buffer, threads, strict, strict_dtype, max_amplification, staging_bytes
         )

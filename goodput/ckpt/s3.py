@@ -303,6 +303,10 @@ class S3Storage(Storage):
         self._client = _Client(self.options)
         self.bytes_read = 0  # ranged-GET bytes, for tests and benchmarks (approximate under threads)
 
+    @property
+    def read_threads(self) -> int:  # type: ignore[override]
+        return max(4, self.options.concurrency)  # each thread waits on one ranged GET at a time
+
     def client(self) -> Any:
         return self._client.get()
 

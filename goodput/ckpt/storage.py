@@ -223,6 +223,8 @@ class Storage:
     """The operations the commit protocol and its readers need; ``directory`` is a checkpoint
     (or a root of checkpoints), ``name`` a plain file name in it."""
 
+    read_threads = 4  # a load's reader threads by default: each waits on one read at a time
+
     def prepare(self, directory: Path) -> None:
         """Make ``directory`` exist (durably), so that files can be written into it."""
         raise NotImplementedError

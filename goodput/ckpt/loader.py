@@ -31,7 +31,7 @@ from .read_exec import DEFAULT_READ_BUFFER, ReadStats
 from .read_plan import Request
 from .reader import Checkpoint
 from .state import TensorLeaf, dest_bytes, expand_stateful, flatten, materialize_meta
-from .storage import checkpoint_path, storage_for
+from .storage import checkpoint_path, display, storage_for
 
 
 @dataclass
@@ -106,7 +106,7 @@ def load(
         if error is None:
             errs = rank_errors(reports)
             if errs:
-                raise CheckpointError(name_ranks(f"load from {str(path)!r} failed on other ranks: {errs}", group))
+                raise CheckpointError(name_ranks(f"load from {display(path)!r} failed on other ranks: {errs}", group))
     if error is not None:
         raise error
     assert result is not None
@@ -153,7 +153,7 @@ def _load(
                 )
             if strict:
                 raise CheckpointError(
-                    f"tensor {lf.name!r} is not in the checkpoint at {str(path)!r} ({_near(lf.name, saved)})"
+                    f"tensor {lf.name!r} is not in the checkpoint at {display(path)!r} ({_near(lf.name, saved)})"
                 )
             continue
         if lf.kind == "bytes":
@@ -184,7 +184,7 @@ def _load(
                     f"{v.name!r} was saved as a tensor, the state dict holds a {type(v.value).__name__}"
                 )
             if strict:
-                raise CheckpointError(f"value {v.name!r} is not in the checkpoint at {str(path)!r}")
+                raise CheckpointError(f"value {v.name!r} is not in the checkpoint at {display(path)!r}")
             continue
         new = decode_value(ck.metadata.values[v.name])
         if isinstance(v.parent, tuple):

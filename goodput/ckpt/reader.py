@@ -35,7 +35,7 @@ from .format import (
 from .geometry import Region
 from .read_exec import DEFAULT_READ_BUFFER, Files, ReadStats, read_requests
 from .read_plan import ReadPlanner, Request
-from .storage import Storage, storage_for
+from .storage import Storage, display, storage_for
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def read_manifest(path: Path, storage: Storage | None = None) -> Manifest:
 def read_sealed_manifest(path: Path, storage: Storage | None = None) -> tuple[Manifest, bool]:
     storage = storage or storage_for(path)
     if not storage.exists(path, MANIFEST):
-        raise CheckpointError(f"{str(path)!r} is not a committed checkpoint (no {MANIFEST})")
+        raise CheckpointError(f"{display(path)!r} is not a committed checkpoint (no {MANIFEST})")
     raw = storage.get(path, MANIFEST, "manifest", MAX_MANIFEST_BYTES)
     return decode_sealed_manifest(raw, str(path / MANIFEST))
 

@@ -65,7 +65,7 @@ from .format import DEFAULT_BLOCK, encode_value
 from .geometry import Region
 from .reader import is_committed
 from .state import TensorLeaf, flatten, host_bytes
-from .storage import Storage, checkpoint_path, storage_for
+from .storage import Storage, checkpoint_path, display, storage_for
 from .writer import FileResult, Piece, write_rank_files
 
 
@@ -144,7 +144,7 @@ def _planning_error(e: Exception, path: Path, group: Any) -> str:
     worded, anything else (a bug) as one, so that every rank still hears of it."""
     if isinstance(e, SaveError):
         return name_ranks(str(e), group)
-    return name_ranks(f"save to {str(path)!r} failed on rank 0 while planning: {describe(e)}", group)
+    return name_ranks(f"save to {display(path)!r} failed on rank 0 while planning: {describe(e)}", group)
 
 
 def prepare(
@@ -183,7 +183,7 @@ def prepare(
     if rank == 0:
         assert first is not None
         try:
-            raise_rank_errors(first, f"save to {str(path)!r} failed")
+            raise_rank_errors(first, f"save to {display(path)!r} failed")
             mine = _AGREEMENTS.get(key) if cache else None
             digests = [m["digest"] for m in first]
             hit = (
@@ -327,9 +327,9 @@ def save(
         if rank == 0:
             assert reports is not None
             try:
-                raise_rank_errors(reports, f"save to {str(path)!r} failed")
+                raise_rank_errors(reports, f"save to {display(path)!r} failed")
                 verdict = replica_mismatch(prep.replica_keys, reports)
-                verdict = name_ranks(f"save to {str(path)!r} failed: {verdict}", group) if verdict else None
+                verdict = name_ranks(f"save to {display(path)!r} failed: {verdict}", group) if verdict else None
             except SaveError as e:
                 verdict = name_ranks(str(e), group)
         verdict = collective.broadcast_obj(verdict, 0, group)
@@ -373,7 +373,7 @@ def save(
     outcome = collective.broadcast_obj(outcome, 0, group)
     if not outcome["ok"]:
         discard()
-        raise SaveError(f"save to {str(path)!r} {outcome['error']}")
+        raise SaveError(f"save to {display(path)!r} {outcome['error']}")
     for name in stale:  # after the other ranks were released: not on their critical path
         storage.remove(path, name)
     timings["commit_s"] = time.perf_counter() - t2

@@ -271,3 +271,88 @@ def test_cli_commands_take_s3_locations(weed: Weed, bucket: str) -> None:
     assert i.returncode == 0 and "w" in i.stdout
     missing = cli("ls", f"s3://{bucket}/none")
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+class _Throttler:
+    """A real HTTP proxy in front of the server that answers the first ``n`` writes (PUT, POST)
+    with 503 SlowDown, as a throttling store does, and forwards everything else."""
+
+    def __init__(self, upstream: str, n: int):
+        import http.client
+        import http.server
+        from urllib.parse import urlsplit
+
+        up = urlsplit(upstream)
+        owner = self
+        self.left = n
+        self.throttled = 0
+        self.lock = threading.Lock()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+            def _any(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with owner.lock:
+                    throttle = self.command in ("PUT", "POST") and owner.left > 0
+                    if throttle:
+                        owner.left -= 1
+                        owner.throttled += 1
+                if throttle:
+                    msg = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+                    self.send_response(503)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(msg)))
+                    self.end_headers()
+                    self.wfile.write(msg)
+                    return
+                conn = http.client.HTTPConnection(up.hostname, up.port, timeout=60)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("expect", "connection")}
+                conn.request(self.command, self.path, body=body, headers=headers)
+                r = conn.getresponse()
+                data = r.read()
+                self.send_response(r.status)
+                for k, v in r.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(k, v)
+                length = r.getheader("Content-Length") if self.command == "HEAD" else str(len(data))
+                self.send_header("Content-Length", length or "0")
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _any
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_throttling_is_retried_and_a_persistent_one_fails_naming_the_object(weed: Weed, bucket: str) -> None:
+    proxy = _Throttler(weed.endpoint, n=3)
+    try:
+        s3.configure(endpoint_url=proxy.endpoint, part_bytes=5 << 20, max_attempts=5)
+        w = torch.arange(3 << 20, dtype=torch.float32)  # 12 MiB: three parts
+        url = f"s3://{bucket}/throttled"
+        gc.save({"w": w}, url)  # three 503s in a row, each retried with backoff and jitter
+        assert proxy.throttled == 3
+        out = {"w": torch.zeros_like(w)}
+        gc.load(out, url)
+        assert torch.equal(out["w"], w)
+        proxy.left = 10_000  # throttled for good: the save gives up, names the object, commits nothing
+        s3.configure(max_attempts=2)
+        with pytest.raises(gc.SaveError, match=r"s3://.*/throttled2/data-.*(SlowDown|503)"):
+            gc.save({"w": w}, f"s3://{bucket}/throttled2")
+        assert gc.latest(f"s3://{bucket}") is None or "throttled2" not in str(gc.latest(f"s3://{bucket}"))
+        assert not [k for k in _keys(bucket, "throttled2/") if k.endswith("manifest.json")]
+    finally:
+        proxy.close()
+        s3.configure(endpoint_url=None, part_bytes=s3.S3Options().part_bytes, max_attempts=s3.S3Options().max_attempts)

@@ -63,8 +63,19 @@ class PolicyResult:
     examples: list[str]
 
 
+# what every policy of one comparison shares, sent to each worker process once, not once per task
+_shared: tuple[list[Job], Cluster, list[ClusterEvent]] | None = None
+
+
+def _share(jobs: list[Job], cluster: Cluster, extra: list[ClusterEvent]) -> None:
+    global _shared
+    _shared = (jobs, cluster, extra)
+
+
 def _run_one(args: tuple) -> PolicyResult:
-    jobs, cluster, policy, extra, events_path, db_url, ledger_path = args
+    assert _shared is not None, "a worker runs a policy only after _share"
+    jobs, cluster, extra = _shared
+    policy, events_path, db_url, ledger_path = args
     if db_url:
         from .store import open_store
 
@@ -83,6 +94,14 @@ def _run_one(args: tuple) -> PolicyResult:
     return PolicyResult(policy.name, res.metrics(), tenants, res.waits, res.check.examples[:10])
 
 
+def _worker_context() -> mp.context.BaseContext:
+    """Forkserver (else spawn), never fork: the caller may be threaded (a service, a test run that
+    saved checkpoints), and a child forked from a threaded parent can inherit a lock some other
+    thread held at that instant and hang for ever."""
+    methods = mp.get_all_start_methods()
+    return mp.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
 def compare(
     jobs: Sequence[Job],
     cluster: Cluster,
@@ -99,12 +118,10 @@ def compare(
     """Results in the order of ``policies``; ``db_url`` persists ``events_policy``'s scheduler
     (or ours) in a store, one transaction per input, as a live service would."""
     keep = events_policy or ours([p.name for p in policies])
+    shared = (list(jobs), cluster, list(extra_events))
     tasks = [
         (
-            list(jobs),
-            cluster,
             p,
-            list(extra_events),
             events_path if p.name == events_policy else None,
             db_url if p.name == keep else None,
             ledger_path if p.name == keep else None,
@@ -113,16 +130,20 @@ def compare(
     ]
     results: dict[str, PolicyResult] = {}
     if workers <= 1 or len(tasks) == 1:
-        for t in tasks:
-            r = _run_one(t)
-            results[r.name] = r
-            if on_done:
-                on_done(r)
+        global _shared
+        saved, _shared = _shared, shared
+        try:
+            for t in tasks:
+                r = _run_one(t)
+                results[r.name] = r
+                if on_done:
+                    on_done(r)
+        finally:
+            _shared = saved
     else:
-        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
         # the longest runs first, so that the last one to start is a short one
-        order = sorted(tasks, key=lambda t: -_WEIGHT.get(t[2].name, 1.0))
-        with ctx.Pool(min(workers, len(tasks))) as pool:
+        order = sorted(tasks, key=lambda t: -_WEIGHT.get(t[0].name, 1.0))
+        with _worker_context().Pool(min(workers, len(tasks)), initializer=_share, initargs=shared) as pool:
             for r in pool.imap_unordered(_run_one, order, chunksize=1):
                 results[r.name] = r
                 if on_done:

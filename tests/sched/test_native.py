@@ -125,3 +125,10 @@ def test_the_comparison_in_worker_processes_matches_one_process() -> None:
     one = figures(1)
     assert one == figures(2)
     assert all(m["events"] > 500 for _, m, _, _ in one)
+
+
+def test_the_comparison_never_forks_a_threaded_parent() -> None:
+    """CI hung here once: a worker forked from a test process holding checkpoint threads."""
+    from goodput.sched.compare import _worker_context
+
+    assert _worker_context().get_start_method() in ("forkserver", "spawn")

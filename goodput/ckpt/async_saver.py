@@ -52,7 +52,7 @@ from .errors import SaveError
 from .format import DEFAULT_BLOCK
 from .saver import check_block_bytes, prepare
 from .staging import StagingPool, copier, layout, split_lazy, sweep_dead_segments
-from .storage import checkpoint_path, display
+from .storage import checkpoint_path, display, storage_for
 from .writer_process import WriterProcess
 
 STAGING = ("eager", "lazy")
@@ -183,10 +183,15 @@ class AsyncSaver:
         step: int | None = None,
         user: dict[str, Any] | None = None,
         overwrite: bool = True,
+        control: str | os.PathLike | None = None,
     ) -> AsyncSave | None:
         """Stage ``state_dict`` and return at once; the save is written and committed behind the
         training loop. ``overwrite=False`` refuses a path that already holds a checkpoint (DCP's
-        ``FileSystemWriter(overwrite=False)``). Returns None when ``if_busy="skip"`` skipped it."""
+        ``FileSystemWriter(overwrite=False)``). Returns None when ``if_busy="skip"`` skipped it.
+
+        ``control``: a tiered save's durable directory (:mod:`goodput.ckpt.tiers`): ``path`` is
+        then this rank's fast directory, perhaps node-local, and the ranks commit through
+        ``control``, which every rank sees; the save resolves once committed on the fast tier."""
         if self.if_busy == "wait":
             self.wait()
         busy = self.inflight is not None and not self.inflight.done()
@@ -215,6 +220,9 @@ class AsyncSaver:
         t1 = time.perf_counter()
         slots, size = layout(prep.leaves)
         job = self._job(prep, path, step, slots, user)
+        if control is not None:
+            storage_for(control).prepare(Path(control))
+            job["control"] = str(control)
         later: list = []
         try:
             self._ensure_buffer(size)

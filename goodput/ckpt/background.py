@@ -11,6 +11,12 @@ while the training loop runs its own. Here the background talks through the file
    timeout writes an *abort file* with the reason and commits nothing;
 3. the other ranks wait for the manifest carrying their save id, or the abort file.
 
+A tiered save (``job["control"]``, :mod:`goodput.ckpt.tiers`) writes its data files to the rank's
+fast directory, which may be node-local, and talks through the durable directory instead, which
+every rank sees: the done and abort files go there, rank 0 writes the metadata and a *staged*
+manifest there, and every rank then copies both into its own fast directory (the fast tier's
+commit on that node). The drain later makes the staged manifest the durable one.
+
 numpy only: it runs in the persistent writer process (:mod:`goodput.ckpt.writer_process`, no
 torch import) or in a thread of the trainer.
 """
@@ -26,7 +32,7 @@ import crc32c
 import msgspec
 import numpy as np
 
-from .commit import commit, commit_round, file_records
+from .commit import commit, commit_round, file_records, staged_name
 from .errors import CheckpointError, describe
 from .format import DATA_FILE, MANIFEST, MAX_MANIFEST_BYTES, decode_manifest
 from .geometry import Region, runs
@@ -34,6 +40,11 @@ from .storage import Storage, storage_for
 from .writer import Piece, write_rank_files
 
 POLL_S = 0.01
+
+
+def control(job: dict[str, Any]) -> Path:
+    """Where the ranks of a save talk: the checkpoint directory, or a tiered save's durable one."""
+    return Path(job.get("control") or job["path"])
 
 
 def report_failure(path: Path, save_id: str, rank: int, error: str) -> None:
@@ -48,10 +59,10 @@ def abort_job(job: dict[str, Any], error: str) -> None:
     the round aborts), once every rank has reported, removing what they wrote."""
     if job["world"] == 1:
         return  # nothing was written, no one is waiting
-    path = Path(job["path"])
+    path = control(job)
     report_failure(path, job["save_id"], job["rank"], error)
     if job["rank"] == 0:
-        _commit_when_all_done(storage_for(job["path"]), job, path, time.perf_counter())
+        _commit_when_all_done(storage_for(path), job, path, time.perf_counter())
 
 
 def done_name(save_id: str, rank: int) -> str:
@@ -110,6 +121,8 @@ def run_job(job: dict[str, Any], buf: np.ndarray) -> dict[str, Any]:
     t0 = time.perf_counter()
     path = Path(job["path"])
     storage = storage_for(job["path"])
+    cpath = control(job)
+    cstorage = storage_for(cpath)
     save_id, rank = job["save_id"], job["rank"]
     timings: dict[str, float] = {}
     results = []
@@ -145,8 +158,8 @@ def run_job(job: dict[str, Any], buf: np.ndarray) -> dict[str, Any]:
     timings["write_s"] = time.perf_counter() - t0
     try:
         _put(
-            storage,
-            path,
+            cstorage,
+            cpath,
             done_name(save_id, rank),
             {"rank": rank, "error": error, "files": file_records(results), "crcs": crcs},
         )
@@ -154,9 +167,19 @@ def run_job(job: dict[str, Any], buf: np.ndarray) -> dict[str, Any]:
         error = error or f"cannot report to rank 0: {e}"
     t1 = time.perf_counter()
     if rank == 0:
-        outcome = _commit_when_all_done(storage, job, path, t1)
+        outcome = _commit_when_all_done(cstorage, job, cpath, t1)
     else:
-        outcome = _wait_for_commit(storage, job, path, t1)
+        outcome = _wait_for_commit(cstorage, job, cpath, t1)
+    if job.get("control"):
+        if outcome.get("ok") and not error:
+            try:
+                install(cstorage, cpath, storage, path, save_id)
+            except (OSError, CheckpointError) as e:
+                outcome = {"ok": False, "error": f"rank {rank} could not commit on its fast tier: {describe(e)}"}
+        else:  # this rank's fast files are orphans (rank 0 may not see them: they may be node-local)
+            for r in results:
+                with contextlib.suppress(OSError):
+                    storage.remove(path, r.name)
     timings["commit_s"] = time.perf_counter() - t1
     timings["total_s"] = time.perf_counter() - t0
     if error and outcome.get("ok"):
@@ -165,8 +188,22 @@ def run_job(job: dict[str, Any], buf: np.ndarray) -> dict[str, Any]:
     return {**outcome, "error": outcome.get("error") or error, "bytes": written, "timings": timings, "rank": rank}
 
 
+def install(cstorage: Storage, cpath: Path, storage: Storage, path: Path, save_id: str) -> None:
+    """The fast tier's commit on this rank's node: the metadata, then the staged manifest as
+    ``MANIFEST.json``, copied from the durable directory into the fast one."""
+    raw = cstorage.get(cpath, staged_name(save_id), "staged manifest", MAX_MANIFEST_BYTES)
+    m = decode_manifest(raw, str(cpath / staged_name(save_id)))
+    meta = cstorage.get(cpath, m.metadata.name, "metadata file", m.metadata.bytes)
+    if crc32c.crc32c(meta) != m.metadata.crc32c:
+        raise CheckpointError(f"{str(cpath / m.metadata.name)!r}: checksum differs from the staged manifest's")
+    storage.put(path, m.metadata.name, meta)
+    storage.sync(path)
+    storage.publish(path, MANIFEST, raw)
+
+
 def _commit_when_all_done(storage: Storage, job: dict[str, Any], path: Path, t_start: float) -> dict[str, Any]:
     save_id, world = job["save_id"], job["world"]
+    tiered = bool(job.get("control"))
     deadline = t_start + job["timeout"]
     reports: dict[int, dict] = {}
     error = None
@@ -193,7 +230,17 @@ def _commit_when_all_done(storage: Storage, job: dict[str, Any], path: Path, t_s
             written,
             [(name, Region.decode(reg)) for name, reg in c["replica_keys"]],
             lambda: commit(
-                storage, path, save_id, job["step"], world, meta, c["values"], written, job["block_bytes"], c["user"]
+                storage,
+                path,
+                save_id,
+                job["step"],
+                world,
+                meta,
+                c["values"],
+                written,
+                job["block_bytes"],
+                c["user"],
+                staged=tiered,
             ),
         )
         error, stale = outcome.error, outcome.stale
@@ -225,8 +272,9 @@ def _wait_for_commit(storage: Storage, job: dict[str, Any], path: Path, t_start:
                 reason = "unknown"
             return {"ok": False, "error": f"rank 0 aborted the save: {reason}"}
         with contextlib.suppress(OSError, CheckpointError):
-            raw = storage.get_if_exists(path, MANIFEST, "manifest", MAX_MANIFEST_BYTES)
-            if raw is not None and decode_manifest(raw, str(path / MANIFEST)).save_id == save_id:
+            name = staged_name(save_id) if job.get("control") else MANIFEST
+            raw = storage.get_if_exists(path, name, "manifest", MAX_MANIFEST_BYTES)
+            if raw is not None and decode_manifest(raw, str(path / name)).save_id == save_id:
                 return {"ok": True, "error": None}
         if time.perf_counter() > deadline:
             return {"ok": False, "error": f"no commit from rank 0 within {2 * job['timeout'] + 60:.0f} s"}

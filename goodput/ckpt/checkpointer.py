@@ -27,6 +27,14 @@
   (RNG then re-seeded, see :mod:`goodput.ckpt.rng`): data positions of ranks ≥ M are dropped and
   positions may repeat. A loader that must see every sample exactly once across a resize should
   keep a *global* position (samples consumed by the whole job), which is the same on every rank.
+- Tiers: with ``fast=`` (a local directory: NVMe, /dev/shm; it may differ per node) the
+  Checkpointer commits every save there first and drains it to ``root`` (the durable tier: a
+  parallel file system or an object store) in the background, at most ``drain_rate`` per rank,
+  every ``drain_every`` steps (default: every save). ``fast_keep`` is the fast tier's retention,
+  ``keep``/``keep_every`` the durable tier's. ``restore`` takes the newest checkpoint committed on
+  any tier, each file from the fastest tier holding it, and says which (``restored_tier``). Commit
+  events carry ``tier``: ``"fast"`` survives a restart on the same nodes, ``"durable"`` the loss of
+  any node. See :mod:`goodput.ckpt.tiers`.
 - One Checkpointer per job and root: at start-up rank 0 removes step directories that never
   committed, so do not point a second, concurrent Checkpointer at a live job's root (readers use
   :func:`goodput.ckpt.latest` and :func:`goodput.ckpt.open`, which never delete anything).
@@ -35,6 +43,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -46,15 +55,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 import torch.distributed as dist
 
 from . import collective, rng
 from .async_saver import AsyncSave, AsyncSaver, SaveTimings
-from .format import LATEST, MANIFEST, STEP_DIR, step_dir_name
+from .commit import staged_name
+from .errors import CheckpointError
+from .format import LATEST, MANIFEST, MAX_MANIFEST_BYTES, STEP_DIR, decode_manifest, step_dir_name
 from .loader import load
 from .reader import Checkpoint, latest, list_checkpoints
-from .storage import Storage, storage_for
+from .storage import Storage, display, storage_for
+from .tiers import Drain, Drained, Drainer, TierView, durable_state, fast_committed
+
+log = logging.getLogger("goodput.ckpt")
 
 PREEMPTED_EXIT = 75
 READER_TTL_S = 3600.0
@@ -71,6 +86,9 @@ class CommitEvent:
     total_s: float
     rank: int
     preempted: bool
+    # "fast": on the fast tier only (survives a restart on the same nodes); "durable": on the
+    # Checkpointer's root (an untiered Checkpointer's only tier), surviving the loss of any node
+    tier: str = "durable"
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -97,8 +115,13 @@ class Checkpointer:
         exit_on_preempt: bool = True,
         save_rng: bool = True,
         timeout: float = 600.0,
+        fast: str | os.PathLike | None = None,
+        fast_keep: int = 2,
+        drain_every: int | None = None,
+        drain_rate: str | float | None = None,
+        drain_timeout: float = 3600.0,
     ):
-        from goodput.plan.units import parse_duration
+        from goodput.plan.units import parse_bandwidth, parse_duration
 
         self.storage: Storage = storage_for(root)
         self.root = Path(root)
@@ -136,6 +159,22 @@ class Checkpointer:
         self._preempt_step: int | None = None
         self._lock = threading.Lock()
         self.storage.prepare(self.root)
+        self.fast: Path | None = Path(fast) if fast is not None else None
+        self.fast_keep = fast_keep
+        self.drain_every = drain_every
+        self.restored_tier: str | None = None  # which tier the last restore read from
+        self.drainer: Drainer | None = None
+        if self.fast is not None:
+            if fast_keep < 1:
+                raise ValueError("fast_keep must be at least 1 (the newest fast checkpoint is always kept)")
+            if drain_every is not None and drain_every <= 0:
+                raise ValueError("drain_every (steps) must be positive")
+            if str(self.fast).startswith("s3:/"):
+                raise ValueError(f"the fast tier {display(self.fast)!r} must be a local directory")
+            storage_for(self.fast).prepare(self.fast)
+            rate = parse_bandwidth(drain_rate) if drain_rate is not None else None
+            self.drainer = Drainer(self.rank, self.world, rate, drain_timeout, self._on_drained)
+            self._fast_cleanup(startup=True)
         self._old_handlers: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in preempt_signals:
@@ -190,7 +229,13 @@ class Checkpointer:
         return self.save(step, state, data=data)
 
     def save(self, step: int, state: dict[str, Any], *, data: Any = None) -> AsyncSave | None:
-        h = self.saver.save(self._full_state(state, data), step_dir(self.root, step), step=step, user={"step": step})
+        full = self._full_state(state, data)
+        if self.fast is not None:  # written to the fast tier, committed through the durable one
+            h = self.saver.save(
+                full, step_dir(self.fast, step), step=step, user={"step": step}, control=step_dir(self.root, step)
+            )
+        else:
+            h = self.saver.save(full, step_dir(self.root, step), step=step, user={"step": step})
         if h is not None:
             self._last_save_time = time.monotonic()
             self._last_step = step
@@ -201,7 +246,8 @@ class Checkpointer:
         self.saver.wait()
         with contextlib.suppress(Exception):
             self.saver.raise_pending()  # an earlier failure must not stop the preemption save
-        need = step != self._last_step or not self.storage.exists(step_dir(self.root, step), MANIFEST)
+        newest = self.fast if self.fast is not None else self.root
+        need = step != self._last_step or not storage_for(newest).exists(step_dir(newest, step), MANIFEST)
         if self.world > 1:  # every rank decides alike, or the save's collective would hang
             flag = torch.tensor([int(need)], dtype=torch.int32, device=collective.device(self.group))
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
@@ -230,7 +276,12 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ restoring
     def restore(self, state: dict[str, Any], *, data: Any = None) -> int | None:
-        """Load the newest committed checkpoint into ``state`` (in place); its step, or None."""
+        """Load the newest committed checkpoint into ``state`` (in place); its step, or None.
+
+        Tiered: the newest checkpoint committed on any tier, each file from the fastest tier that
+        holds it; ``restored_tier`` says which ("fast", "durable", or "fast+durable")."""
+        if self.fast is not None:
+            return self._restore_tiered(state, data)
         if self.world > 1:  # rank 0 alone lists; every rank restores the checkpoint it chose
             path = latest(self.root) if self.rank == 0 else None
             chosen = collective.broadcast_obj(str(path) if path is not None else None, 0, self.group)
@@ -243,7 +294,21 @@ class Checkpointer:
         with contextlib.suppress(OSError):
             self.storage.put(path, marker, b"")
         try:
-            ck = Checkpoint(path)
+            step = self._load_into(state, data, path, None)
+        finally:
+            self.storage.remove(path, marker)
+        self.restored_tier = "durable"
+        return self._restored(step)
+
+    def _restored(self, step: int | None) -> int | None:
+        self._last_step = step
+        self._last_save_time = time.monotonic()
+        return step
+
+    def _load_into(self, state: dict[str, Any], data: Any, path: Path, storage: Storage | None) -> int | None:
+        error: BaseException | None = None
+        try:
+            ck = Checkpoint(path, storage)
             saved_world = ck.manifest.world_size
             src = self.rank if self.rank < saved_world else self.rank % saved_world
             names = set(ck.keys()) | set(ck.metadata.values)
@@ -255,15 +320,94 @@ class Checkpointer:
             if data is not None and any(n.startswith(f"_goodput.rank.{src}.data") for n in names):
                 mine["data"] = data
             target = {**state, "_goodput": {"rank": {src: mine}}} if mine else state
-            load(target, path, process_group=self.group)
-            if "rng" in mine:
-                rng.apply(mine["rng"], reseed_with=self.rank if self.rank >= saved_world else None)
-            step = ck.step
-        finally:
-            self.storage.remove(path, marker)
-        self._last_step = step
-        self._last_save_time = time.monotonic()
-        return step
+        except (CheckpointError, OSError) as e:
+            error = e
+        (opened,) = self._all([error is None])  # every rank goes on to the load's collective, or none
+        if error is not None:
+            raise error
+        if not opened:
+            raise CheckpointError(f"{display(path)!r} could not be opened on another rank")
+        load(target, path, process_group=self.group, storage=storage)
+        if "rng" in mine:
+            rng.apply(mine["rng"], reseed_with=self.rank if self.rank >= saved_world else None)
+        return ck.step
+
+    def _restore_tiered(self, state: dict[str, Any], data: Any) -> int | None:
+        """Candidates newest first; each tried from the fast tier where every rank holds it, else
+        file by file from both tiers, else from the durable tier alone; a failed load (a file on
+        no tier this rank can see, a checksum) fails on every rank alike, and the next is tried."""
+        assert self.fast is not None
+        mine = fast_committed(self.fast)
+        offers = collective.all_gather_bytes(
+            msgspec.msgpack.encode({s: sid for s, (sid, _) in mine.items()}), self.group
+        )
+        fast_any: dict[int, str] = {}
+        for raw in offers:
+            for s, sid in msgspec.msgpack.decode(raw).items():
+                fast_any.setdefault(int(s), sid)
+        durable: dict[int, tuple[str, bytes, bool]] = durable_state(self.root) if self.rank == 0 else {}
+        plan = None
+        if self.rank == 0:
+            plan = [
+                [s, durable[s][0] if s in durable else fast_any[s], s in durable and durable[s][2]]
+                for s in sorted(set(durable) | set(fast_any), reverse=True)
+            ]
+        plan = collective.broadcast_obj(plan, 0, self.group) if self.world > 1 else plan
+        assert plan is not None
+        for step, save_id, committed in plan:
+            fast_dir, durable_dir = step_dir(self.fast, step), step_dir(self.root, step)
+            manifest = self._manifest_for(step, save_id, mine, durable_dir)
+            here = mine.get(step, ("", b""))[0] == save_id
+            ok, whole = self._all([manifest is not None, here])
+            attempts = ([("tiered", whole)] if ok else []) + ([("durable", False)] if committed else [])
+            for how, _ in attempts:
+                try:
+                    if how == "tiered":
+                        assert manifest is not None
+                        view = TierView(fast_dir, durable_dir, manifest)
+                        got = self._load_into(state, data, durable_dir, view)
+                        moved = self._sum([view.bytes_from["fast"], view.bytes_from["durable"]])
+                        tier = "fast" if moved[1] == 0 else "durable" if moved[0] == 0 else "fast+durable"
+                    else:
+                        got = self._load_into(state, data, durable_dir, None)
+                        tier = "durable"
+                except (CheckpointError, OSError) as e:
+                    if self.rank == 0:
+                        log.warning("restore of step %s from the %s tier failed, trying the next: %s", step, how, e)
+                    continue
+                self.restored_tier = tier
+                if self.rank == 0:
+                    log.info("restored step %s from the %s tier", step, tier)
+                if not committed and whole and self._drain_due(step):  # the drain a crash cut short
+                    assert self.drainer is not None
+                    self.drainer.submit(Drain(step, save_id, fast_dir, durable_dir, time.perf_counter()))
+                return self._restored(got)
+        return None
+
+    def _manifest_for(self, step: int, save_id: str, mine: dict, durable_dir: Path) -> bytes | None:
+        """The chosen save's manifest bytes: this rank's fast copy, else the durable tier's."""
+        if step in mine and mine[step][0] == save_id:
+            return mine[step][1]
+        for name in (MANIFEST, staged_name(save_id)):
+            with contextlib.suppress(OSError, CheckpointError):
+                raw = self.storage.get_if_exists(durable_dir, name, "manifest", MAX_MANIFEST_BYTES)
+                if raw is not None and decode_manifest(raw, str(durable_dir / name)).save_id == save_id:
+                    return raw
+        return None
+
+    def _all(self, flags: list[bool]) -> list[bool]:
+        if self.world == 1:
+            return flags
+        t = torch.tensor([int(f) for f in flags], dtype=torch.int32, device=collective.device(self.group))
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        return [bool(x) for x in t.tolist()]
+
+    def _sum(self, values: list[int]) -> list[int]:
+        if self.world == 1:
+            return values
+        t = torch.tensor(values, dtype=torch.int64, device=collective.device(self.group))
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
+        return [int(x) for x in t.tolist()]
 
     # ------------------------------------------------------------------ commits, retention
     def _on_commit(self, handle: AsyncSave) -> None:
@@ -279,15 +423,94 @@ class Checkpointer:
             tm.total_s,
             self.rank,
             handle.step is not None and handle.step == self._preempt_step,
+            "fast" if self.fast is not None else "durable",
         )
-        if self.rank == 0:
+        if self.fast is not None:
+            assert self.drainer is not None and handle.step is not None
+            if self._drain_due(handle.step):
+                self.drainer.submit(
+                    Drain(
+                        handle.step,
+                        handle.save_id,
+                        Path(handle.path),
+                        step_dir(self.root, handle.step),
+                        time.perf_counter() - tm.total_s,
+                        tm.stall_s,
+                        ev.preempted,
+                    )
+                )
+            with contextlib.suppress(OSError):
+                self._fast_cleanup()
+        elif self.rank == 0:
             with contextlib.suppress(OSError):
                 self.storage.publish(self.root, LATEST, handle.path.name.encode())
             with contextlib.suppress(OSError):
                 self.cleanup(orphans=False, committed_step=handle.step)
+        self._emit(ev)
+
+    def _emit(self, ev: CommitEvent) -> None:
         for fn in list(self.listeners):
             with contextlib.suppress(Exception):
                 fn(ev)
+
+    def _drain_due(self, step: int) -> bool:
+        return self.drain_every is None or step % self.drain_every == 0
+
+    def _on_drained(self, out: Drained) -> None:
+        """The drain thread's report: a durable commit (an event, then durable retention), or why not."""
+        d = out.drain
+        if not out.ok:
+            log.warning("step %s stays on the fast tier only: %s", d.step, out.error)
+            return
+        if self.rank == 0:
+            with contextlib.suppress(OSError):
+                self.storage.publish(self.root, LATEST, d.durable_dir.name.encode())
+            with contextlib.suppress(OSError):
+                self.cleanup(orphans=False, committed_step=d.step)
+        self._emit(
+            CommitEvent(
+                d.step,
+                out.time,
+                str(d.durable_dir),
+                out.bytes,
+                d.stall_s,
+                out.drain_s,
+                out.total_s,
+                self.rank,
+                d.preempted,
+                "durable",
+            )  # fmt: skip
+        )
+        with contextlib.suppress(OSError):
+            self._fast_cleanup()
+
+    def _fast_cleanup(self, startup: bool = False) -> list[Path]:
+        """This rank's fast tier: keep the newest ``fast_keep`` checkpoints and every one not yet
+        drained; remove saves that never committed there (older than the newest committed one, or
+        all of them at start-up, when no save is in flight). Ranks sharing a node's directory
+        decide alike."""
+        assert self.fast is not None and self.drainer is not None
+        fs = storage_for(self.fast)
+        with self._lock:
+            committed = fast_committed(self.fast)
+            steps = sorted(committed)
+            keep = set(steps[-self.fast_keep :]) | self.drainer.pending()
+            removed = []
+            try:
+                entries = fs.list(self.fast)
+            except OSError:
+                return []
+            for e in entries:
+                mt = STEP_DIR.match(e.name)
+                if not mt or e.kind != "dir":
+                    continue
+                s = int(mt.group(1))
+                if s in keep:
+                    continue
+                if s in committed or startup or (steps and s < steps[-1]):
+                    fs.remove_tree(self.fast / e.name)
+                    removed.append(self.fast / e.name)
+            return removed
 
     def add_listener(self, fn: Callable[[CommitEvent], None]) -> None:
         self.listeners.append(fn)
@@ -305,13 +528,17 @@ class Checkpointer:
                 entries = self.storage.list(self.root)
             except OSError:
                 entries = []
+            newest = max((s for _, s in committed), default=None)
             for e in entries:
                 p = self.root / e.name
                 mt = STEP_DIR.match(e.name)
                 if not mt or e.kind != "dir" or p in committed_paths:
                     continue
                 s = int(mt.group(1))
-                if orphans or (committed_step is not None and s < committed_step):
+                # tiered: a step newer than the newest durable one may be committed on the fast
+                # tier and not yet drained; its directory holds what a restore on new nodes needs
+                whole = orphans and (self.fast is None or (newest is not None and s < newest))
+                if whole or (committed_step is not None and s < committed_step):
                     self.storage.remove_tree(p)
                     removed.append(p)
             if orphans:  # no save is in flight: every incomplete upload under the root is an orphan
@@ -340,11 +567,20 @@ class Checkpointer:
         return self.saver.protect(*optimizers)
 
     def wait(self) -> None:
+        """Wait for the in-flight save's commit (on the fast tier, when tiered)."""
         self.saver.wait()
 
+    def wait_drained(self, timeout: float | None = None) -> bool:
+        """Wait until every fast checkpoint due for the durable tier is committed there (or has
+        failed to be); False on a timeout. True at once when untiered."""
+        self.saver.wait()
+        return self.drainer.wait(timeout) if self.drainer is not None else True
+
     def close(self) -> None:
-        """Wait for the in-flight save, stop the writer, give the signal handlers back."""
+        """Wait for the in-flight save and its drain, stop the writer, give the signal handlers back."""
         self.saver.close()
+        if self.drainer is not None:
+            self.drainer.close()
         if threading.current_thread() is threading.main_thread():
             for sig, old in self._old_handlers.items():
                 with contextlib.suppress(ValueError, TypeError):

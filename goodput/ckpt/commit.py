@@ -93,8 +93,14 @@ def commit(
     written: list[dict],
     block_bytes: int,
     user: dict[str, Any],
+    staged: bool = False,
 ) -> list[str]:
-    """Write the metadata and the manifest (the commit point); return files of older saves."""
+    """Write the metadata and the manifest (the commit point); return files of older saves.
+
+    ``staged``: a tiered save's first commit, on its fast tier. The manifest goes to the durable
+    directory (``path``) under :func:`staged_name`, not as ``MANIFEST.json``: every rank copies it
+    and the metadata into its own fast directory, and it becomes the durable manifest only once
+    every rank's files have drained there (:mod:`goodput.ckpt.tiers`)."""
     names = sorted(meta)
     tid = {n: i for i, n in enumerate(names)}
     tensors = [TensorEntry(n, meta[n][0], list(meta[n][1]), meta[n][2]) for n in names]
@@ -147,8 +153,11 @@ def commit(
         step=step,
         user=user,
     )
-    replaced = previous_files(storage, path)
     raw_manifest = encode_manifest(manifest)
+    if staged:
+        storage.publish(path, staged_name(save_id), raw_manifest)
+        return []
+    replaced = previous_files(storage, path)
     if storage.exists(path, MANIFEST):
         storage.publish(path, MANIFEST, raw_manifest)  # the commit point: replaces the checkpoint
     elif not storage.publish_new(path, MANIFEST, raw_manifest):  # the commit point of a first save
@@ -160,6 +169,11 @@ def commit(
 
 
 LEFTOVER_AGE_S = 600.0
+
+
+def staged_name(save_id: str) -> str:
+    """A tiered save's manifest, committed on the fast tier and waiting for the drain."""
+    return f".goodput-{save_id}.staged"
 
 
 def previous_files(storage: Storage, path: Path) -> set[str]:

@@ -31,7 +31,7 @@ from .read_exec import DEFAULT_READ_BUFFER, ReadStats
 from .read_plan import Request
 from .reader import Checkpoint
 from .state import TensorLeaf, dest_bytes, expand_stateful, flatten, materialize_meta
-from .storage import checkpoint_path, display, storage_for
+from .storage import Storage, checkpoint_path, display, storage_for
 
 
 @dataclass
@@ -60,6 +60,7 @@ def load(
     use_collectives: bool = True,
     max_amplification: float = 1.1,
     staging_bytes: int | None = None,
+    storage: Storage | None = None,
 ) -> LoadResult:
     """Fill ``state_dict`` in place from the checkpoint at ``path``.
 
@@ -82,6 +83,9 @@ def load(
     filled through one reused staging buffer of ``staging_bytes`` (default
     ``min(64 MiB, max(read_buffer // 4, 1 MiB))``), piece by piece, so that a load's host memory
     stays within the targets plus ``read_buffer`` plus ``staging_bytes``, however large they are.
+
+    ``storage``: where the checkpoint's files are read from, when not where ``path`` says (a
+    tiered restore reads each file from the fastest tier that holds it, :mod:`goodput.ckpt.tiers`).
     """
     path = checkpoint_path(location(path, checkpoint_id, storage_reader, "storage_reader"), None)
     if check_planner(planner, "load") or allow_partial_load:
@@ -93,9 +97,18 @@ def load(
     try:
         expanded, statefuls = expand_stateful(state_dict)
         if threads is None:  # the storage's own parallelism: 4 on a file system, more on S3
-            threads = storage_for(path).read_threads
+            threads = (storage or storage_for(path)).read_threads
         result = _load(
-            expanded, path, verify, read_buffer, threads, strict, strict_dtype, max_amplification, staging_bytes
+            expanded,
+            path,
+            verify,
+            read_buffer,
+            threads,
+            strict,
+            strict_dtype,
+            max_amplification,
+            staging_bytes,
+            storage,
         )
     except Exception as e:  # every rank hears of it below, or this rank raises it alone
         error = e
@@ -132,12 +145,13 @@ def _load(
     strict_dtype: bool,
     max_amplification: float,
     staging_bytes: int | None,
+    storage: Storage | None = None,
 ) -> LoadResult:
     t0 = time.perf_counter()
     if staging_bytes is not None and not (isinstance(staging_bytes, int) and staging_bytes > 0):
         raise ValueError(f"staging_bytes must be a positive int, got {staging_bytes!r}")
     piece_cap = staging_bytes if staging_bytes is not None else default_staging(read_buffer)
-    ck = Checkpoint(path)
+    ck = Checkpoint(path, storage)
     materialize_meta(state_dict)
     leaves, value_leaves = flatten(state_dict)
     saved = {t.name: t for t in ck.metadata.tensors}

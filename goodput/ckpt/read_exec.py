@@ -169,10 +169,11 @@ class ChunkReader:
         read_buffer: int,
         threads: int,
         max_amplification: float = 1.1,
+        storage: Storage | None = None,
     ):
         self.md = md
         self.max_amplification = max_amplification
-        self.files = Files(directory, md)
+        self.files = Files(directory, md, storage)
         self.verify = verify
         self.threads = max(1, threads)
         self.scratch_bytes = max(md.block_bytes, (read_buffer // self.threads) // md.block_bytes * md.block_bytes)
@@ -413,6 +414,7 @@ def read_requests(
     threads: int = 4,
     planner: ReadPlanner | None = None,
     max_amplification: float = 1.1,
+    storage: Storage | None = None,
 ) -> ReadStats:
     t0 = time.perf_counter()
     planner = planner or ReadPlanner(md)
@@ -421,7 +423,13 @@ def read_requests(
     ops = planner.plan(requests, run_budget=max(4096, read_buffer // 4096))
     plan_s = time.perf_counter() - t0
     ex = ChunkReader(
-        directory, md, verify=verify, read_buffer=read_buffer, threads=threads, max_amplification=max_amplification
+        directory,
+        md,
+        verify=verify,
+        read_buffer=read_buffer,
+        threads=threads,
+        max_amplification=max_amplification,
+        storage=storage,
     )
     stats = ex.run(ops, [r.dest for r in requests])
     stats.plan_seconds = plan_s

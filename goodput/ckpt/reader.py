@@ -120,9 +120,9 @@ class UnsealedManifestWarning(UserWarning):
 class Checkpoint:
     """A committed checkpoint opened for reading."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, storage: Storage | None = None):
         self.path = Path(path)
-        self.storage = storage_for(self.path)
+        self.storage = storage or storage_for(self.path)
         self.manifest, self.sealed = read_sealed_manifest(self.path, self.storage)
         mref = self.manifest.metadata
         mpath = self.path / mref.name
@@ -212,7 +212,7 @@ class Checkpoint:
         dest = out.reshape(-1).view(np.uint8)
         read_requests(
             self.path, self.metadata, [Request(name, region, dest)],
-            verify=verify, read_buffer=read_buffer, threads=threads, planner=self._planner,
+            verify=verify, read_buffer=read_buffer, threads=threads, planner=self._planner, storage=self.storage,
         )  # fmt: skip
         if raw or dt.numpy is None and dt.name != "bfloat16":
             return out
@@ -238,7 +238,7 @@ class Checkpoint:
         return self.read(name)
 
     def read_into(self, requests: list[Request], **kw: Any) -> ReadStats:
-        return read_requests(self.path, self.metadata, requests, planner=self._planner, **kw)
+        return read_requests(self.path, self.metadata, requests, planner=self._planner, storage=self.storage, **kw)
 
     # ------------------------------------------------------------------ integrity
     def verify(self, progress: Callable[[int], None] | None = None, read_buffer: int = 64 << 20) -> int:

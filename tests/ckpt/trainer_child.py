@@ -24,6 +24,8 @@ def main() -> None:
     ap.add_argument("--mode", default="thread")
     ap.add_argument("--elems", type=int, default=1 << 20)
     ap.add_argument("--sleep", type=float, default=0.0)
+    ap.add_argument("--fast", default=None, help="a tiered Checkpointer's fast tier (ROOT is then the durable one)")
+    ap.add_argument("--drain-rate", default=None)
     ap.add_argument("--sync", action="store_true", help="use goodput.ckpt.save (blocking) instead of the Checkpointer")
     a = ap.parse_args()
     import torch
@@ -40,7 +42,10 @@ def main() -> None:
     if a.sync:
         start = 0
     else:
-        ck = gc.Checkpointer(a.root, interval=a.interval, keep=2, mode=a.mode, if_busy="wait", timeout=60)
+        ck = gc.Checkpointer(
+            a.root, interval=a.interval, keep=2, mode=a.mode, if_busy="wait", timeout=60, fast=a.fast,
+            drain_rate=a.drain_rate,
+        )  # fmt: skip
         start = ck.restore(state) or 0
     print(f"READY {start}", flush=True)
     for step in range(start + 1, a.steps + 1):

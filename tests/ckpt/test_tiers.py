@@ -1,0 +1,252 @@
+"""A tiered Checkpointer: commit on a fast tier, drain to a durable one, restore from the fastest.
+
+Nodes are simulated by giving each rank its own fast directory (a node-local NVMe or /dev/shm is
+a different directory on every node); the durable tier is one directory every rank sees.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import goodput.ckpt as gc
+from goodput.ckpt.format import MANIFEST
+from goodput.ckpt.tiers import drained_name, durable_state, fast_committed
+from tests.distributed import run_ranks
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _tiered(tmp: Path, **kw) -> gc.Checkpointer:
+    kw.setdefault("mode", "thread")
+    kw.setdefault("interval", 1)
+    return gc.Checkpointer(tmp / "durable", fast=tmp / "fast", **kw)
+
+
+def _steps(root: Path) -> list[int]:
+    return sorted(int(p.name.split("_")[1]) for p in root.glob("step_*") if (p / MANIFEST).exists())
+
+
+def test_fast_commit_then_drain_each_tier_with_its_own_retention(tmp_path: Path) -> None:
+    events: list[gc.CommitEvent] = []
+    ck = _tiered(tmp_path, fast_keep=2, keep=None, keep_every=2)
+    ck.add_listener(events.append)
+    state = {"w": torch.zeros(1000)}
+    for step in range(1, 6):
+        state["w"].fill_(step)
+        ck.save(step, state).result()
+    assert ck.wait_drained(60)
+    ck.close()
+    fast = [(e.step, e.tier) for e in events if e.tier == "fast"]
+    durable = [(e.step, e.tier) for e in events if e.tier == "durable"]
+    assert fast == [(s, "fast") for s in range(1, 6)]
+    assert sorted(durable) == [(s, "durable") for s in range(1, 6)]
+    # every fast event comes before its step's durable one, and names the tier's directory
+    for e in events:
+        assert Path(e.path).parent == tmp_path / ("fast" if e.tier == "fast" else "durable")
+    assert _steps(tmp_path / "fast") == [4, 5]  # fast_keep=2
+    assert _steps(tmp_path / "durable") == [2, 4, 5]  # keep_every=2, and the newest
+    assert (tmp_path / "durable" / "latest").read_text().strip() == "step_000000005"
+    # nothing of the protocol is left behind on the durable tier
+    leftovers = [p.name for p in (tmp_path / "durable").rglob(".goodput-*")]
+    assert leftovers == []
+
+
+def test_restore_prefers_the_fast_tier_and_falls_back_when_it_is_wiped(tmp_path: Path) -> None:
+    ck = _tiered(tmp_path)
+    for step in (1, 2):
+        ck.save(step, {"w": torch.full((256,), float(step))}).result()
+    ck.close()
+    state = {"w": torch.zeros(256)}
+    ck = _tiered(tmp_path)
+    assert ck.restore(state) == 2 and ck.restored_tier == "fast"
+    assert torch.equal(state["w"], torch.full((256,), 2.0))
+    ck.close()
+    shutil.rmtree(tmp_path / "fast")
+    state = {"w": torch.zeros(256)}
+    ck = _tiered(tmp_path)
+    assert ck.restore(state) == 2 and ck.restored_tier == "durable"
+    assert torch.equal(state["w"], torch.full((256,), 2.0))
+    ck.close()
+
+
+def test_losing_the_fast_tier_costs_only_what_was_not_drained(tmp_path: Path) -> None:
+    """drain_every=2: steps 1 and 3 are on the fast tier only, so a lost fast tier falls back to 2."""
+    ck = _tiered(tmp_path, drain_every=2, fast_keep=3)
+    for step in (1, 2, 3):
+        ck.save(step, {"w": torch.full((64,), float(step))}).result()
+    ck.close()
+    assert _steps(tmp_path / "durable") == [2]
+    assert _steps(tmp_path / "fast") == [1, 2, 3]
+    state = {"w": torch.zeros(64)}
+    ck = _tiered(tmp_path, drain_every=2)
+    assert ck.restore(state) == 3 and ck.restored_tier == "fast"
+    ck.close()
+    shutil.rmtree(tmp_path / "fast")
+    state = {"w": torch.zeros(64)}
+    ck = _tiered(tmp_path, drain_every=2)
+    assert ck.restore(state) == 2 and ck.restored_tier == "durable"
+    assert torch.equal(state["w"], torch.full((64,), 2.0))
+    ck.close()
+
+
+def test_a_damaged_fast_copy_is_caught_by_its_checksum_and_the_durable_one_is_read(tmp_path: Path) -> None:
+    ck = _tiered(tmp_path)
+    ck.save(1, {"w": torch.arange(4096.0)}).result()
+    ck.close()
+    (data,) = (tmp_path / "fast" / "step_000000001").glob("data-*.bin")
+    raw = bytearray(data.read_bytes())
+    raw[100] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    state = {"w": torch.zeros(4096)}
+    ck = _tiered(tmp_path)
+    assert ck.restore(state) == 1 and ck.restored_tier == "durable"
+    assert torch.equal(state["w"], torch.arange(4096.0))
+    ck.close()
+
+
+def test_bad_tier_settings_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="fast_keep"):
+        gc.Checkpointer(tmp_path / "d", fast=tmp_path / "f", fast_keep=0)
+    with pytest.raises(ValueError, match="drain_every"):
+        gc.Checkpointer(tmp_path / "d", fast=tmp_path / "f", drain_every=0)
+    with pytest.raises(ValueError, match="local directory"):
+        gc.Checkpointer(tmp_path / "d", fast="s3://bucket/fast")
+
+
+# ---------------------------------------------------------------- two ranks, two "nodes"
+
+
+def _node_ck(rank: int, tmp: Path, **kw) -> gc.Checkpointer:
+    return gc.Checkpointer(tmp / "durable", fast=tmp / f"node{rank}", interval=1, mode="thread", **kw)
+
+
+def _shard(rank: int, step: int) -> dict:
+    t = torch.full((512,), float(step * 10 + rank))
+    return {"w": gc.LocalShard(t, (1024,), (512 * rank,))}
+
+
+def _save_two(rank: int, world: int, tmp: str, steps: list[int], drain_every: int | None) -> None:
+    ck = _node_ck(rank, Path(tmp), drain_every=drain_every, fast_keep=5)
+    for s in steps:
+        ck.save(s, _shard(rank, s)).result()
+    assert ck.wait_drained(60)
+    ck.close()
+
+
+def _restore_two(rank: int, world: int, tmp: str, drain_every: int | None) -> tuple:
+    ck = _node_ck(rank, Path(tmp), drain_every=drain_every)
+    state = {"w": gc.LocalShard(torch.zeros(512), (1024,), (512 * rank,))}
+    step = ck.restore(state)
+    tier = ck.restored_tier
+    ck.close()
+    return step, tier, float(state["w"].tensor[0])
+
+
+def test_two_nodes_one_replaced_mixes_tiers_per_file_or_falls_back(tmp_path: Path) -> None:
+    run_ranks(_save_two, 2, str(tmp_path), [1, 2, 3], 2)  # 2 drained; 1 and 3 on the nodes only
+    assert _steps(tmp_path / "durable") == [2]
+    assert _steps(tmp_path / "node0") == _steps(tmp_path / "node1") == [1, 2, 3]
+    # the same nodes: the newest, from the fast tier alone
+    assert run_ranks(_restore_two, 2, str(tmp_path), 2) == [(3, "fast", 30.0), (3, "fast", 31.0)]
+    # node 1 replaced (its fast tier is empty): step 3 cannot be read whole anywhere (rank 1's
+    # file of it was never drained), so step 2 it is, rank 0's file from its node, rank 1's from
+    # the durable tier
+    shutil.rmtree(tmp_path / "node1")
+    got = run_ranks(_restore_two, 2, str(tmp_path), 2)
+    assert got == [(2, "fast+durable", 20.0), (2, "fast+durable", 21.0)]
+
+
+def test_an_undrained_step_is_restored_on_new_nodes_from_what_each_tier_holds(tmp_path: Path) -> None:
+    """Step 3 is not drained, but rank 0 reshards onto a world of one: it needs both ranks' files,
+    and finds rank 0's on its node; rank 1's node is gone, so the step falls back to 2."""
+    run_ranks(_save_two, 2, str(tmp_path), [2, 3], 2)
+    shutil.rmtree(tmp_path / "node1")
+    ck = gc.Checkpointer(tmp_path / "durable", fast=tmp_path / "node0", mode="thread", drain_every=2)
+    state = {"w": torch.zeros(1024)}
+    assert ck.restore(state) == 2 and ck.restored_tier == "fast+durable"
+    assert state["w"][0] == 20.0 and state["w"][-1] == 21.0
+    ck.close()
+    # both halves of the durable directory of step 3 are what a restore on new nodes reads
+    assert 3 in durable_state(tmp_path / "durable") and not durable_state(tmp_path / "durable")[3][2]
+
+
+# ---------------------------------------------------------------- a crash during the drain
+
+
+def test_sigkill_during_the_drain_loses_nothing_committed(tmp_path: Path) -> None:
+    fast, durable = tmp_path / "fast", tmp_path / "durable"
+    n = 1 << 18
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # 1 MiB per save at 256 KiB/s: each drain takes about 4 s, so the kill lands inside one
+    p = subprocess.Popen(
+        [sys.executable, "-m", "tests.ckpt.trainer_child", str(durable), "0", "1", "-", "--steps", "100000",
+         "--interval", "20", "--elems", str(n), "--sleep", "0.05", "--fast", str(fast), "--drain-rate", "256KiB/s"],
+        env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            st = durable_state(durable)
+            drained = [s for s, (_, _, c) in st.items() if c]
+            undrained = [s for s, (sid, _, c) in st.items() if not c and _draining(durable, s, sid)]
+            if drained and undrained and max(undrained) > max(drained):
+                break
+            assert p.poll() is None, p.communicate()
+            time.sleep(0.05)
+        else:
+            pytest.fail("no drain in progress after a first durable commit")
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    committed_durable = _steps(durable)
+    newest_fast = max(fast_committed(fast))
+    assert committed_durable and newest_fast > max(committed_durable)
+    # the restart restores the newest from the fast tier, and finishes the drain the kill cut short
+    ck = gc.Checkpointer(durable, fast=fast, mode="thread", interval=1)
+    state = {"w": gc.LocalShard(torch.zeros(n), (n,), (0,)), "meta": {"step": 0}}
+    assert ck.restore(state) == newest_fast and ck.restored_tier == "fast"
+    assert state["meta"]["step"] == newest_fast and float(state["w"].tensor[0]) == newest_fast * 10.0
+    assert ck.wait_drained(60)
+    ck.close()
+    assert newest_fast in _steps(durable)
+    # and what the durable tier held at the kill is loadable on its own
+    shutil.rmtree(fast)
+    for s in committed_durable:
+        if s in _steps(durable):
+            gc.load({"w": torch.zeros(n), "meta": {"step": 0}}, durable / f"step_{s:09d}")
+
+
+def _draining(durable: Path, step: int, save_id: str) -> bool:
+    d = durable / f"step_{step:09d}"
+    return any(d.glob("data-*.bin")) and not (d / drained_name(save_id, 0)).exists()
+
+
+def test_the_drain_is_bounded_by_its_rate(tmp_path: Path) -> None:
+    """Not a speed goal: the limiter's own account (bytes over seconds) stays under the rate."""
+    ck = _tiered(tmp_path, drain_rate="2MiB/s")
+    ck.save(1, {"w": torch.zeros(1 << 20)}).result()  # 4 MiB
+    assert ck.wait_drained(60)
+    (out,) = ck.drainer.history
+    ck.close()
+    assert out.ok and out.bytes >= 4 << 20
+    assert out.bytes / out.drain_s <= 2 * (1 << 20) * 1.05
+
+
+def test_untiered_commit_events_say_durable(tmp_path: Path) -> None:
+    events: list[gc.CommitEvent] = []
+    ck = gc.Checkpointer(tmp_path, interval=1, mode="thread")
+    ck.add_listener(events.append)
+    ck.save(1, {"w": torch.zeros(4)}).result()
+    ck.close()
+    assert [e.tier for e in events] == ["durable"]

@@ -75,6 +75,7 @@ class CommitReporter:
     timeout_s: float = 5.0
     t0: float = field(default_factory=time.time)
     last_progress_s: float = 0.0
+    last_fast_progress_s: float = 0.0
     answers: list[tuple[int, Any]] = field(default_factory=list)
 
     @classmethod
@@ -94,26 +95,36 @@ class CommitReporter:
             epoch=epoch,
             resume_from_s=resume,
             last_progress_s=resume,
+            last_fast_progress_s=resume,
             **kw,
         )
 
-    def progress_at(self, snapshot_time: float) -> float:
+    def progress_at(self, snapshot_time: float, tier: str = "durable") -> float:
+        """Never backwards within a tier (the core rejects that). Per tier, because a tiered
+        Checkpointer's durable commit of step N may come after its fast commit of step N + 1."""
         p = self.resume_from_s + max(0.0, snapshot_time - self.t0)
-        self.last_progress_s = max(self.last_progress_s, p)  # never backwards: the core rejects that
+        if tier == "fast":
+            self.last_fast_progress_s = max(self.last_fast_progress_s, p)
+            return self.last_fast_progress_s
+        self.last_progress_s = max(self.last_progress_s, p)
         return self.last_progress_s
 
     def __call__(self, event: Any) -> None:
         if getattr(event, "rank", 0) != 0:
             return
+        tier = getattr(event, "tier", "durable")
         self.report(
             step=event.step,
             time_s=event.time,
             path=str(event.path),
-            progress_s=self.progress_at(event.time - getattr(event, "total_s", 0.0)),
+            progress_s=self.progress_at(event.time - getattr(event, "total_s", 0.0), tier),
+            tier=tier,
         )
 
-    def report(self, *, step: int | None, time_s: float, path: str, progress_s: float) -> tuple[int, Any]:
-        body = {"epoch": self.epoch, "step": step, "time": time_s, "path": path, "progress_s": progress_s}
+    def report(
+        self, *, step: int | None, time_s: float, path: str, progress_s: float, tier: str = "durable"
+    ) -> tuple[int, Any]:
+        body = {"epoch": self.epoch, "step": step, "time": time_s, "path": path, "progress_s": progress_s, "tier": tier}
         end = time.monotonic() + self.retry_s
         while True:
             try:

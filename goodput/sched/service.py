@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -152,6 +152,9 @@ class CommitReport(BaseModel):
     step: int | None = Field(None, ge=0)
     time: float = Field(0.0, allow_inf_nan=False)
     path: str = Field("", max_length=4096)
+    # "fast": committed on a tiered Checkpointer's fast tier only, which a restart on the same
+    # nodes restores and the loss of a node does not; "durable" (the default) survives both
+    tier: Literal["fast", "durable"] = "durable"
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,7 @@ class Service:
         self.pools = pools
         # the last accepted commit report of each job, kept in the store with the job (Store.along)
         self.last_commit: dict[str, dict[str, Any]] = self.store.last_commits()
+        self.last_fast_commit: dict[str, dict[str, Any]] = {}  # in memory: a fast commit counts for nothing
         # (tenant, idempotency key) -> (job id, spec digest), and job id -> key: POST /jobs's replays
         self.keys: dict[tuple[str, str], tuple[str, str]] = self.store.job_keys()
         self.key_of: dict[str, str] = {j: k for (_t, k), (j, _s) in self.keys.items()}
@@ -346,6 +350,7 @@ class Service:
                 "committed_s": job.committed_s,
                 "committed_at": job.committed_at if job.committed_at >= 0 else None,
                 "last_report": self.last_commit.get(job.id),
+                "last_fast_report": self.last_fast_commit.get(job.id),
                 "latest_on_disk": str(on_disk) if on_disk is not None else None,
                 "interval_s": job.ckpt.interval_s,
                 "grace_s": job.ckpt.grace_s,
@@ -501,6 +506,12 @@ def create_app(svc: Service) -> FastAPI:
             job = svc.own_job(c, job_id)
             reason = svc.sched.commit_rejection(job.id, rep.epoch, rep.progress_s)
             report = rep.model_dump()
+            if rep.tier == "fast":
+                # shown, never counted: the scheduler may resume the job on other nodes, where only
+                # the durable tier's checkpoints exist; its durable commit follows from the drain
+                if not reason:
+                    svc.last_fast_commit[job.id] = report
+                return JSONResponse({"accepted": not reason, "reason": reason}, status_code=409 if reason else 200)
             # an accepted report is stored with the job's step (one transaction), so a restarted service shows it
             # (report_commit judges by commit_rejection itself, so the dry run and the step agree)
             with svc.store.along(commits={job.id: report} if not reason else None):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -356,3 +357,32 @@ def test_throttling_is_retried_and_a_persistent_one_fails_naming_the_object(weed
     finally:
         proxy.close()
         s3.configure(endpoint_url=None, part_bytes=s3.S3Options().part_bytes, max_attempts=s3.S3Options().max_attempts)
+
+
+def _tiered_two(rank: int, world: int, root: str, tmp: str, steps: list[int]) -> tuple:
+    ck = gc.Checkpointer(root, fast=Path(tmp) / f"node{rank}", interval=1, drain_every=2, fast_keep=4)
+    state = {"w": gc.LocalShard(torch.zeros(1 << 16), (1 << 17,), ((1 << 16) * rank,))}
+    restored = ck.restore(state), ck.restored_tier, float(state["w"].tensor[0])
+    for s in steps:
+        state["w"].tensor.fill_(s * 10 + rank)
+        ck.save(s, state).result()
+    assert ck.wait_drained(120)
+    ck.close()
+    return restored
+
+
+def test_a_tiered_checkpointer_drains_to_s3_and_restores_from_it_when_the_fast_tier_is_gone(
+    bucket: str, tmp_path: Path
+) -> None:
+    root = f"s3://{bucket}/run"
+    assert run_ranks(_tiered_two, 2, root, str(tmp_path), [1, 2, 3]) == [(None, None, 0.0)] * 2
+    assert sorted(k for k in _keys(bucket, "run/") if k.endswith("MANIFEST.json")) == [
+        "run/step_000000002/MANIFEST.json"
+    ]  # drain_every=2: step 2 only went to the durable tier
+    assert not [k for k in _keys(bucket, "run/") if "/.goodput-" in k and "step_000000002" in k]
+    # the same nodes: step 3 from the fast tier
+    assert run_ranks(_tiered_two, 2, root, str(tmp_path), []) == [(3, "fast", 30.0), (3, "fast", 31.0)]
+    # every node replaced: step 2 from the object store
+    for r in (0, 1):
+        shutil.rmtree(tmp_path / f"node{r}")
+    assert run_ranks(_tiered_two, 2, root, str(tmp_path), []) == [(2, "durable", 20.0), (2, "durable", 21.0)]

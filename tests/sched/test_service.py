@@ -275,6 +275,13 @@ def test_auth_and_validation(server, tmp_path):
     s.wait_job(jid, alice, lambda j: j["state"] == "running")
     code, ans = s.post(f"/jobs/{jid}/commits", {"epoch": 7, "progress_s": 1.0}, alice)
     assert code == 409 and "stale epoch" in ans["reason"]
+    # a fast-tier commit is shown, never counted: it does not survive the loss of a node
+    code, ans = s.post(f"/jobs/{jid}/commits", {"epoch": 1, "progress_s": 1e6, "tier": "fast"}, alice)
+    assert code == 200 and ans["accepted"], ans
+    ck = s.get(f"/jobs/{jid}", alice)[1]["checkpoint"]
+    assert ck["last_fast_report"]["progress_s"] == 1e6 and ck["committed_s"] < 1e6
+    code, err = s.post(f"/jobs/{jid}/commits", {"epoch": 1, "progress_s": 1.0, "tier": "nvme"}, alice)
+    assert code == 422 and any("tier" in d["loc"] for d in err["detail"])
     from goodput.sched.service import new_token
     from goodput.sched.store import open_store
 

@@ -4,13 +4,14 @@ same run (goals: save and load each >= 0.9 x the raw client's throughput)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,32 @@ def _timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
+@contextlib.contextmanager
+def server(location: str, endpoint: str | None, start_server: bool, **opts: Any) -> Iterator[Any]:
+    """The S3 store of ``location`` configured (endpoint, part size, concurrency), with a local
+    SeaweedFS started for the run and the bucket created in it when ``start_server``."""
+    from goodput.ckpt import s3
+
+    weed = None
+    if start_server:
+        from goodput.demo.seaweed import Weed
+
+        weed = Weed(Path(tempfile.mkdtemp(prefix="goodput-bench-weed-")) / "data")
+        weed.start()
+        os.environ.update(weed.env())  # the writer processes and this one alike
+        endpoint = weed.endpoint
+    try:
+        if endpoint:
+            opts["endpoint_url"] = endpoint
+        store = s3.configure(**{k: v for k, v in opts.items() if v})
+        if start_server:
+            store.client().create_bucket(Bucket=s3.split(location)[0])
+        yield store
+    finally:
+        if weed is not None:
+            weed.stop()
+
+
 def run(
     location: str,
     total: int,
@@ -81,27 +108,9 @@ def run(
     from goodput import ckpt as gc
     from goodput.ckpt import s3
 
-    server = None
-    if start_server:
-        from goodput.demo.seaweed import Weed
-
-        server = Weed(Path(tempfile.mkdtemp(prefix="goodput-bench-weed-")) / "data")
-        server.start()
-        os.environ.update(server.env())  # the writer processes and this one alike
-        endpoint = server.endpoint
-    try:
-        opts: dict[str, Any] = {}
-        if endpoint:
-            opts["endpoint_url"] = endpoint
-        if part_bytes:
-            opts["part_bytes"] = part_bytes
-        if concurrency:
-            opts["concurrency"] = concurrency
-        store = s3.configure(**opts)
+    with server(location, endpoint, start_server, part_bytes=part_bytes, concurrency=concurrency) as store:
         bucket, prefix = s3.split(location)
         client = store.client()
-        if start_server:
-            client.create_bucket(Bucket=bucket)
         part, conc = store.options.part_bytes, store.options.concurrency
         base = f"{prefix}/goodput-bench-{uuid.uuid4().hex[:8]}".strip("/")
         state = _state(total, ntensors)
@@ -159,7 +168,7 @@ def run(
         load_ratio = rate["goodput load"] / rate["raw download"]
         return {
             "location": f"s3://{bucket}/{base}",
-            "endpoint": endpoint or os.environ.get("AWS_ENDPOINT_URL"),
+            "endpoint": store.options.endpoint_url or os.environ.get("AWS_ENDPOINT_URL"),
             "bytes": nbytes,
             "tensors": ntensors,
             "repeat": repeat,
@@ -175,9 +184,6 @@ def run(
             "cpus": os.cpu_count(),
             "threads": threading.active_count(),
         }
-    finally:
-        if server is not None:
-            server.stop()
 
 
 class _quiet:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import tempfile
 
 import typer
 
@@ -62,10 +64,45 @@ def ckpt(
     concurrency: int = typer.Option(
         0, "--concurrency", help="s3:// --dir: parts or ranged GETs in flight (default 8)."
     ),
+    fast: str = typer.Option(
+        "", "--fast", help="A fast tier (e.g. /dev/shm): a tiered Checkpointer draining to --dir vs a local-only one."
+    ),
+    drain_rate: str = typer.Option("", "--drain-rate", help="--fast: the drain's bound per rank (e.g. 500MB/s)."),
 ) -> None:
     """Durable save and load (same layout, resharded) vs raw I/O, torch.save and DCP; with
-    ``--dir s3://bucket/prefix``, save and load on an object store vs the plain client (boto3)."""
+    ``--dir s3://bucket/prefix``, save and load on an object store vs the plain client (boto3);
+    with ``--fast DIR``, a tiered Checkpointer (fast tier DIR, durable tier --dir) vs a local-only
+    one on DIR."""
     from rich.console import Console
+
+    if fast:
+        from goodput.bench import s3 as s3bench
+        from goodput.bench import tiers as tbench
+
+        durable = directory or tempfile.mkdtemp(prefix="goodput-bench-durable-")
+        with Console(stderr=True).status("starting") as status:
+            try:
+                with contextlib.ExitStack() as stack:
+                    if durable.startswith("s3://"):
+                        stack.enter_context(
+                            s3bench.server(durable, endpoint or None, start_server, part_bytes=_size(part) if part else None,
+                                           concurrency=concurrency or None)
+                        )  # fmt: skip
+                    res = tbench.run(
+                        durable,
+                        fast,
+                        _size(size),
+                        ntensors=ntensors,
+                        repeat=repeat,
+                        drain_rate=drain_rate or None,
+                        on_phase=lambda i, n, label: status.update(f"[{i + 1}/{n}] {label}"),
+                    )
+            except (RuntimeError, ValueError, OSError) as e:
+                _fail(e)
+        _emit(res, as_json, tbench.render)
+        if strict and not res["pass"]:
+            raise typer.Exit(1)
+        return
 
     if directory.startswith("s3://"):
         from goodput.bench import s3 as s3bench

@@ -65,3 +65,18 @@ def test_bench_crc_small() -> None:
     out = json.loads(r.output[r.output.index("{") :])
     sizes = [row["block_bytes"] for row in out["rows"]]
     assert sizes[0] == 0 and sizes[1:] == sorted(sizes[1:]) and all(row["gbps"] > 0 for row in out["rows"])
+
+
+def test_bench_ckpt_tiered_small(tmp_path) -> None:  # noqa: ANN001
+    """A tiered Checkpointer against a local-only one on the same fast directory; every restore
+    in it must come from the fast tier and hold the saved values (the bench checks both)."""
+    args = ["bench", "ckpt", "--size", "8MiB", "--tensors", "2", "--repeat", "2"]
+    r = runner.invoke(app, [*args, "--dir", str(tmp_path / "durable"), "--fast", str(tmp_path), "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output[r.output.index("{") :])
+    assert out["bytes"] == 8 << 20 and out["restored_tiers"] == ["fast", "fast"]
+    assert len(out["drain_s"]) == 2 and out["drain_mb_per_s"] > 0
+    for k in ("stall_ratio", "commit_ratio", "restore_ratio"):
+        assert out[k] > 0
+    assert list(tmp_path.iterdir()) == [tmp_path / "durable"]  # the bench removed what it wrote
+    assert list((tmp_path / "durable").iterdir()) == []

@@ -52,7 +52,7 @@ from .errors import SaveError
 from .format import DEFAULT_BLOCK
 from .saver import check_block_bytes, prepare
 from .staging import StagingPool, copier, layout, split_lazy, sweep_dead_segments
-from .storage import checkpoint_path, display, storage_for
+from .storage import checkpoint_path, display
 from .writer_process import WriterProcess
 
 STAGING = ("eager", "lazy")
@@ -220,8 +220,7 @@ class AsyncSaver:
         t1 = time.perf_counter()
         slots, size = layout(prep.leaves)
         job = self._job(prep, path, step, slots, user)
-        if control is not None:
-            storage_for(control).prepare(Path(control))
+        if control is not None:  # made to exist by the background writer, off the training loop
             job["control"] = str(control)
         later: list = []
         try:

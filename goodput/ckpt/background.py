@@ -49,8 +49,11 @@ def control(job: dict[str, Any]) -> Path:
 
 def report_failure(path: Path, save_id: str, rank: int, error: str) -> None:
     """Tell rank 0 at once that this rank will not write (it aborts instead of timing out)."""
+    storage = storage_for(path)
+    with contextlib.suppress(Exception):
+        storage.prepare(path)  # a tiered save's durable directory may not exist yet
     with contextlib.suppress(OSError):
-        _put(storage_for(path), path, done_name(save_id, rank), {"rank": rank, "error": error, "files": [], "crcs": []})
+        _put(storage, path, done_name(save_id, rank), {"rank": rank, "error": error, "files": [], "crcs": []})
 
 
 def abort_job(job: dict[str, Any], error: str) -> None:
@@ -129,6 +132,8 @@ def run_job(job: dict[str, Any], buf: np.ndarray) -> dict[str, Any]:
     error = None
     crcs: list[list[int]] = []
     try:
+        if job.get("control"):
+            cstorage.prepare(cpath)
         leaves = job["leaves"]
         for idx, leaf in job["replicas"]:
             off, nbytes = leaves[leaf][0], leaves[leaf][1]

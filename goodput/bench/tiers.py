@@ -70,7 +70,9 @@ def run(
         tiered.wait_drained(3600)
         for r in range(repeat):
             step = r + 2
-            for ph in phases:
+            # who goes first alternates: the second of a pair runs on a machine the first warmed
+            order = phases if r % 2 == 0 else [phases[1], phases[0], phases[3], phases[2]]
+            for ph in order:
                 if on_phase:
                     on_phase(i, repeat * len(phases), f"{ph} (repeat {r + 1}/{repeat})")
                 i += 1

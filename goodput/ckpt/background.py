@@ -201,8 +201,9 @@ def install(cstorage: Storage, cpath: Path, storage: Storage, path: Path, save_i
     meta = cstorage.get(cpath, m.metadata.name, "metadata file", m.metadata.bytes)
     if crc32c.crc32c(meta) != m.metadata.crc32c:
         raise CheckpointError(f"{str(cpath / m.metadata.name)!r}: checksum differs from the staged manifest's")
-    storage.put(path, m.metadata.name, meta)
-    storage.sync(path)
+    # atomic replace, not a plain write: the ranks of one node share its fast directory and each
+    # installs the same two files, so one must never truncate what another has published
+    storage.publish(path, m.metadata.name, meta)
     storage.publish(path, MANIFEST, raw)
 
 

@@ -250,3 +250,28 @@ def test_untiered_commit_events_say_durable(tmp_path: Path) -> None:
     ck.save(1, {"w": torch.zeros(4)}).result()
     ck.close()
     assert [e.tier for e in events] == ["durable"]
+
+
+def _shared_node(rank: int, world: int, tmp: str) -> tuple:
+    """Both ranks on one node: one fast directory, each rank draining only its own files."""
+
+    def ck() -> gc.Checkpointer:
+        return gc.Checkpointer(Path(tmp) / "durable", fast=Path(tmp) / "node", interval=1, mode="thread", fast_keep=1)
+
+    c = ck()
+    for s in (1, 2, 3):
+        c.save(s, _shard(rank, s)).result()
+    assert c.wait_drained(60)
+    c.close()
+    c = ck()
+    state = {"w": gc.LocalShard(torch.zeros(512), (1024,), (512 * rank,))}
+    step = c.restore(state)
+    c.close()
+    return step, c.restored_tier, float(state["w"].tensor[0])
+
+
+def test_ranks_sharing_a_node_share_its_fast_directory(tmp_path: Path) -> None:
+    assert run_ranks(_shared_node, 2, str(tmp_path)) == [(3, "fast", 30.0), (3, "fast", 31.0)]
+    assert _steps(tmp_path / "node") == [3] and _steps(tmp_path / "durable") == [1, 2, 3]
+    (fast_dir,) = (tmp_path / "node").glob("step_*")
+    assert len(list(fast_dir.glob("data-*.bin"))) == 2  # both ranks' files, one manifest

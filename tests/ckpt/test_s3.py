@@ -131,34 +131,61 @@ def test_a_resharded_load_reads_only_the_ranges_it_needs(bucket: str) -> None:
     assert read <= 1.1 * need, (read, need)
 
 
+def test_create_if_absent_has_exactly_one_winner(bucket: str) -> None:
+    store, base = s3.default_storage(), Path(f"s3://{bucket}/cia")
+    for i in range(10):
+        barrier, won = threading.Barrier(2), [False, False]
+
+        def go(k: int, i: int = i, barrier: threading.Barrier = barrier, won: list = won) -> None:
+            barrier.wait()
+            won[k] = store.publish_new(base / str(i), MANIFEST, b"%d" % k)
+
+        ts = [threading.Thread(target=go, args=(k,)) for k in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert sum(won) == 1, (i, won)
+        assert store.get(base / str(i), MANIFEST, "m", 10) == b"%d" % won.index(True)
+
+
 def test_two_committers_of_one_checkpoint_exactly_one_wins(bucket: str) -> None:
-    url = f"s3://{bucket}/race"
-    results: list[object] = [None, None]
-    barrier = threading.Barrier(2)
+    """Two saves started together: where both reach the commit before either commits, exactly one
+    wins (the other's files are removed); where one commits first, the later one replaces it, as
+    any save into an existing checkpoint. Repeated until the first case has happened."""
+    for attempt in range(30):
+        url = f"s3://{bucket}/race{attempt}"
+        results: list[object] = [None, None]
+        barrier = threading.Barrier(2)
 
-    def go(i: int) -> None:
-        barrier.wait()
-        try:
-            results[i] = gc.save({"w": torch.full((1000,), float(i))}, url, no_dist=True)
-        except gc.SaveError as e:
-            results[i] = e
+        def go(i: int, url: str = url, results: list = results, barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            try:
+                results[i] = gc.save({"w": torch.full((1000,), float(i))}, url, no_dist=True)
+            except gc.SaveError as e:
+                results[i] = e
 
-    ts = [threading.Thread(target=go, args=(i,)) for i in range(2)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    wins = [r for r in results if not isinstance(r, Exception)]
-    losses = [r for r in results if isinstance(r, gc.SaveError)]
-    assert len(wins) == 1 and len(losses) == 1, results
-    assert f"another save committed 's3://{bucket}/race' first" in str(losses[0])  # the URL as given
-    out = {"w": torch.zeros(1000)}
-    gc.load(out, url)
-    assert torch.equal(out["w"], torch.full((1000,), float(results.index(wins[0]))))
-    # the loser's files are gone: only the winner's data, metadata and manifest remain
-    ck = gc.Checkpoint(url)
-    names = {k.rsplit("/", 1)[-1] for k in _keys(bucket, "race/")}
-    assert names == {MANIFEST, ck.manifest.metadata.name, *(f.name for f in ck.metadata.files)}
+        ts = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        losses = [r for r in results if isinstance(r, gc.SaveError)]
+        if not losses:
+            assert all(isinstance(r, gc.SaveResult) for r in results), results
+            continue  # they did not overlap at the commit: try again
+        wins = [r for r in results if not isinstance(r, Exception)]
+        assert len(wins) == 1 and len(losses) == 1, results
+        assert f"another save committed '{url}' first" in str(losses[0])  # the URL as given
+        out = {"w": torch.zeros(1000)}
+        gc.load(out, url)
+        assert torch.equal(out["w"], torch.full((1000,), float(results.index(wins[0]))))
+        # the loser's files are gone: only the winner's data, metadata and manifest remain
+        ck = gc.Checkpoint(url)
+        names = {k.rsplit("/", 1)[-1] for k in _keys(bucket, f"race{attempt}/")}
+        assert names == {MANIFEST, ck.manifest.metadata.name, *(f.name for f in ck.metadata.files)}
+        return
+    pytest.fail("30 pairs of saves never overlapped at the commit")
 
 
 def test_a_missing_checkpoint_and_a_missing_bucket_are_named(bucket: str) -> None:

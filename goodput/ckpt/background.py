@@ -180,7 +180,11 @@ def run_job(job: dict[str, Any], buf: np.ndarray) -> dict[str, Any]:
             try:
                 install(cstorage, cpath, storage, path, save_id)
             except (OSError, CheckpointError) as e:
-                outcome = {"ok": False, "error": f"rank {rank} could not commit on its fast tier: {describe(e)}"}
+                why = f"rank {rank} could not commit on its fast tier: {describe(e)}"
+                outcome = {"ok": False, "error": why}
+                # this rank will not drain the save: say so, or rank 0's drain would wait for it
+                with contextlib.suppress(OSError):
+                    _put(cstorage, cpath, abort_name(save_id), {"error": why})
         else:  # this rank's fast files are orphans (rank 0 may not see them: they may be node-local)
             for r in results:
                 with contextlib.suppress(OSError):

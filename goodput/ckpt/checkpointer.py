@@ -61,13 +61,14 @@ import torch.distributed as dist
 
 from . import collective, rng
 from .async_saver import AsyncSave, AsyncSaver, SaveTimings
+from .background import abort_name
 from .commit import staged_name
-from .errors import CheckpointError
+from .errors import CheckpointError, describe
 from .format import LATEST, MANIFEST, MAX_MANIFEST_BYTES, STEP_DIR, decode_manifest, step_dir_name
 from .loader import load
 from .reader import Checkpoint, latest, list_checkpoints
 from .storage import Storage, display, storage_for
-from .tiers import Drain, Drained, Drainer, TierView, durable_state, fast_committed
+from .tiers import Drain, Drained, Drainer, TierView, drained_name, durable_state, fast_committed
 
 log = logging.getLogger("goodput.ckpt")
 
@@ -258,6 +259,8 @@ class Checkpointer:
             h = self.save(step, state, data=data)
             if h is not None:
                 h.result()
+        if self.drainer is not None:  # the step a scheduler will resume from drains first, unbounded
+            self.drainer.hurry(step)
         self.close()
         if self.exit_on_preempt:
             sys.exit(PREEMPTED_EXIT)
@@ -320,7 +323,7 @@ class Checkpointer:
             if data is not None and any(n.startswith(f"_goodput.rank.{src}.data") for n in names):
                 mine["data"] = data
             target = {**state, "_goodput": {"rank": {src: mine}}} if mine else state
-        except (CheckpointError, OSError) as e:
+        except Exception as e:  # every rank hears of it below
             error = e
         (opened,) = self._all([error is None])  # every rank goes on to the load's collective, or none
         if error is not None:
@@ -334,8 +337,10 @@ class Checkpointer:
 
     def _restore_tiered(self, state: dict[str, Any], data: Any) -> int | None:
         """Candidates newest first; each tried from the fast tier where every rank holds it, else
-        file by file from both tiers, else from the durable tier alone; a failed load (a file on
-        no tier this rank can see, a checksum) fails on every rank alike, and the next is tried."""
+        file by file from both tiers, else from the durable tier alone. Every attempt ends in an
+        agreement, so a failure on any rank (a file on no tier it can see, a checksum, a state
+        that does not fit) moves every rank to the next attempt together; when none loads, the
+        restore fails rather than starting the run afresh."""
         assert self.fast is not None
         mine = fast_committed(self.fast)
         offers = collective.all_gather_bytes(
@@ -348,41 +353,82 @@ class Checkpointer:
         durable: dict[int, tuple[str, bytes, bool]] = durable_state(self.root) if self.rank == 0 else {}
         plan = None
         if self.rank == 0:
+            # a durable commit names the step's save; else a fast one (a staged manifest on the
+            # durable tier may be of an abandoned save of the same step number)
             plan = [
-                [s, durable[s][0] if s in durable else fast_any[s], s in durable and durable[s][2]]
+                [s, durable[s][0] if s in durable and (durable[s][2] or s not in fast_any) else fast_any[s],
+                 s in durable and durable[s][2]]
                 for s in sorted(set(durable) | set(fast_any), reverse=True)
-            ]
+            ]  # fmt: skip
         plan = collective.broadcast_obj(plan, 0, self.group) if self.world > 1 else plan
         assert plan is not None
+        errors: list[str] = []
         for step, save_id, committed in plan:
             fast_dir, durable_dir = step_dir(self.fast, step), step_dir(self.root, step)
             manifest = self._manifest_for(step, save_id, mine, durable_dir)
             here = mine.get(step, ("", b""))[0] == save_id
             ok, whole = self._all([manifest is not None, here])
-            attempts = ([("tiered", whole)] if ok else []) + ([("durable", False)] if committed else [])
-            for how, _ in attempts:
+            attempts = (["tiered"] if ok else []) + (["durable"] if committed else [])
+            for how in attempts:
+                error: BaseException | None = None
+                moved = [0, 0]
                 try:
                     if how == "tiered":
                         assert manifest is not None
                         view = TierView(fast_dir, durable_dir, manifest)
                         got = self._load_into(state, data, durable_dir, view)
-                        moved = self._sum([view.bytes_from["fast"], view.bytes_from["durable"]])
-                        tier = "fast" if moved[1] == 0 else "durable" if moved[0] == 0 else "fast+durable"
+                        moved = [view.bytes_from["fast"], view.bytes_from["durable"]]
                     else:
                         got = self._load_into(state, data, durable_dir, None)
-                        tier = "durable"
-                except (CheckpointError, OSError) as e:
+                except Exception as e:  # agreed on below, with every rank
+                    error = e
+                (fine,) = self._all([error is None])
+                if not fine:
+                    why = describe(error) if error is not None else "it failed on another rank"
+                    where = "each file from the fastest tier holding it" if how == "tiered" else "the durable tier"
+                    errors.append(f"step {step} ({where}): {why}")
                     if self.rank == 0:
-                        log.warning("restore of step %s from the %s tier failed, trying the next: %s", step, how, e)
+                        log.warning("restore of step %s (%s) failed, trying the next: %s", step, where, why)
                     continue
+                if how == "tiered":
+                    moved = self._sum(moved)
+                    tier = "fast" if moved[1] == 0 else "durable" if moved[0] == 0 else "fast+durable"
+                else:
+                    tier = "durable"
                 self.restored_tier = tier
                 if self.rank == 0:
                     log.info("restored step %s from the %s tier", step, tier)
-                if not committed and whole and self._drain_due(step):  # the drain a crash cut short
-                    assert self.drainer is not None
-                    self.drainer.submit(Drain(step, save_id, fast_dir, durable_dir, time.perf_counter()))
+                self._after_tiered_restore(step, save_id, committed, whole, manifest, fast_dir, durable_dir)
                 return self._restored(got)
+        if errors:
+            raise CheckpointError(
+                f"no checkpoint under {display(self.root)!r} or {display(self.fast)!r} could be restored: "
+                + "; ".join(errors[:4])
+                + (f"; and {len(errors) - 4} more" if len(errors) > 4 else "")
+            )
         return None
+
+    def _after_tiered_restore(
+        self, step: int, save_id: str, committed: bool, whole: bool, manifest: bytes | None, fast_dir: Path,
+        durable_dir: Path,
+    ) -> None:  # fmt: skip
+        """The run goes on from ``step``: newer fast saves are abandoned (their step numbers will
+        be saved afresh), and a fast commit whose drain a crash cut short drains again when this
+        world wrote it (each rank drains the files it wrote)."""
+        assert self.fast is not None and self.drainer is not None
+        fs = storage_for(self.fast)
+        for s in fast_committed(self.fast):
+            if s > step:
+                fs.remove_tree(step_dir(self.fast, s))
+        assert manifest is not None or committed
+        same_world = manifest is not None and decode_manifest(manifest, "manifest").world_size == self.world
+        if committed or not whole or not same_world or not self._drain_due(step):
+            return
+        if self.rank == 0:  # what an earlier attempt left must not fail this one at once
+            for name in [abort_name(save_id), *(drained_name(save_id, r) for r in range(self.world))]:
+                self.storage.remove(durable_dir, name)
+        self._all([True])  # the markers are gone before any rank writes its own
+        self.drainer.submit(Drain(step, save_id, fast_dir, durable_dir, time.perf_counter()))
 
     def _manifest_for(self, step: int, save_id: str, mine: dict, durable_dir: Path) -> bytes | None:
         """The chosen save's manifest bytes: this rank's fast copy, else the durable tier's."""
@@ -440,7 +486,7 @@ class Checkpointer:
                     )
                 )
             with contextlib.suppress(OSError):
-                self._fast_cleanup()
+                self._fast_cleanup(committed_step=handle.step)
         elif self.rank == 0:
             with contextlib.suppress(OSError):
                 self.storage.publish(self.root, LATEST, handle.path.name.encode())
@@ -484,7 +530,7 @@ class Checkpointer:
         with contextlib.suppress(OSError):
             self._fast_cleanup()
 
-    def _fast_cleanup(self, startup: bool = False) -> list[Path]:
+    def _fast_cleanup(self, startup: bool = False, committed_step: int | None = None) -> list[Path]:
         """This rank's fast tier: keep the newest ``fast_keep`` checkpoints and every one not yet
         drained; remove saves that never committed there (older than the newest committed one, or
         all of them at start-up, when no save is in flight). Ranks sharing a node's directory
@@ -495,6 +541,8 @@ class Checkpointer:
             committed = fast_committed(self.fast)
             steps = sorted(committed)
             keep = set(steps[-self.fast_keep :]) | self.drainer.pending()
+            if committed_step is not None:  # the save that just committed, whatever its number
+                keep.add(committed_step)
             removed = []
             try:
                 entries = fs.list(self.fast)

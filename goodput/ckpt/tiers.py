@@ -35,13 +35,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
 from .background import POLL_S, abort_name
-from .commit import staged_name
+from .commit import previous_files, staged_name
 from .errors import CheckpointError, describe
 from .format import MANIFEST, MAX_MANIFEST_BYTES, STEP_DIR, decode_manifest, decode_metadata
+from .format import metadata_file_name as md_name
 from .storage import Entry, Sink, Source, Storage, display, storage_for
 
 log = logging.getLogger("goodput.ckpt")
@@ -86,17 +88,24 @@ def durable_state(root: Path) -> dict[int, tuple[str, bytes, bool]]:
         if not m or e.kind != "dir":
             continue
         d = root / e.name
-        with contextlib.suppress(OSError, CheckpointError):
+        step = int(m.group(1))
+        try:
             raw = storage.get_if_exists(d, MANIFEST, "manifest", MAX_MANIFEST_BYTES)
             if raw is not None:
-                out[int(m.group(1))] = (decode_manifest(raw, str(d / MANIFEST)).save_id, raw, True)
+                out[step] = (decode_manifest(raw, str(d / MANIFEST)).save_id, raw, True)
                 continue
-            for f in storage.list(d):
-                if f.name.startswith(".goodput-") and f.name.endswith(".staged"):
-                    raw = storage.get(d, f.name, "staged manifest", MAX_MANIFEST_BYTES)
-                    man = decode_manifest(raw, str(d / f.name))
-                    if f.name == staged_name(man.save_id):
-                        out[int(m.group(1))] = (man.save_id, raw, False)
+            names = [f.name for f in storage.list(d)]
+        except (OSError, CheckpointError):
+            continue
+        newest = -1.0
+        for name in names:
+            if not (name.startswith(".goodput-") and name.endswith(".staged")):
+                continue
+            with contextlib.suppress(OSError, CheckpointError):  # one bad file hides only itself
+                raw = storage.get(d, name, "staged manifest", MAX_MANIFEST_BYTES)
+                man = decode_manifest(raw, str(d / name))
+                if name == staged_name(man.save_id) and man.created > newest:
+                    out[step], newest = (man.save_id, raw, False), man.created
     return out
 
 
@@ -142,7 +151,12 @@ class TierView(Storage):
             self.bytes_from[tier] += n
 
     def list(self, directory: Path) -> list[Entry]:
-        return self.durable.list(self.durable_dir)
+        """Both tiers' names, the fast tier's entry where both have one (what ``open`` reads)."""
+        entries: dict[str, Entry] = {}
+        for s, d in ((self.durable, self.durable_dir), (self.fast, self.fast_dir)):
+            with contextlib.suppress(OSError):
+                entries.update((e.name, e) for e in s.list(d))
+        return [entries[n] for n in sorted(entries)]
 
 
 @dataclass
@@ -173,19 +187,22 @@ class Drained:
 
 class RateLimit:
     """At most ``rate`` bytes per second on average (None: unbounded), so that the drain leaves
-    the network and the durable tier to the job's other traffic (the data loader, other jobs)."""
+    the network and the durable tier to the job's other traffic (the data loader, other jobs).
+    ``rate`` may be a callable, read at every step: a preemption lifts the bound mid-file."""
 
-    def __init__(self, rate: float | None):
+    def __init__(self, rate: float | None | Callable[[], float | None]):
         self.rate = rate
         self.t0 = time.perf_counter()
         self.sent = 0
 
     def take(self, n: int) -> None:
         self.sent += n
-        if self.rate:
-            ahead = self.sent / self.rate - (time.perf_counter() - self.t0)
-            if ahead > 0:
-                time.sleep(ahead)
+        while True:
+            rate = self.rate() if callable(self.rate) else self.rate
+            ahead = self.sent / rate - (time.perf_counter() - self.t0) if rate else 0.0
+            if ahead <= 0:
+                return
+            time.sleep(min(ahead, 0.25))  # short naps, so that a lifted bound takes effect at once
 
 
 def copy_file(src_storage: Storage, src_dir: Path, dst_storage: Storage, dst_dir: Path, name: str, size: int,
@@ -225,7 +242,8 @@ class Drainer:
         self.rate, self.timeout_s = rate, timeout_s
         self.on_done = on_done
         self._queue: queue.SimpleQueue[Drain | None] = queue.SimpleQueue()
-        self._pending: dict[int, Drain] = {}
+        self._pending: dict[str, Drain] = {}  # by save id: one step may be saved twice
+        self._skip_before: int | None = None
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
@@ -233,7 +251,7 @@ class Drainer:
 
     def submit(self, d: Drain) -> None:
         with self._lock:
-            self._pending[d.step] = d
+            self._pending[d.save_id] = d
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="goodput-drain", daemon=True)
                 self._thread.start()
@@ -242,7 +260,17 @@ class Drainer:
     def pending(self) -> set[int]:
         """Steps committed on the fast tier whose drain has not finished (fast retention keeps them)."""
         with self._lock:
-            return set(self._pending)
+            return {d.step for d in self._pending.values()}
+
+    def hurry(self, step: int) -> None:
+        """A preemption saved ``step``: drain it next, unbounded, and skip the older queued steps
+        (every rank is told the same step; rank 0 marks each skipped one aborted, so a rank
+        still copying one stops waiting for its commit)."""
+        self._skip_before = step
+        self.rate = None
+
+    def _skipped(self, d: Drain) -> bool:
+        return self._skip_before is not None and d.step < self._skip_before
 
     def wait(self, timeout: float | None = None) -> bool:
         """Until every submitted step has drained (or failed to); False on a timeout."""
@@ -269,15 +297,29 @@ class Drainer:
             if d is None:
                 return
             try:
-                out = self.drain(d)
+                if self._skipped(d):
+                    out = self._skip(d)
+                else:
+                    out = self.drain(d)
             except BaseException as e:  # noqa: BLE001 - reported, never fatal to training
                 out = Drained(d, False, describe(e), 0, 0.0, 0.0)
             self.history.append(out)
             with contextlib.suppress(Exception):
                 self.on_done(out)
             with self._idle:
-                self._pending.pop(d.step, None)
+                self._pending.pop(d.save_id, None)
                 self._idle.notify_all()
+
+    def _skip(self, d: Drain) -> Drained:
+        reason = f"skipped: a preemption drains step {self._skip_before} first"
+        if self.rank == 0:
+            self._abort(d, storage_for(d.durable_dir), reason)
+        return Drained(d, False, reason, 0, 0.0, 0.0)
+
+    def _abort(self, d: Drain, ds: Storage, reason: str) -> str:
+        with contextlib.suppress(OSError):
+            ds.publish(d.durable_dir, abort_name(d.save_id), msgspec.msgpack.encode({"error": reason}))
+        return reason
 
     def drain(self, d: Drain) -> Drained:
         t0 = time.perf_counter()
@@ -291,7 +333,7 @@ class Drainer:
                 raise CheckpointError(f"{display(d.fast_dir)!r} holds save {man.save_id}, not {d.save_id}")
             meta = fs.get(d.fast_dir, man.metadata.name, "metadata file", man.metadata.bytes)
             md = decode_metadata(meta, str(d.fast_dir / man.metadata.name), man)
-            limit = RateLimit(self.rate)
+            limit = RateLimit(lambda: self.rate)
             for f in md.files:
                 if f.rank == self.rank:
                     copy_file(fs, d.fast_dir, ds, d.durable_dir, f.name, f.bytes, limit)
@@ -299,12 +341,10 @@ class Drainer:
             ds.sync(d.durable_dir)
             ds.put(d.durable_dir, drained_name(d.save_id, self.rank), b"")
         except BaseException as e:  # noqa: BLE001 - tell rank 0 at once, then report
-            error = f"rank {self.rank} could not drain step {d.step}: {describe(e)}"
-            with contextlib.suppress(OSError):
-                ds.publish(d.durable_dir, abort_name(d.save_id), msgspec.msgpack.encode({"error": error}))
+            error = self._abort(d, ds, f"rank {self.rank} could not drain step {d.step}: {describe(e)}")
         drain_s = time.perf_counter() - t0
         if error is None:
-            error = self._commit(d, ds) if self.rank == 0 else self._wait_commit(d, ds)
+            error = self._commit(d, ds, md) if self.rank == 0 else self._wait_commit(d, ds)
         return Drained(d, error is None, error, copied, drain_s, time.perf_counter() - d.t_request)
 
     def _aborted(self, d: Drain, ds: Storage) -> str | None:
@@ -316,8 +356,9 @@ class Drainer:
         except (OSError, CheckpointError, msgspec.DecodeError):
             return "unknown"
 
-    def _commit(self, d: Drain, ds: Storage) -> str | None:
-        """Rank 0: the durable commit once every rank has drained; the reason if not."""
+    def _commit(self, d: Drain, ds: Storage, md: Any) -> str | None:
+        """Rank 0: the durable commit once every rank has drained; the reason if not (then also
+        in the abort file, so that the other ranks stop waiting)."""
         end = time.perf_counter() + self.timeout_s
         waiting = set(range(self.world))
         while waiting:
@@ -327,21 +368,38 @@ class Drainer:
             reason = self._aborted(d, ds)
             if reason is not None:
                 return f"step {d.step} was not drained: {reason}"
+            if self._skipped(d):
+                return self._abort(d, ds, f"skipped: a preemption drains step {self._skip_before} first")
             if time.perf_counter() > end:
-                reason = f"ranks {sorted(waiting)} did not drain step {d.step} within {self.timeout_s:.0f} s"
-                with contextlib.suppress(OSError):
-                    ds.publish(d.durable_dir, abort_name(d.save_id), msgspec.msgpack.encode({"error": reason}))
-                return reason
-            time.sleep(POLL_S * 10)
+                return self._abort(
+                    d, ds, f"ranks {sorted(waiting)} did not drain step {d.step} within {self.timeout_s:.0f} s"
+                )
+            time.sleep(POLL_S * 25)
         try:
+            # every file the metadata names is on the durable tier, whole: a drain by a world of
+            # another size, or a lost copy, must never be committed
+            sizes = {e.name: e.size for e in ds.list(d.durable_dir) if e.kind == "file"}
+            for f in md.files:
+                if sizes.get(f.name) != f.bytes:
+                    return self._abort(
+                        d, ds, f"{display(d.durable_dir / f.name)!r} is missing or not {f.bytes} bytes after the drain"
+                    )
             raw = ds.get(d.durable_dir, staged_name(d.save_id), "staged manifest", MAX_MANIFEST_BYTES)
+            replaced = previous_files(ds, d.durable_dir)
             if ds.exists(d.durable_dir, MANIFEST):
                 ds.publish(d.durable_dir, MANIFEST, raw)
             elif not ds.publish_new(d.durable_dir, MANIFEST, raw):
-                return f"another save committed {display(d.durable_dir)!r} on the durable tier first"
+                return self._abort(
+                    d, ds, f"another save committed {display(d.durable_dir)!r} on the durable tier first"
+                )
         except (OSError, CheckpointError) as e:
-            return f"durable commit of step {d.step} failed: {describe(e)}"
-        for name in [staged_name(d.save_id), *(drained_name(d.save_id, r) for r in range(self.world))]:
+            return self._abort(d, ds, f"durable commit of step {d.step} failed: {describe(e)}")
+        mine = {f.name for f in md.files} | {md_name(d.save_id)}
+        for name in [
+            *(replaced - mine),
+            staged_name(d.save_id),
+            *(drained_name(d.save_id, r) for r in range(self.world)),
+        ]:
             ds.remove(d.durable_dir, name)
         return None
 
@@ -357,4 +415,4 @@ class Drainer:
                 return f"step {d.step} was not drained: {reason}"
             if time.perf_counter() > end:
                 return f"no durable commit of step {d.step} from rank 0 within {self.timeout_s + 60:.0f} s"
-            time.sleep(POLL_S * 10)
+            time.sleep(POLL_S * 25)

@@ -275,3 +275,59 @@ def test_ranks_sharing_a_node_share_its_fast_directory(tmp_path: Path) -> None:
     assert _steps(tmp_path / "node") == [3] and _steps(tmp_path / "durable") == [1, 2, 3]
     (fast_dir,) = (tmp_path / "node").glob("step_*")
     assert len(list(fast_dir.glob("data-*.bin"))) == 2  # both ranks' files, one manifest
+
+
+def test_a_state_no_checkpoint_fits_fails_the_restore_instead_of_starting_afresh(tmp_path: Path) -> None:
+    ck = _tiered(tmp_path)
+    ck.save(1, {"w": torch.zeros(64)}).result()
+    ck.close()
+    ck = _tiered(tmp_path)
+    with pytest.raises(
+        gc.CheckpointError,
+        match=r"could be restored.*step 1 \(each file from the fastest tier holding it\).*global shape",
+    ):
+        ck.restore({"w": torch.zeros(65)})
+    ck.close()
+
+
+def test_a_step_saved_again_after_a_fallback_replaces_the_abandoned_one(tmp_path: Path) -> None:
+    ck = _tiered(tmp_path, fast_keep=3)
+    for step in (1, 2):
+        ck.save(step, {"w": torch.full((4096,), float(step))}).result()
+    assert ck.wait_drained(60)
+    ck.close()
+    for tier in ("fast", "durable"):  # step 2 damaged on both tiers
+        (f,) = (tmp_path / tier / "step_000000002").glob("data-*.bin")
+        raw = bytearray(f.read_bytes())
+        raw[10] ^= 1
+        f.write_bytes(bytes(raw))
+    ck = _tiered(tmp_path, fast_keep=3)
+    state = {"w": torch.zeros(4096)}
+    assert ck.restore(state) == 1 and ck.restored_tier == "fast"
+    assert _steps(tmp_path / "fast") == [1]  # the abandoned step 2 is gone from the fast tier
+    ck.save(2, {"w": torch.full((4096,), 22.0)}).result()
+    assert ck.wait_drained(60)
+    ck.close()
+    # the durable step 2 is the new save, and the old save's files went with its manifest
+    (data,) = (tmp_path / "durable" / "step_000000002").glob("data-*.bin")
+    assert len(list((tmp_path / "durable" / "step_000000002").glob("metadata-*.bin"))) == 1
+    shutil.rmtree(tmp_path / "fast")
+    state = {"w": torch.zeros(4096)}
+    ck = _tiered(tmp_path)
+    assert ck.restore(state) == 2 and torch.equal(state["w"], torch.full((4096,), 22.0))
+    ck.close()
+    assert data.exists()
+
+
+def test_a_preemption_drains_its_own_step_first_and_unbounded(tmp_path: Path) -> None:
+    """Three saves queued behind a drain bounded to 64 KiB/s (1 MiB each: 16 s apiece); the
+    preemption's save skips the queue and drains at once."""
+    ck = _tiered(tmp_path, drain_rate="64KiB/s", exit_on_preempt=False, fast_keep=1)
+    state = {"w": torch.zeros(1 << 18)}
+    for step in (1, 2, 3):
+        ck.save(step, state).result()
+    ck.preempt_now(4, state)  # saves step 4, waits for its fast commit, hurries the drain, closes
+    assert 4 in _steps(tmp_path / "durable")
+    skipped = [o for o in ck.drainer.history if not o.ok]
+    assert skipped and all("preemption" in (o.error or "") for o in skipped)
+    assert {o.drain.step for o in ck.drainer.history if o.ok} >= {4}

@@ -274,6 +274,13 @@ def _wait_for_commit(storage: Storage, job: dict[str, Any], path: Path, t_start:
     # rank 0 may start its own wait later than this rank (it writes too): wait well past its deadline
     deadline = t_start + 2 * job["timeout"] + 60
     while True:
+        # the commit first: once it is there the save is committed, whatever a rank that failed
+        # to install it on its fast tier wrote afterwards
+        with contextlib.suppress(OSError, CheckpointError):
+            name = staged_name(save_id) if job.get("control") else MANIFEST
+            raw = storage.get_if_exists(path, name, "manifest", MAX_MANIFEST_BYTES)
+            if raw is not None and decode_manifest(raw, str(path / name)).save_id == save_id:
+                return {"ok": True, "error": None}
         if storage.exists(path, abort_name(save_id)):
             try:
                 got = _get(storage, path, abort_name(save_id), "abort file")
@@ -281,11 +288,6 @@ def _wait_for_commit(storage: Storage, job: dict[str, Any], path: Path, t_start:
             except OSError:
                 reason = "unknown"
             return {"ok": False, "error": f"rank 0 aborted the save: {reason}"}
-        with contextlib.suppress(OSError, CheckpointError):
-            name = staged_name(save_id) if job.get("control") else MANIFEST
-            raw = storage.get_if_exists(path, name, "manifest", MAX_MANIFEST_BYTES)
-            if raw is not None and decode_manifest(raw, str(path / name)).save_id == save_id:
-                return {"ok": True, "error": None}
         if time.perf_counter() > deadline:
             return {"ok": False, "error": f"no commit from rank 0 within {2 * job['timeout'] + 60:.0f} s"}
         time.sleep(POLL_S)

@@ -260,6 +260,13 @@ class Checkpointer:
             if h is not None:
                 h.result()
         if self.drainer is not None:  # the step a scheduler will resume from drains first, unbounded
+            assert self.fast is not None
+            if not need and not self._drain_due(step):  # saved before the notice, and not drained
+                got = fast_committed(self.fast).get(step)
+                (everywhere,) = self._all([got is not None])
+                if everywhere and got is not None:
+                    d = Drain(step, got[0], step_dir(self.fast, step), step_dir(self.root, step), time.perf_counter())
+                    self.drainer.submit(d)
             self.drainer.hurry(step)
         self.close()
         if self.exit_on_preempt:
@@ -344,22 +351,19 @@ class Checkpointer:
         assert self.fast is not None
         mine = fast_committed(self.fast)
         offers = collective.all_gather_bytes(
-            msgspec.msgpack.encode({s: sid for s, (sid, _) in mine.items()}), self.group
+            msgspec.msgpack.encode([[s, sid, _created(raw)] for s, (sid, raw) in mine.items()]), self.group
         )
-        fast_any: dict[int, str] = {}
-        for raw in offers:
-            for s, sid in msgspec.msgpack.decode(raw).items():
-                fast_any.setdefault(int(s), sid)
-        durable: dict[int, tuple[str, bytes, bool]] = durable_state(self.root) if self.rank == 0 else {}
         plan = None
         if self.rank == 0:
-            # a durable commit names the step's save; else a fast one (a staged manifest on the
-            # durable tier may be of an abandoned save of the same step number)
-            plan = [
-                [s, durable[s][0] if s in durable and (durable[s][2] or s not in fast_any) else fast_any[s],
-                 s in durable and durable[s][2]]
-                for s in sorted(set(durable) | set(fast_any), reverse=True)
-            ]  # fmt: skip
+            # every save of every step any tier holds, newest step first, and within a step the
+            # newest save first (a step number saved again after a fallback restore)
+            saves: dict[tuple[int, str], list] = {}
+            for s, (sid, raw, committed) in durable_state(self.root).items():
+                saves[(s, sid)] = [s, sid, committed, _created(raw)]
+            for raw in offers:
+                for s, sid, created in msgspec.msgpack.decode(raw):
+                    saves.setdefault((int(s), str(sid)), [int(s), str(sid), False, float(created)])
+            plan = [c[:3] for c in sorted(saves.values(), key=lambda c: (c[0], c[3]), reverse=True)]
         plan = collective.broadcast_obj(plan, 0, self.group) if self.world > 1 else plan
         assert plan is not None
         errors: list[str] = []
@@ -473,7 +477,7 @@ class Checkpointer:
         )
         if self.fast is not None:
             assert self.drainer is not None and handle.step is not None
-            if self._drain_due(handle.step):
+            if self._drain_due(handle.step) or ev.preempted:  # a preemption's step always drains
                 self.drainer.submit(
                     Drain(
                         handle.step,
@@ -634,6 +638,13 @@ class Checkpointer:
                 with contextlib.suppress(ValueError, TypeError):
                     signal.signal(sig, old)
         self._old_handlers = {}
+
+
+def _created(manifest: bytes) -> float:
+    try:
+        return decode_manifest(manifest, "manifest").created
+    except CheckpointError:
+        return 0.0
 
 
 def _being_read(storage: Storage, path: Path) -> bool:

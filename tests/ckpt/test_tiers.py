@@ -331,3 +331,13 @@ def test_a_preemption_drains_its_own_step_first_and_unbounded(tmp_path: Path) ->
     skipped = [o for o in ck.drainer.history if not o.ok]
     assert skipped and all("preemption" in (o.error or "") for o in skipped)
     assert {o.drain.step for o in ck.drainer.history if o.ok} >= {4}
+
+
+@pytest.mark.parametrize("saved_before", [False, True])
+def test_a_preemption_at_a_step_not_due_for_the_drain_drains_it(tmp_path: Path, saved_before: bool) -> None:
+    ck = _tiered(tmp_path, drain_every=1000, exit_on_preempt=False)
+    state = {"w": torch.ones(64)}
+    if saved_before:  # the notice came right after a save of this very step
+        ck.save(7, state).result()
+    ck.preempt_now(7, state)
+    assert _steps(tmp_path / "durable") == [7]

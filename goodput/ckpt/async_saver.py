@@ -220,6 +220,7 @@ class AsyncSaver:
         t1 = time.perf_counter()
         slots, size = layout(prep.leaves)
         job = self._job(prep, path, step, slots, user)
+        job["replace"] = overwrite
         if control is not None:  # made to exist by the background writer, off the training loop
             job["control"] = str(control)
         later: list = []

@@ -251,6 +251,7 @@ def _commit_when_all_done(storage: Storage, job: dict[str, Any], path: Path, t_s
                 job["block_bytes"],
                 c["user"],
                 staged=tiered,
+                replace=job.get("replace", True),
             ),
         )
         error, stale = outcome.error, outcome.stale

@@ -94,13 +94,17 @@ def commit(
     block_bytes: int,
     user: dict[str, Any],
     staged: bool = False,
+    replace: bool = True,
 ) -> list[str]:
     """Write the metadata and the manifest (the commit point); return files of older saves.
 
     ``staged``: a tiered save's first commit, on its fast tier. The manifest goes to the durable
     directory (``path``) under :func:`staged_name`, not as ``MANIFEST.json``: every rank copies it
     and the metadata into its own fast directory, and it becomes the durable manifest only once
-    every rank's files have drained there (:mod:`goodput.ckpt.tiers`)."""
+    every rank's files have drained there (:mod:`goodput.ckpt.tiers`).
+
+    ``replace=False`` (a save that refuses to overwrite): the manifest is created only if none
+    is there, even one committed by another save while this one was writing."""
     names = sorted(meta)
     tid = {n: i for i, n in enumerate(names)}
     tensors = [TensorEntry(n, meta[n][0], list(meta[n][1]), meta[n][2]) for n in names]
@@ -158,7 +162,7 @@ def commit(
         storage.publish(path, staged_name(save_id), raw_manifest)
         return []
     replaced = previous_files(storage, path)
-    if storage.exists(path, MANIFEST):
+    if replace and storage.exists(path, MANIFEST):
         storage.publish(path, MANIFEST, raw_manifest)  # the commit point: replaces the checkpoint
     elif not storage.publish_new(path, MANIFEST, raw_manifest):  # the commit point of a first save
         storage.remove(path, mname)  # the ranks remove their data files when they hear of it

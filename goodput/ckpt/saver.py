@@ -306,7 +306,8 @@ def save(
         )
     timings: dict[str, float] = {}
     try:
-        prep = prepare(state_dict, path, group, block_bytes, overwrite=not refuses_overwrite(storage_writer))
+        overwrite = not refuses_overwrite(storage_writer)
+        prep = prepare(state_dict, path, group, block_bytes, overwrite=overwrite)
     except SaveError as e:
         if OVERWRITE_REFUSED in str(e):
             raise checkpoint_exists(str(e)) from None
@@ -365,7 +366,17 @@ def save(
             written,
             None,  # replicas were compared before anything was written (round 2)
             lambda: commit(
-                storage, path, prep.save_id, step, prep.world, prep.meta, prep.values, written, block_bytes, user or {}
+                storage,
+                path,
+                prep.save_id,
+                step,
+                prep.world,
+                prep.meta,
+                prep.values,
+                written,
+                block_bytes,
+                user or {},
+                replace=overwrite,
             ),
         )
         stale = decided.stale

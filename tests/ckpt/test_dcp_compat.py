@@ -98,6 +98,36 @@ def test_overwrite_false_refuses_an_existing_checkpoint(tmp_path: Path) -> None:
     gc.save({"w": torch.ones(2)}, storage_writer=gc.FileSystemWriter(tmp_path / "ck"))  # the default replaces
 
 
+def test_overwrite_false_never_replaces_even_a_checkpoint_committed_while_it_wrote(tmp_path: Path) -> None:
+    """Two refusing saves started together: exactly one checkpoint, whoever came second (refused
+    before writing, or losing at the commit, which then creates only if absent)."""
+    import threading
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    for i in range(10):
+        path, results = tmp_path / f"ck{i}", [None, None]
+        barrier = threading.Barrier(2)
+
+        def go(k: int, path: Path = path, results: list = results, barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            try:
+                gc.save({"w": torch.full((1000,), float(k))}, storage_writer=gc.FileSystemWriter(path, overwrite=False))
+                results[k] = "won"
+            except (CheckpointException, gc.SaveError) as e:
+                results[k] = e
+
+        ts = [threading.Thread(target=go, args=(k,)) for k in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert results.count("won") == 1, results
+        out = {"w": torch.zeros(1000)}
+        gc.load(out, path)
+        assert torch.equal(out["w"], torch.full((1000,), float(results.index("won"))))
+
+
 def test_planners_default_accepted_custom_refused(tmp_path: Path) -> None:
     from torch.distributed.checkpoint import DefaultLoadPlanner, DefaultSavePlanner
 

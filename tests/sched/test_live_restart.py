@@ -67,6 +67,7 @@ def test_the_last_commit_report_survives_a_service_sigkill(server, tmp_path, db)
     j = s.wait_job(jid, tok, lambda j: (root / "reported").exists() and j["checkpoint"]["last_report"] is not None)
     report = j["checkpoint"]["last_report"]
     want = {"epoch": 1, "step": 7, "time": 1234.5, "path": str(root / "step_000000007"), "progress_s": 3.25}
+    want["tier"] = "durable"  # the reporter says which tier committed (an untiered Checkpointer: durable)
     assert report == want and j["checkpoint"]["committed_s"] == 3.25
     s.kill9()
     s2 = _restart(server, s)

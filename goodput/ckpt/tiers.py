@@ -55,22 +55,23 @@ def drained_name(save_id: str, rank: int) -> str:
     return f".goodput-{save_id}-r{rank:05d}.drained"
 
 
+def _step_dirs(storage: Storage, root: Path) -> list[tuple[int, Path]]:
+    try:
+        entries = storage.list(root)
+    except OSError:
+        return []
+    return [(int(m.group(1)), root / e.name) for e in entries if (m := STEP_DIR.match(e.name)) and e.kind == "dir"]
+
+
 def fast_committed(root: Path) -> dict[int, tuple[str, bytes]]:
     """This rank's fast tier: step -> (save id, manifest bytes) of each committed checkpoint."""
     storage = storage_for(root)
     out: dict[int, tuple[str, bytes]] = {}
-    try:
-        entries = storage.list(root)
-    except OSError:
-        return out
-    for e in entries:
-        m = STEP_DIR.match(e.name)
-        if not m or e.kind != "dir":
-            continue
+    for step, d in _step_dirs(storage, root):
         with contextlib.suppress(OSError, CheckpointError):
-            raw = storage.get_if_exists(root / e.name, MANIFEST, "manifest", MAX_MANIFEST_BYTES)
+            raw = storage.get_if_exists(d, MANIFEST, "manifest", MAX_MANIFEST_BYTES)
             if raw is not None:
-                out[int(m.group(1))] = (decode_manifest(raw, str(root / e.name / MANIFEST)).save_id, raw)
+                out[step] = (decode_manifest(raw, str(d / MANIFEST)).save_id, raw)
     return out
 
 
@@ -79,16 +80,7 @@ def durable_state(root: Path) -> dict[int, tuple[str, bytes, bool]]:
     committed there, or committed on the fast tier and not yet drained (a staged manifest)."""
     storage = storage_for(root)
     out: dict[int, tuple[str, bytes, bool]] = {}
-    try:
-        entries = storage.list(root)
-    except OSError:
-        return out
-    for e in entries:
-        m = STEP_DIR.match(e.name)
-        if not m or e.kind != "dir":
-            continue
-        d = root / e.name
-        step = int(m.group(1))
+    for step, d in _step_dirs(storage, root):
         try:
             raw = storage.get_if_exists(d, MANIFEST, "manifest", MAX_MANIFEST_BYTES)
             if raw is not None:

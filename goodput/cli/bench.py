@@ -35,11 +35,14 @@ def _size(text: str) -> int:
         raise  # unreachable: _fail exits
 
 
-def _emit(out: dict, as_json: bool, render) -> None:  # noqa: ANN001
+def _emit(out: dict, as_json: bool, render, strict: bool = False) -> None:  # noqa: ANN001
+    """Print the result (JSON or the command's table); ``strict``: exit 1 when a goal is missed."""
     if as_json:
         print(json.dumps(out, indent=2))
-        return
-    render(out, _console())
+    else:
+        render(out, _console())
+    if strict and not out.get("pass", True):
+        raise typer.Exit(1)
 
 
 @app.command("ckpt")
@@ -99,9 +102,7 @@ def ckpt(
                     )
             except (RuntimeError, ValueError, OSError) as e:
                 _fail(e)
-        _emit(res, as_json, tbench.render)
-        if strict and not res["pass"]:
-            raise typer.Exit(1)
+        _emit(res, as_json, tbench.render, strict)
         return
 
     if directory.startswith("s3://"):
@@ -122,9 +123,7 @@ def ckpt(
                 )
             except (RuntimeError, ValueError, OSError) as e:
                 _fail(e)
-        _emit(res, as_json, s3bench.render)
-        if strict and not res["pass"]:
-            raise typer.Exit(1)
+        _emit(res, as_json, s3bench.render, strict)
         return
 
     from goodput.bench.ckpt import render, run

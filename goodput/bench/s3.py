@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import statistics
 import tempfile
 import threading
@@ -77,7 +78,8 @@ def server(location: str, endpoint: str | None, start_server: bool, **opts: Any)
     if start_server:
         from goodput.demo.seaweed import Weed
 
-        weed = Weed(Path(tempfile.mkdtemp(prefix="goodput-bench-weed-")) / "data")
+        scratch = Path(tempfile.mkdtemp(prefix="goodput-bench-weed-"))
+        weed = Weed(scratch / "data")
         weed.start()
         os.environ.update(weed.env())  # the writer processes and this one alike
         endpoint = weed.endpoint
@@ -91,6 +93,7 @@ def server(location: str, endpoint: str | None, start_server: bool, **opts: Any)
     finally:
         if weed is not None:
             weed.stop()
+            shutil.rmtree(scratch, ignore_errors=True)  # the server's volumes: gigabytes a run
 
 
 def run(
@@ -130,7 +133,10 @@ def run(
         for r in range(repeat):
             raw_key = f"{base}/raw-{r}"
             url = f"s3://{bucket}/{base}/ours-{r}"
-            for i, ph in enumerate(phases):
+            # the raw download and goodput's load take turns going first: the one right after
+            # the uploads meets a server still writing them back to its disk
+            order = phases if r % 2 == 0 else [phases[0], phases[1], phases[3], phases[2], phases[4]]
+            for i, ph in enumerate(order):
                 if on_phase:
                     on_phase(step, repeat * len(phases), f"{ph} (repeat {r + 1}/{repeat})")
                 step += 1

@@ -67,13 +67,17 @@ def read_manifest(path: Path, storage: Storage | None = None) -> Manifest:
 
 def read_sealed_manifest(path: Path, storage: Storage | None = None) -> tuple[Manifest, bool]:
     storage = storage or storage_for(path)
-    if not storage.exists(path, MANIFEST):
-        raise CheckpointError(f"{display(path)!r} is not a committed checkpoint (no {MANIFEST})")
-    raw = storage.get(path, MANIFEST, "manifest", MAX_MANIFEST_BYTES)
+    try:  # one request on an object store; whether it is missing is asked only when it fails
+        raw = storage.get(path, MANIFEST, "manifest", MAX_MANIFEST_BYTES)
+    except (CheckpointError, OSError):
+        if not storage.exists(path, MANIFEST):
+            raise CheckpointError(f"{display(path)!r} is not a committed checkpoint (no {MANIFEST})") from None
+        raise
     return decode_sealed_manifest(raw, str(path / MANIFEST))
 
 
 SMALL_METADATA_BYTES = 64 << 20  # 16k ranks' metadata is about 10 MiB: below this, read it at once
+ONE_READ_BYTES = 4 << 20  # below this the metadata is read in one request (each is a round trip on S3)
 
 
 def read_metadata(storage: Storage, path: Path, name: str, size: int) -> bytes:
@@ -88,13 +92,19 @@ def read_metadata(storage: Storage, path: Path, name: str, size: int) -> bytes:
             raise CheckpointError(
                 f"{where}: metadata is {src.size} bytes, the manifest says {size} (truncated, or from another checkpoint)"
             )
-        head = bytearray(min(16, size))
-        src.read_into(memoryview(head), 0)
+        whole = None
+        if size <= ONE_READ_BYTES:  # allocating this much is harmless: read it all, check it below
+            whole = bytearray(size)
+            src.read_into(memoryview(whole), 0)
+        head = whole[:16] if whole is not None else bytearray(min(16, size))
+        if whole is None:
+            src.read_into(memoryview(head), 0)
         hlen = header_length(bytes(head), where)
         if hlen > size - 16:
             raise CheckpointError(f"{where}: header length {hlen} exceeds the file")
-        head = bytearray(16 + hlen)
-        src.read_into(memoryview(head), 0)
+        head = whole[: 16 + hlen] if whole is not None else bytearray(16 + hlen)
+        if whole is None:
+            src.read_into(memoryview(head), 0)
         need, rows, files = metadata_need(bytes(head), where)
         if size > need:
             raise CheckpointError(f"{where}: metadata is {size} bytes, its header accounts for at most {need}")
@@ -105,6 +115,8 @@ def read_metadata(storage: Storage, path: Path, name: str, size: int) -> bytes:
             raise CheckpointError(
                 f"{where}: metadata claims {rows} chunks, its data files have room for at most {room}"
             )
+        if whole is not None:
+            return bytes(whole)
         raw = bytearray(size)
         src.read_into(memoryview(raw), 0)
         return bytes(raw)

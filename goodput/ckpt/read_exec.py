@@ -69,7 +69,7 @@ class Files:
                 return src
             f = self.md.files[fid]
             try:
-                src = self.storage.open(self.dir, f.name, "data file")
+                src = self.storage.open(self.dir, f.name, "data file", f.bytes)
             except CheckpointError as e:
                 raise CheckpointError(f"{e} (it holds {self._tensors_in(fid)})") from None
             if src.size != f.bytes:

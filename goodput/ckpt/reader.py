@@ -86,7 +86,7 @@ def read_metadata(storage: Storage, path: Path, name: str, size: int) -> bytes:
     on storage have room for. A forged size (a sparse file of gigabytes) is refused before it
     is read."""
     where = str(path / name)
-    src = storage.open(path, name, "metadata file")
+    src = storage.open(path, name, "metadata file", size)
     try:
         if src.size != size:
             raise CheckpointError(

@@ -250,7 +250,11 @@ class Storage:
         """Make the names written into ``directory`` durable (before a commit names them)."""
         raise NotImplementedError
 
-    def open(self, directory: Path, name: str, what: str) -> Source:
+    def open(self, directory: Path, name: str, what: str, size: int | None = None) -> Source:
+        """A file for reading by ranges. ``size`` is what the checkpoint records for it: a
+        storage where learning the size costs a round trip (an object store) takes it on trust
+        here and checks it on every read instead, so a load's first byte waits on one request
+        fewer per file; the caller still compares ``Source.size`` as if it had been measured."""
         raise NotImplementedError
 
     def get(self, directory: Path, name: str, what: str, limit: int) -> bytes:
@@ -392,7 +396,7 @@ class PosixStorage(Storage):
     def sync(self, directory: Path) -> None:
         fsync_dir(directory)
 
-    def open(self, directory: Path, name: str, what: str) -> Source:
+    def open(self, directory: Path, name: str, what: str, size: int | None = None) -> Source:
         path = Path(directory) / name
         return PosixSource(open_inside(path, what), str(path))
 

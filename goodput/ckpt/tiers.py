@@ -132,9 +132,9 @@ class TierView(Storage):
         self._count(tier, len(raw))
         return raw
 
-    def open(self, directory: Path, name: str, what: str) -> Source:
+    def open(self, directory: Path, name: str, what: str, size: int | None = None) -> Source:
         s, d, tier = self._where(name)
-        src = s.open(d, name, what)
+        src = s.open(d, name, what, size)
         self._count(tier, src.size)
         return src
 

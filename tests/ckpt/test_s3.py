@@ -303,9 +303,11 @@ def test_cli_commands_take_s3_locations(weed: Weed, bucket: str) -> None:
 
 class _Throttler:
     """A real HTTP proxy in front of the server that answers the first ``n`` writes (PUT, POST)
-    with 503 SlowDown, as a throttling store does, and forwards everything else."""
+    with 503 SlowDown, as a throttling store does, sends only half the body of the first
+    ``cut`` ranged GETs and then drops the connection (a reset mid-body), and forwards everything
+    else."""
 
-    def __init__(self, upstream: str, n: int):
+    def __init__(self, upstream: str, n: int, cut: int = 0):
         import http.client
         import http.server
         from urllib.parse import urlsplit
@@ -314,6 +316,8 @@ class _Throttler:
         owner = self
         self.left = n
         self.throttled = 0
+        self.cut_left = cut
+        self.cut = 0
         self.lock = threading.Lock()
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -329,6 +333,10 @@ class _Throttler:
                     if throttle:
                         owner.left -= 1
                         owner.throttled += 1
+                    cut = self.command == "GET" and "Range" in self.headers and owner.cut_left > 0
+                    if cut:
+                        owner.cut_left -= 1
+                        owner.cut += 1
                 if throttle:
                     msg = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
                     self.send_response(503)
@@ -349,7 +357,11 @@ class _Throttler:
                 length = r.getheader("Content-Length") if self.command == "HEAD" else str(len(data))
                 self.send_header("Content-Length", length or "0")
                 self.end_headers()
-                if self.command != "HEAD":
+                if cut:
+                    self.wfile.write(data[: len(data) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                elif self.command != "HEAD":
                     self.wfile.write(data)
                 conn.close()
 
@@ -384,6 +396,51 @@ def test_throttling_is_retried_and_a_persistent_one_fails_naming_the_object(weed
     finally:
         proxy.close()
         s3.configure(endpoint_url=None, part_bytes=s3.S3Options().part_bytes, max_attempts=s3.S3Options().max_attempts)
+
+
+def test_a_read_cut_short_mid_body_is_asked_again_from_where_it_stopped(weed: Weed, bucket: str) -> None:
+    """botocore retries a request only until its headers arrive; a body cut short after that is
+    goodput's to resume: the load asks for the rest of the range and the values are exact."""
+    w = torch.arange(3 << 20, dtype=torch.float32)
+    url = f"s3://{bucket}/cut"
+    gc.save({"w": w}, url)
+    proxy = _Throttler(weed.endpoint, n=0, cut=3)
+    try:
+        s3.configure(endpoint_url=proxy.endpoint, max_attempts=5)
+        out = {"w": torch.zeros_like(w)}
+        gc.load(out, url)
+        assert proxy.cut == 3 and torch.equal(out["w"], w)
+        proxy.cut_left = 10_000  # every body cut: the load gives up naming the object
+        s3.configure(max_attempts=2)
+        with pytest.raises(gc.CheckpointError, match=r"s3://.*/cut/(data|metadata)-.*cut short 2 times"):
+            gc.load({"w": torch.zeros_like(w)}, url)
+    finally:
+        proxy.close()
+        s3.configure(endpoint_url=None, max_attempts=s3.S3Options().max_attempts)
+
+
+def test_a_damaged_object_is_named_without_a_head_request(bucket: str) -> None:
+    """Data objects are opened with the size the metadata records (no HEAD); every ranged GET's
+    Content-Range total is checked against it, so a truncated, a grown and a missing object each
+    fail the load naming the object."""
+    w = torch.arange(1 << 16, dtype=torch.float32)
+    name, _, base = bucket.partition("/")
+    c = s3.default_storage().client()
+    for damage in ("truncated", "grown", "missing"):
+        url = f"s3://{bucket}/{damage}"
+        gc.save({"w": w}, url)
+        (key,) = [f"{base}/{k}" for k in _keys(bucket, f"{damage}/") if "/data-" in f"/{k}"]
+        body = c.get_object(Bucket=name, Key=key)["Body"].read()
+        if damage == "missing":
+            c.delete_object(Bucket=name, Key=key)
+            want = r"data file 's3://.*/missing/data-.*' is missing"
+        else:
+            c.put_object(Bucket=name, Key=key, Body=body[:-4096] if damage == "truncated" else body + bytes(4096))
+            want = rf"data file 's3://.*/{damage}/data-.*' (is {len(body) + 4096} bytes|ends before byte \d+), the checkpoint records {len(body)}"
+            if damage == "truncated":
+                want = rf"data file 's3://.*/truncated/data-.*' (is {len(body) - 4096} bytes|ends before byte \d+)"
+        with pytest.raises(gc.CheckpointError, match=want):
+            gc.load({"w": torch.zeros_like(w)}, url)
 
 
 def _tiered_two(rank: int, world: int, root: str, tmp: str, steps: list[int]) -> tuple:

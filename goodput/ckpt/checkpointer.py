@@ -379,7 +379,7 @@ class Checkpointer:
                 try:
                     if how == "tiered":
                         assert manifest is not None
-                        view = TierView(fast_dir, durable_dir, manifest)
+                        view = TierView(fast_dir, durable_dir, manifest, on_fast=whole)
                         got = self._load_into(state, data, durable_dir, view)
                         moved = [view.bytes_from["fast"], view.bytes_from["durable"]]
                     else:

@@ -108,11 +108,16 @@ class TierView(Storage):
     block's checksum as always, so a stale or damaged fast copy fails the load, and the restore
     then falls back to the durable tier alone."""
 
-    def __init__(self, fast_dir: Path, durable_dir: Path, manifest: bytes):
+    def __init__(self, fast_dir: Path, durable_dir: Path, manifest: bytes, *, on_fast: bool = False):
         self.fast_dir, self.durable_dir = Path(fast_dir), Path(durable_dir)
         self.fast, self.durable = storage_for(self.fast_dir), storage_for(self.durable_dir)
         self.manifest = manifest
-        self.read_threads = max(self.fast.read_threads, self.durable.read_threads)
+        # every rank holds the save on its fast tier (``on_fast``): the fast tier's parallelism,
+        # since more threads than cores copying from memory cost their start-up and give nothing
+        # (a file found missing there is still read from the durable tier, more slowly)
+        self.read_threads = (
+            self.fast.read_threads if on_fast else max(self.fast.read_threads, self.durable.read_threads)
+        )
         self.bytes_from: dict[str, int] = {"fast": 0, "durable": 0}
         self._lock = threading.Lock()
 

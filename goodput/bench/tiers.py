@@ -4,7 +4,7 @@ writing to the same fast directory, in the same run.
 Goals (the issue's): the tiered save's stall and its fast-tier commit within 1.1 x the local-only
 save's; a restore from the fast tier >= 0.9 x the throughput of the local-only restore. The drain
 to the durable tier (an object store or a shared file system) is timed too, and between repeats
-the bench waits for it, so that each save is measured alone. Each Checkpointer saves once before
+the bench waits for it, and before every phase for quiet cores (:func:`settle`), so that each save is measured alone. Each Checkpointer saves once before
 the timed repeats (its first save allocates the staging buffer and starts the writer); the goals
 use the median of each repeat's paired ratio (the two saves of one repeat run back to back).
 """
@@ -26,6 +26,19 @@ import torch
 STALL_GOAL = 1.1
 COMMIT_GOAL = 1.1
 RESTORE_GOAL = 0.9
+
+
+def settle(idle: float = 0.75, window: float = 0.25, limit: float = 15.0) -> float:
+    """Wait until the cores are at least ``idle`` idle over a ``window`` (at most ``limit``
+    seconds); the seconds waited. An object store on the same host goes on writing back what a
+    drain sent it after acknowledging it, and a save timed in that time measures the store."""
+    import psutil
+
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < limit:
+        if psutil.cpu_percent(interval=window) <= 100 * (1 - idle):
+            break
+    return time.perf_counter() - t0
 
 
 def _state(total: int, ntensors: int) -> dict[str, torch.Tensor]:
@@ -58,6 +71,7 @@ def run(
     commit: dict[str, list[float]] = {"local save": [], "tiered save": []}
     restore: dict[str, list[float]] = {"local restore": [], "tiered restore": []}
     drain: list[float] = []
+    settled: list[float] = []  # seconds waited for quiet cores before each phase
     tiers_seen: list[str | None] = []
     local = gc.Checkpointer(local_root, interval=1, keep=2)
     tiered = gc.Checkpointer(durable_root, fast=tier_root, interval=1, keep=2, fast_keep=2, drain_rate=drain_rate)
@@ -76,6 +90,7 @@ def run(
                 if on_phase:
                     on_phase(i, repeat * len(phases), f"{ph} (repeat {r + 1}/{repeat})")
                 i += 1
+                settled.append(settle())
                 if ph.endswith("save"):
                     ck = local if ph == "local save" else tiered
                     h = ck.save(step, state)
@@ -132,6 +147,7 @@ def run(
         "commit_s": commit,
         "restore_s": restore,
         "drain_s": drain,
+        "settle_s": settled,
         "drain_mb_per_s": nbytes / statistics.median(drain) / 1e6 if drain else None,
         "restored_tiers": tiers_seen,
         "stall_ratio": stall_ratio,

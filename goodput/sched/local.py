@@ -492,9 +492,13 @@ def _supervise(argv: list[str]) -> int:
         return 2
     status, cmd = Path(argv[1]), argv[3:]
     # a Python-level handler (not SIG_IGN): exec resets it to the default in the child, which then
-    # installs its own (the Checkpointer's); the group's signal reaches the child directly
+    # installs its own (the Checkpointer's); the group's signal reaches the child directly. A notice
+    # sent before the child exists (between these handlers and its exec) reaches only us: it is kept
+    # and passed on once the child is started, or it would be lost and the run would go on as if never
+    # asked to leave (a cancelled job running to its end, a preemption waiting for its hard deadline).
+    early: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: None)
+        signal.signal(sig, lambda signum, _frame: early.append(signum))
     reaper = _subreaper()
     orphans: list[int] = []
     try:
@@ -503,6 +507,11 @@ def _supervise(argv: list[str]) -> int:
         print(f"goodput.sched.local: cannot start {cmd[0]!r}: {e}", file=sys.stderr)
         crc = 127
     else:
+        # once each: a notice that came while the child was being started may also have reached it
+        # through the group, and a second one changes nothing (the Checkpointer only sets a flag)
+        for sig in dict.fromkeys(early):
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(sig)
         crc = child.wait()
         if reaper:  # the run is over only when every process of it is: slots are released after that
             orphans = _reap_orphans()

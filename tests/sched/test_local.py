@@ -131,3 +131,32 @@ def test_a_new_executor_readopts_a_live_group_and_kills_an_orphan(tmp_path):
     import psutil
 
     assert not psutil.pid_exists(orphan_pid) or psutil.Process(orphan_pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_notice_before_the_command_exists_is_passed_on(tmp_path):
+    """The supervisor's own handlers are in place before its command is started: a notice to the
+    group in between reaches only the supervisor, which must pass it on (or the run never sees it)."""
+    import os
+    import signal
+    import subprocess
+
+    status = tmp_path / "status"
+    # the notice lands after the supervisor's handlers, just before the command is started
+    sup = (
+        "import os, signal, subprocess, sys\n"
+        "from goodput.sched import local\n"
+        "real = subprocess.Popen\n"
+        "def popen(*a, **kw):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return real(*a, **kw)\n"
+        "subprocess.Popen = popen\n"
+        f"sys.exit(local._supervise(['--status', {str(status)!r}, '--', {PY!r}, '-c', 'import time; time.sleep(60)']))\n"
+    )
+    p = subprocess.Popen([PY, "-c", sup], start_new_session=True)
+    try:
+        assert p.wait(timeout=20) == 0
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert json.loads(status.read_text())["rc"] == -signal.SIGTERM  # the command got the notice

@@ -338,14 +338,13 @@ class S3Source(Source):
                 )
             except Exception as e:
                 raise self._refused(e, at, what) from None
-            self._check_range(r, at, n - got, what)
-            body, err = r["Body"], None
+            body = r["Body"]
             try:
-                got += _read_body(body, mv[got:])
-            except Exception as e:  # noqa: BLE001 - any failure mid-body: ask again for the rest
-                err = e
+                self._check_range(r, at, n - got, what)
+                k, err = _read_body(body, mv[got:])
+                got += k  # what arrived before a failure counts: the next GET asks for the rest
             finally:
-                body.close()
+                body.close()  # a refused or unfinished response's connection is closed, not pooled
             if got < n:
                 failures += 1
                 if failures >= self.store.options.max_attempts:
@@ -358,7 +357,8 @@ class S3Source(Source):
 
     def _refused(self, e: Exception, at: int, what: str | None) -> CheckpointError:
         if _missing(e):
-            return CheckpointError(f"{self.what} {self.name!r} is missing")
+            reading = f" (reading {what})" if what and what != self.name else ""
+            return CheckpointError(f"{self.what} {self.name!r} is missing{reading}")
         if _code(e) in ("416", "InvalidRange"):  # the object is shorter than the record
             return CheckpointError(
                 f"{self.what} {self.name!r} ends before byte {at}, the checkpoint records {self.size} bytes "
@@ -394,8 +394,12 @@ class S3Source(Source):
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
 
-def _read_body(body: Any, into: memoryview) -> int:
-    """Read a response body into ``into``; the bytes read. The HTTP response under botocore's and
+_SLICE = 1 << 20
+
+
+def _read_body(body: Any, into: memoryview) -> tuple[int, Exception | None]:
+    """Read a response body into ``into``: the bytes read, and the error that stopped it short
+    if one did (a reset, a timeout). The HTTP response under botocore's and
     urllib3's wrappers reads from the socket straight into the buffer (no intermediate bytes
     object, no second copy: on a loaded host that copy is a tenth of a load's CPU); anything
     else (an encoded body, another HTTP stack) goes through the wrappers' read."""
@@ -403,22 +407,27 @@ def _read_body(body: Any, into: memoryview) -> int:
     fp = getattr(raw, "_fp", None)  # http.client's HTTPResponse under it
     encoding = str(getattr(raw, "headers", {}).get("content-encoding", "identity")).lower()
     n, got = len(into), 0
-    if fp is not None and hasattr(fp, "readinto") and hasattr(raw, "release_conn") and encoding == "identity":
+    try:
+        if fp is not None and hasattr(fp, "readinto") and hasattr(raw, "release_conn") and encoding == "identity":
+            while got < n:
+                # in slices: a buffered readinto fills its whole buffer or raises, and what it had
+                # read when a timeout struck is lost to the count; a slice bounds that loss
+                k = fp.readinto(into[got : got + _SLICE])
+                if not k:
+                    break
+                got += k
+            if fp.isclosed():  # the whole body was read: the connection goes back to the pool
+                raw.release_conn()
+            return got, None
         while got < n:
-            k = fp.readinto(into[got:])
-            if not k:
+            chunk = body.read(min(n - got, 8 << 20))
+            if not chunk:
                 break
-            got += k
-        if fp.isclosed():  # the whole body was read: the connection goes back to the pool
-            raw.release_conn()
-        return got
-    while got < n:
-        chunk = body.read(min(n - got, 8 << 20))
-        if not chunk:
-            break
-        into[got : got + len(chunk)] = chunk
-        got += len(chunk)
-    return got
+            into[got : got + len(chunk)] = chunk
+            got += len(chunk)
+    except Exception as e:  # noqa: BLE001 - the caller asks again for the rest
+        return got, e
+    return got, None
 
 
 def _backoff(failures: int) -> None:

@@ -301,13 +301,18 @@ def test_cli_commands_take_s3_locations(weed: Weed, bucket: str) -> None:
     assert missing.returncode == 2 and "does not exist" in missing.stderr
 
 
+def _span(headers: object) -> int:
+    a, b = str(headers["Range"]).removeprefix("bytes=").split("-")  # type: ignore[index]
+    return int(b) - int(a) + 1
+
+
 class _Throttler:
     """A real HTTP proxy in front of the server that answers the first ``n`` writes (PUT, POST)
     with 503 SlowDown, as a throttling store does, sends only half the body of the first
     ``cut`` ranged GETs and then drops the connection (a reset mid-body), and forwards everything
     else."""
 
-    def __init__(self, upstream: str, n: int, cut: int = 0):
+    def __init__(self, upstream: str, n: int, cut: int = 0, stall: bool = False):
         import http.client
         import http.server
         from urllib.parse import urlsplit
@@ -318,6 +323,8 @@ class _Throttler:
         self.throttled = 0
         self.cut_left = cut
         self.cut = 0
+        self.stall = stall  # a cut body stalls (the client's read times out) instead of ending
+        self.ranges: list[str] = []
         self.lock = threading.Lock()
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -333,7 +340,10 @@ class _Throttler:
                     if throttle:
                         owner.left -= 1
                         owner.throttled += 1
+                    if self.command == "GET" and "Range" in self.headers:
+                        owner.ranges.append(self.headers["Range"])
                     cut = self.command == "GET" and "Range" in self.headers and owner.cut_left > 0
+                    cut = cut and (not owner.stall or _span(self.headers) > 4 << 20)
                     if cut:
                         owner.cut_left -= 1
                         owner.cut += 1
@@ -360,6 +370,8 @@ class _Throttler:
                 if cut:
                     self.wfile.write(data[: len(data) // 2])
                     self.wfile.flush()
+                    if owner.stall:
+                        time.sleep(3)
                     self.close_connection = True
                 elif self.command != "HEAD":
                     self.wfile.write(data)
@@ -417,6 +429,21 @@ def test_a_read_cut_short_mid_body_is_asked_again_from_where_it_stopped(weed: We
     finally:
         proxy.close()
         s3.configure(endpoint_url=None, max_attempts=s3.S3Options().max_attempts)
+    # a body that stalls halfway (the read times out: an exception, not an end) resumes from
+    # where it stopped too: the next GET starts at the half already in the buffer
+    proxy = _Throttler(weed.endpoint, n=0, cut=1, stall=True)
+    try:
+        s3.configure(endpoint_url=proxy.endpoint, max_attempts=5, read_timeout_s=1.0)
+        out = {"w": torch.zeros_like(w)}
+        gc.load(out, url)
+        assert proxy.cut == 1 and torch.equal(out["w"], w)
+        # the stalled GET (the first over 4 MiB) and the one after it, for the rest of its range
+        i = next(k for k, r in enumerate(proxy.ranges) if _span({"Range": r}) > 4 << 20)
+        (a0, b0), (a1, b1) = (map(int, r.removeprefix("bytes=").split("-")) for r in proxy.ranges[i : i + 2])
+        assert b1 == b0 and a0 < a1 <= a0 + (b0 - a0 + 1) // 2, proxy.ranges
+    finally:
+        proxy.close()
+        s3.configure(endpoint_url=None, max_attempts=s3.S3Options().max_attempts, read_timeout_s=60.0)
 
 
 def test_a_damaged_object_is_named_without_a_head_request(bucket: str) -> None:

@@ -107,3 +107,42 @@ def test_a_chunk_read_in_parts_reads_its_checksum_table_once(tmp_path: Path) -> 
     assert torch.equal(target[:, 0], torch.arange(n, dtype=torch.float32) * 4 + 2)
     blocks = -(-(n * 16) // 4096)
     assert stats.chunks == 1 and stats.checksum_bytes_read == 4 * blocks
+
+
+@pytest.mark.parametrize("whole_table", [True, False])
+def test_a_file_s_checksum_table_is_one_read(
+    tmp_path: Path, whole_table: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight chunks in one file: a load reads the file's block-checksum table in one request
+    (on an object store each is a round trip), or, for a table over ``TABLE_REGION_BYTES``,
+    each chunk's part of it once. The values are exact either way."""
+    from goodput.ckpt import read_exec
+    from goodput.ckpt.storage import PosixSource, PosixStorage
+
+    if not whole_table:
+        monkeypatch.setattr(read_exec, "TABLE_REGION_BYTES", 0)
+    state = {f"t{i}": torch.arange(5000, dtype=torch.float32) + i for i in range(8)}
+    gc.save(state, tmp_path)
+    reads: list[tuple[str, int, int]] = []
+
+    class Counted(PosixSource):
+        def read_into(self, buf: memoryview, offset: int, what: str | None = None) -> None:
+            reads.append((self.name, offset, len(memoryview(buf).cast("B"))))
+            super().read_into(buf, offset, what)
+
+    class Counting(PosixStorage):
+        def open(self, directory: Path, name: str, what: str, size: int | None = None) -> PosixSource:
+            src = super().open(directory, name, what, size)
+            assert isinstance(src, PosixSource)
+            src.__class__ = Counted  # table reads always go through read_into
+            return src
+
+    out = {k: torch.zeros_like(v) for k, v in state.items()}
+    gc.load(out, tmp_path, storage=Counting())
+    assert all(torch.equal(out[k], state[k]) for k in state)
+    (f,) = gc.open(tmp_path).metadata.files
+    table_reads = [r for r in reads if r[0].endswith(f.name) and r[1] >= f.crc_offset]
+    if whole_table:
+        assert table_reads == [(str(tmp_path / f.name), f.crc_offset, 4 * f.crc_count)]
+    else:
+        assert len(table_reads) == 8 and sum(n for _, _, n in table_reads) == 4 * f.crc_count

@@ -30,6 +30,7 @@ from . import events as ev
 from .capacity import Capacity
 from .eviction import EXACT_MAX, Candidate, VictimOrder, exact_fit, greedy_fit
 from .executor import Clock, Executor
+from .governance import Governance
 from .model import TERMINAL, Health, Job, JobState, Node, Pool, Tenant
 from .placement import pools_for
 from .policy import Policy
@@ -70,9 +71,11 @@ class Scheduler:
         tenants: Iterable[Tenant] = (),
         store: Any = None,
         log: ev.EventLog | None = None,
+        governance: Governance | None = None,
     ) -> None:
         pools = list(pools)
         self.policy = policy or Policy()
+        self.gov = governance if governance is not None else Governance()
         self.clock = clock
         self.executor = executor
         self.cap = Capacity(pools, nodes if nodes is not None else Capacity.build_nodes(pools))
@@ -202,6 +205,7 @@ class Scheduler:
         executor: Executor,
         policy: Policy | None = None,
         log: ev.EventLog | None = None,
+        governance: Governance | None = None,
     ) -> Scheduler:
         """A scheduler rebuilt from its store after a crash: every index derived from the records."""
         snap = store.load()
@@ -220,6 +224,7 @@ class Scheduler:
             tenants=snap.tenants.values(),
             store=store,
             log=log,
+            governance=governance,
         )
         s._load_meta(snap.meta)
         s._priorities = {j.priority for j in snap.jobs.values()}
@@ -330,6 +335,7 @@ class Scheduler:
                 raise SchedulerError(f"job {job.id!r}: {name} must be an integer >= 1, got {getattr(job, name)!r}")
         if job.state is not JobState.PENDING or job.epoch != 0:
             raise SchedulerError(f"job {job.id!r}: a submitted job must be new (pending, epoch 0)")
+        self.gov.check(job)  # SubmissionRejected naming the field: outside the operator's limits
         cls = self._class_of(job)
         if not cls[2]:
             raise SchedulerError(

@@ -444,7 +444,15 @@ def _simulate(
     jobs = sorted((fresh(j) for j in jobs), key=lambda j: (j.submit_s, j.seq, j.id))
     world = World(cluster, jobs)
     log = EventLog()
-    sched = Scheduler(cluster.pools, clock=world.clock, executor=world, policy=policy, store=store, log=log)
+    sched = Scheduler(
+        cluster.pools,
+        clock=world.clock,
+        executor=world,
+        policy=policy,
+        store=store,
+        log=log,
+        governance=cluster.governance,
+    )
     if store is not None:
         if store.event_count():
             raise ValueError("the store already holds a scheduler's run: give the simulation an empty one")
@@ -482,7 +490,14 @@ def _simulate(
             n_world += 1
             if crash and n_world >= crash[-1]:
                 crash.pop()
-                sched = Scheduler.restore(store, cluster.pools, clock=world.clock, executor=world, policy=policy)
+                sched = Scheduler.restore(
+                    store,
+                    cluster.pools,
+                    clock=world.clock,
+                    executor=world,
+                    policy=policy,
+                    governance=cluster.governance,
+                )
                 world.sched = sched
         sched.advance()
         if t_next >= next_pass:

@@ -32,6 +32,7 @@ import numpy as np
 
 from ..plan.failures import LLAMA3_GPUS, gpu_mtbf_from_job, job_mtbi
 from ..plan.spot import trace_rates
+from .governance import Governance, GovernanceError
 from .model import Checkpointing, Job, Pool, PoolKind, RetryPolicy
 
 
@@ -294,6 +295,7 @@ class ClusterEvent:
 class Cluster:
     pools: list[Pool]
     events: list[ClusterEvent] = field(default_factory=list)
+    governance: Governance = field(default_factory=Governance)  # the file's "tenants" and "limits"
 
     def pool(self, name: str) -> Pool:
         for p in self.pools:
@@ -411,7 +413,11 @@ def _cluster_from_obj(obj: Any, name: str) -> Cluster:
             )
         )
     events.sort(key=lambda e: e.t)  # stable: same-time events keep file order
-    return Cluster(pools=pools, events=events)
+    try:
+        governance = Governance.from_obj(obj.get("tenants"), obj.get("limits"))
+    except GovernanceError as e:
+        raise k.fail(e.field, e.message) from None
+    return Cluster(pools=pools, events=events, governance=governance)
 
 
 def _read_json(path: str | Path) -> Any:
@@ -450,7 +456,10 @@ def cluster_to_obj(cluster: Cluster) -> dict[str, Any]:
         if e.seed_key:
             d["seed_key"] = e.seed_key
         events.append(d)
-    return {"pools": pools, "events": events}
+    out: dict[str, Any] = {"pools": pools, "events": events}
+    if cluster.governance != Governance():
+        out["tenants"], out["limits"] = cluster.governance.to_obj()
+    return out
 
 
 def write_cluster_json(cluster: Cluster, path: str | Path) -> None:

@@ -10,12 +10,32 @@ file-based commit of an asynchronous one alike. numpy-free and torch-free.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from collections.abc import Iterable
 from typing import Any
 
+_DCP_API = "torch.distributed.checkpoint.api"
+
 
 class CheckpointError(Exception):
-    """A checkpoint is missing, corrupt, foreign or malformed. The message names what is wrong."""
+    """A checkpoint is missing, corrupt, foreign or malformed. The message names what is wrong.
+
+    It is also DCP's ``CheckpointException`` as soon as DCP is imported (see :func:`_adopt_dcp`),
+    so that code written for DCP (``except dcp.CheckpointException:``) catches goodput's errors;
+    unlike DCP's it stays an ``Exception``. ``failures`` is DCP's per-rank map, empty here: the
+    message already names the ranks at fault."""
+
+    def __init__(self, *args: Any) -> None:
+        Exception.__init__(self, *args)
+        self._failures: dict[int, Any] = {}
+
+    @property
+    def failures(self) -> dict[int, Any]:
+        return self._failures
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)
 
 
 class SaveError(CheckpointError):
@@ -39,3 +59,50 @@ def raise_rank_errors(reports: Iterable[dict[str, Any]], what: str) -> None:
     errs = rank_errors(reports)
     if errs:
         raise SaveError(f"{what}; nothing was committed. {errs}")
+
+
+def _adopt_dcp() -> None:
+    """Make :class:`CheckpointError` a subclass of DCP's ``CheckpointException`` once DCP's
+    ``api`` module exists. Nobody can catch DCP's class before DCP is imported, so linking at
+    that moment (through the import hook below) is enough, and the numpy-only reader never pays
+    for importing torch."""
+    api = sys.modules.get(_DCP_API)
+    base = getattr(api, "CheckpointException", None)
+    if isinstance(base, type) and not issubclass(CheckpointError, base):
+        CheckpointError.__bases__ = (Exception, base)
+
+
+class _AdoptWhenDCPLoads:
+    """A meta-path finder that lets the real finders find DCP's ``api`` module and links
+    :class:`CheckpointError` right after that module has run. It removes itself once used."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != _DCP_API:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        loader = spec.loader
+        run = getattr(loader, "exec_module", None)
+        if run is None:
+            return spec
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            _adopt_dcp()
+
+        loader.exec_module = exec_module
+        return spec
+
+
+if _DCP_API in sys.modules:
+    _adopt_dcp()
+else:
+    sys.meta_path.insert(0, _AdoptWhenDCPLoads())  # type: ignore[arg-type]

@@ -614,6 +614,10 @@ def create_app(svc: Service) -> FastAPI:
     def healthz() -> dict[str, Any]:
         return {"ok": True, "restored": svc.restored, "adopted": svc.adopted}
 
+    from .ui import router as ui_router  # the dashboard at /ui (docs/DASHBOARD.md), behind the same tokens
+
+    app.include_router(ui_router(svc, person))
+
     @app.exception_handler(SchedulerError)
     def _sched_error(request: Request, exc: SchedulerError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=409)

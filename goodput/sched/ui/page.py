@@ -1,0 +1,110 @@
+"""The dashboard's HTML: the live page (files served by the service) and the static report (one file).
+
+Both are the same template and the same script; the static report inlines the script, the chart
+library and the data, so it opens from disk in a browser with no network and no server.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+STATIC_FILES = ("app.js", "app.css", "chart.umd.min.js", "chart.js.LICENSE.md")
+SECURITY_HEADERS = {
+    # the page's own files only: no CDN, no inline script; Chart.js sizes its canvases by style attributes
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+def static_file(name: str) -> bytes | None:
+    """One of the dashboard's shipped files by its bare name (nothing else: no path is ever joined)."""
+    if name not in STATIC_FILES:
+        return None
+    return resources.files(__package__).joinpath("static", name).read_bytes()
+
+
+def _template() -> str:
+    return resources.files(__package__).joinpath("static", "index.html").read_text(encoding="utf-8")
+
+
+def live_html() -> str:
+    head = (
+        '<link rel="stylesheet" href="/ui/static/app.css">\n'
+        '<script src="/ui/static/chart.umd.min.js" defer></script>\n'
+        '<script src="/ui/static/app.js" defer></script>'
+    )
+    return _template().replace("<!--HEAD-->", head).replace("<!--DATA-->", "").replace("<!--TITLE-->", "goodput")
+
+
+def _clean(x: Any) -> Any:
+    """JSON has no infinity: non-finite numbers become null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+def to_json(data: dict[str, Any]) -> str:
+    return json.dumps(_clean(data), separators=(",", ":"), allow_nan=False)
+
+
+def static_html(data: dict[str, Any]) -> str:
+    """One self-contained page: the script, the chart library and ``data`` inlined."""
+    css = static_file("app.css").decode()  # type: ignore[union-attr]
+    chart = static_file("chart.umd.min.js").decode()  # type: ignore[union-attr]
+    app = static_file("app.js").decode()  # type: ignore[union-attr]
+    # inside <script>, "</script" would end the element: every "<" in the data is written as \u003c
+    payload = to_json(data).replace("<", "\\u003c")
+    head = f"<style>\n{css}\n</style>\n<script>\n{_script_safe(chart)}\n</script>"
+    body = f'<script id="goodput-data" type="application/json">{payload}</script>\n<script>\n{_script_safe(app)}\n</script>'
+    title = str(data.get("title") or "goodput sched report").replace("&", "&amp;").replace("<", "&lt;")
+    return _template().replace("<!--HEAD-->", head).replace("<!--DATA-->", body).replace("<!--TITLE-->", title)
+
+
+def _script_safe(code: str) -> str:
+    return code.replace("</script", "<\\/script")
+
+
+def write_report(
+    events: str | Path | list[dict[str, Any]],
+    out: str | Path,
+    *,
+    capacity: dict[str, int] | None = None,
+    pool_kinds: dict[str, str] | None = None,
+    meta: dict[str, dict[str, Any]] | None = None,
+    policies: list[dict[str, Any]] | None = None,
+    exact_ledger: dict[str, Any] | None = None,
+    title: str = "",
+) -> Path:
+    """Write the static dashboard of an event log (a JSONL path or its records) to ``out`` (a file)."""
+    from ..events import read_jsonl
+    from .timeline import Timeline
+    from .views import static_report
+
+    records = read_jsonl(events) if isinstance(events, (str, Path)) else events
+    tl = Timeline(capacity, pool_kinds)
+    tl.feed(records)
+    data = static_report(
+        tl,
+        meta=meta,
+        policies=policies,
+        exact_ledger=exact_ledger,
+        title=title
+        or (
+            f"goodput sched report: {Path(events).name}" if isinstance(events, (str, Path)) else "goodput sched report"
+        ),
+    )
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(static_html(data), encoding="utf-8")
+    return path

@@ -24,6 +24,8 @@ install it.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import math
 import os
@@ -44,6 +46,8 @@ import msgspec.inspect as mi
 from goodput.sched.model import Job, Node, Tenant
 
 SCHEMA_VERSION = 1
+# tokens columns added after schema 1 shipped (ALTER TABLE ... ADD COLUMN on open, both dialects)
+_TOKEN_COLUMNS = (("prefix", "TEXT NOT NULL DEFAULT ''"), ("expires", "REAL"), ("revoked", "REAL"))
 _VERSION_KEY = "schema_version"
 # pg_advisory_xact_lock key: serialises writers so that "next seq = max + 1" cannot race
 _PG_LOCK_KEY = 0x676F6F64707574  # "goodput"
@@ -66,6 +70,12 @@ class SchemaError(StoreError):
     """The store was written by a goodput this code cannot read safely."""
 
 
+class StoreUnavailable(StoreError):
+    """The database refused or could not take the transaction now (locked past the busy timeout by
+    another process, read-only, disk full, connection lost): nothing of it was written, and the same
+    call may succeed later. The live service answers 503 with Retry-After."""
+
+
 @dataclass
 class Snapshot:
     """Everything a restarting scheduler needs; ``events`` in commit order, without their seq numbers."""
@@ -83,6 +93,7 @@ class _Staged:
 
     commits: list[tuple[str, str]] = field(default_factory=list)
     keys: list[tuple[str, str, str, str]] = field(default_factory=list)
+    envs: list[tuple[str, str]] = field(default_factory=list)
     written: bool = False
 
 
@@ -269,6 +280,9 @@ class Store:
     def _table_exists(self, cur: Any, name: str) -> bool:
         raise NotImplementedError
 
+    def _columns(self, cur: Any, table: str) -> set[str]:
+        raise NotImplementedError
+
     # -- schema --------------------------------------------------------------------------------------------
 
     def _ddl(self) -> list[str]:
@@ -282,6 +296,12 @@ class Store:
             # the service's bearer tokens, by their sha256 only: a leaked store leaks no usable token
             "CREATE TABLE IF NOT EXISTS tokens (hash TEXT PRIMARY KEY, tenant TEXT NOT NULL, role TEXT NOT NULL,"
             " job TEXT NOT NULL, created REAL NOT NULL)",
+            # the Unix user each tenant's jobs run as (goodput sched token add NAME --user USER)
+            "CREATE TABLE IF NOT EXISTS tenant_users (tenant TEXT PRIMARY KEY, unix_user TEXT NOT NULL)",
+            # the service's own settings that a restart must agree with (its state directory)
+            "CREATE TABLE IF NOT EXISTS service_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+            # a job's own environment variables (its spec's ``env``), stored with its submission
+            "CREATE TABLE IF NOT EXISTS job_envs (job TEXT PRIMARY KEY, body TEXT NOT NULL)",
             # the service's own facts about a job, written in the transaction of the step they belong to
             # (Store.along): the last accepted commit report, and the client's idempotency key of a submission
             "CREATE TABLE IF NOT EXISTS commits (job TEXT PRIMARY KEY, body TEXT NOT NULL)",
@@ -299,6 +319,11 @@ class Store:
                     self._check_version(row[0])
             for ddl in self._ddl():
                 cur.execute(ddl)
+            # columns added to the tokens table after schema 1 shipped: a store made before them gains them
+            have = self._columns(cur, "tokens")
+            for col, typ in _TOKEN_COLUMNS:
+                if col not in have:
+                    cur.execute(f"ALTER TABLE tokens ADD COLUMN {col} {typ}")
             cur.execute(
                 self._sql("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO NOTHING"),
                 (_VERSION_KEY, json.dumps(SCHEMA_VERSION)),
@@ -417,7 +442,10 @@ class Store:
         staged: _Staged | None = getattr(self._staged, "rows", None)
         commit_rows = list(staged.commits) if staged is not None else []
         key_rows = list(staged.keys) if staged is not None else []
-        if not (job_rows or node_rows or tenant_rows or meta_rows or event_bodies or dels or commit_rows or key_rows):
+        env_rows = list(staged.envs) if staged is not None else []
+        if not (
+            job_rows or node_rows or tenant_rows or meta_rows or event_bodies or dels or commit_rows or key_rows
+        ) and not env_rows:
             return
         with self._use(), self._transaction(write=True) as cur:
             self._upsert(cur, "jobs", ("id", "state", "tenant", "body"), job_rows)
@@ -425,6 +453,7 @@ class Store:
             self._upsert(cur, "tenants", ("name", "body"), tenant_rows)
             self._upsert(cur, "meta", ("key", "value"), meta_rows)
             self._upsert(cur, "commits", ("job", "body"), commit_rows)
+            self._upsert(cur, "job_envs", ("job", "body"), env_rows)
             if key_rows:  # never an upsert: a key names one submission for good (the service checks first)
                 cur.executemany(
                     self._sql("INSERT INTO job_keys (tenant, key, job, spec) VALUES (?, ?, ?, ?)"), key_rows
@@ -433,11 +462,13 @@ class Store:
                 cur.executemany(self._sql("DELETE FROM jobs WHERE id = ?"), dels)
                 cur.executemany(self._sql("DELETE FROM commits WHERE job = ?"), dels)
                 cur.executemany(self._sql("DELETE FROM job_keys WHERE job = ?"), dels)
+                cur.executemany(self._sql("DELETE FROM job_envs WHERE job = ?"), dels)
             self._append_events(cur, event_bodies)
         if staged is not None:  # once: a second commit in the same block writes them no more
             staged.written = True
             staged.commits.clear()
             staged.keys.clear()
+            staged.envs.clear()
 
     # -- the service's facts about jobs (goodput.sched.service) --------------------------------------------
 
@@ -447,15 +478,18 @@ class Store:
         *,
         commits: dict[str, dict[str, Any]] | None = None,
         keys: Iterable[tuple[str, str, str, str]] = (),
+        envs: dict[str, dict[str, str]] | None = None,
     ) -> Iterator[_Staged]:
         """Rows that the next :meth:`commit` made by this thread inside the block writes in its own
         transaction: ``commits`` (job id -> its last accepted commit report) and ``keys`` ((tenant,
-        idempotency key, job id, spec digest) of a submission). So a service killed at any instant has
+        idempotency key, job id, spec digest) of a submission) and ``envs`` (job id -> its spec's
+        environment variables). So a service killed at any instant has
         the job's step and these facts both or neither. Rows not written by the end of the block are
         dropped (the step was refused before it reached the store); ``.written`` says which."""
         rows = _Staged(
             commits=[(k, _dumps(v)) for k, v in (commits or {}).items()],
             keys=[(str(t), str(k), str(j), str(s)) for t, k, j, s in keys],
+            envs=[(k, _dumps(v)) for k, v in (envs or {}).items()],
         )
         if getattr(self._staged, "rows", None) is not None:
             raise RuntimeError("Store.along does not nest")
@@ -471,6 +505,19 @@ class Store:
             cur.execute(f"SELECT job, body FROM commits ORDER BY job{self.text_order}")
             rows = cur.fetchall()
         return {str(k): _loads("commits", k, b) for k, b in rows}
+
+    def job_envs(self) -> dict[str, dict[str, str]]:
+        """job id -> the environment variables its spec gave (only jobs that gave some)."""
+        with self._use(), self._transaction(write=False) as cur:
+            cur.execute("SELECT job, body FROM job_envs")
+            rows = cur.fetchall()
+        out: dict[str, dict[str, str]] = {}
+        for k, b in rows:
+            env = _loads("job_envs", k, b)
+            if not isinstance(env, dict) or not all(isinstance(x, str) and isinstance(y, str) for x, y in env.items()):
+                raise CorruptRecord("job_envs", k, "not an object of strings")
+            out[str(k)] = env
+        return out
 
     def job_keys(self) -> dict[tuple[str, str], tuple[str, str]]:
         """(tenant, idempotency key) -> (job id, spec digest) of every keyed submission."""
@@ -510,27 +557,121 @@ class Store:
 
     # -- tokens (goodput.sched.service) -------------------------------------------------------------------
 
-    def add_token(self, digest: str, tenant: str, role: str, job: str = "") -> None:
-        """Remember a token by its hash; ``role`` is tenant, admin or job (then ``job`` names the one it reports for)."""
+    def add_token(
+        self,
+        digest: str,
+        tenant: str,
+        role: str,
+        job: str = "",
+        *,
+        prefix: str = "",
+        expires: float | None = None,
+    ) -> None:
+        """Remember a token by its hash; ``role`` is tenant, admin or job (then ``job`` names the one it
+        reports for). ``prefix`` is the token's first characters, shown by ``token ls`` and accepted by
+        ``token revoke`` (too short to guess the rest from); ``expires`` is a Unix time, or None."""
         if role not in ("tenant", "admin", "job"):
             raise ValueError(f"token role must be tenant, admin or job, got {role!r}")
         if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
             raise ValueError("a token is stored as its sha256 hex digest (64 lowercase hex characters)")
+        if expires is not None and not math.isfinite(expires):
+            raise ValueError(f"expires must be a finite Unix time, got {expires!r}")
         with self._use(), self._transaction(write=True) as cur:
             cur.execute(
                 self._sql(
-                    "INSERT INTO tokens (hash, tenant, role, job, created) VALUES (?, ?, ?, ?, ?)"
-                    " ON CONFLICT (hash) DO NOTHING"
+                    "INSERT INTO tokens (hash, tenant, role, job, created, prefix, expires, revoked)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, NULL) ON CONFLICT (hash) DO NOTHING"
                 ),
-                (digest, tenant, role, job, time.time()),
+                (digest, tenant, role, job, time.time(), prefix, expires),
             )
 
     def token(self, digest: str) -> tuple[str, str, str] | None:
-        """(tenant, role, job) of the token with this hash, or None."""
+        """(tenant, role, job) of the live token with this hash (not revoked, not expired), or None."""
         with self._use(), self._transaction(write=False) as cur:
-            cur.execute(self._sql("SELECT tenant, role, job FROM tokens WHERE hash = ?"), (digest,))
+            cur.execute(
+                self._sql("SELECT tenant, role, job, expires, revoked FROM tokens WHERE hash = ?"), (digest,)
+            )
             row = cur.fetchone()
-        return None if row is None else (str(row[0]), str(row[1]), str(row[2]))
+        if row is None or row[4] is not None or (row[3] is not None and float(row[3]) <= time.time()):
+            return None
+        return (str(row[0]), str(row[1]), str(row[2]))
+
+    def tokens(self) -> list[dict[str, Any]]:
+        """Every token row but its hash: tenant, role, job, prefix, created, expires, revoked (Unix times or None)."""
+        with self._use(), self._transaction(write=False) as cur:
+            cur.execute(
+                f"SELECT tenant, role, job, prefix, created, expires, revoked, hash FROM tokens"
+                f" ORDER BY tenant{self.text_order}, created"
+            )
+            rows = cur.fetchall()
+        cols = ("tenant", "role", "job", "prefix", "created", "expires", "revoked")
+        return [dict(zip(cols, r[:7])) for r in rows]
+
+    def live_tokens(self) -> dict[str, tuple[str, str, str, float | None]]:
+        """hash -> (tenant, role, job, expires) of every token not revoked: what a service caches."""
+        with self._use(), self._transaction(write=False) as cur:
+            cur.execute("SELECT hash, tenant, role, job, expires FROM tokens WHERE revoked IS NULL")
+            rows = cur.fetchall()
+        return {str(h): (str(t), str(r), str(j), None if e is None else float(e)) for h, t, r, j, e in rows}
+
+    def revoke_tokens(self, name: str) -> int:
+        """Revoke the person tokens (tenant and admin) of tenant ``name``, or the one token ``name`` starts
+        (``gp_`` and at least 4 more characters, as ``token ls`` shows it) or is; the number revoked. A
+        prefix two tokens share revokes nothing (ValueError): give more of the token."""
+        if not isinstance(name, str) or not name:
+            raise ValueError("revoke takes a tenant name or a token prefix")
+        now = time.time()
+        with self._use(), self._transaction(write=True) as cur:
+            if name.startswith("gp_"):
+                if len(name) < 7:
+                    raise ValueError(f"{name!r}: give at least gp_ and 4 more characters of the token")
+                cur.execute(self._sql("SELECT hash, prefix FROM tokens WHERE revoked IS NULL"))
+                whole = hashlib.sha256(name.encode()).hexdigest()
+                rows = cur.fetchall()
+                hits = [h for h, _p in rows if h == whole]
+                if not hits:
+                    hits = [h for h, p in rows if p and (str(p).startswith(name) or name.startswith(str(p)))]
+                if len(hits) > 1:
+                    raise ValueError(f"{name!r} matches {len(hits)} tokens: give more of the token")
+                cur.executemany(self._sql("UPDATE tokens SET revoked = ? WHERE hash = ?"), [(now, h) for h in hits])
+                return len(hits)
+            cur.execute(
+                self._sql("UPDATE tokens SET revoked = ? WHERE tenant = ? AND revoked IS NULL AND role <> 'job'"),
+                (now, name),
+            )
+            return int(cur.rowcount or 0)
+
+    def set_tenant_user(self, tenant: str, user: str) -> None:
+        """The Unix user ``tenant``'s jobs run as (replacing an earlier one)."""
+        with self._use(), self._transaction(write=True) as cur:
+            cur.execute(
+                self._sql(
+                    "INSERT INTO tenant_users (tenant, unix_user) VALUES (?, ?)"
+                    " ON CONFLICT (tenant) DO UPDATE SET unix_user = excluded.unix_user"
+                ),
+                (tenant, user),
+            )
+
+    def tenant_users(self) -> dict[str, str]:
+        with self._use(), self._transaction(write=False) as cur:
+            cur.execute("SELECT tenant, unix_user FROM tenant_users")
+            return {str(t): str(u) for t, u in cur.fetchall()}
+
+    def service_meta(self) -> dict[str, str]:
+        """The live service's own settings kept in the store (``state_dir``)."""
+        with self._use(), self._transaction(write=False) as cur:
+            cur.execute("SELECT key, value FROM service_meta")
+            return {str(k): str(v) for k, v in cur.fetchall()}
+
+    def set_service_meta(self, key: str, value: str) -> None:
+        with self._use(), self._transaction(write=True) as cur:
+            cur.execute(
+                self._sql(
+                    "INSERT INTO service_meta (key, value) VALUES (?, ?)"
+                    " ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+                ),
+                (key, value),
+            )
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 
@@ -562,6 +703,8 @@ class SQLiteStore(Store):
 
     @classmethod
     def open(cls, url: str, path: str, busy_timeout_s: float = 30.0) -> SQLiteStore:
+        if path != ":memory:":
+            _private_file(path)
         try:
             # isolation_level=None: we issue BEGIN/COMMIT ourselves, so a transaction is exactly commit()'s
             conn = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
@@ -580,6 +723,10 @@ class SQLiteStore(Store):
         except BaseException:
             conn.close()
             raise
+        if path != ":memory:":
+            for side in (path + "-wal", path + "-shm"):  # SQLite copies the database's mode; say it anyway
+                with contextlib.suppress(FileNotFoundError):
+                    _private_file(side)
         return cls(url, conn)
 
     @contextmanager
@@ -590,16 +737,27 @@ class SQLiteStore(Store):
             cur.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             yield cur
             cur.execute("COMMIT")
+        except sqlite3.OperationalError as e:  # locked past busy_timeout, read-only, disk full, I/O error
+            self._rollback()
+            raise StoreUnavailable(f"SQLite store {_redact(self.url)}: {e}") from e
         except BaseException:
-            if self._conn.in_transaction:
-                self._conn.execute("ROLLBACK")
+            self._rollback()
             raise
         finally:
             cur.close()
 
+    def _rollback(self) -> None:
+        if self._conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):  # a failed ROLLBACK leaves SQLite to roll back itself
+                self._conn.execute("ROLLBACK")
+
     def _table_exists(self, cur: Any, name: str) -> bool:
         cur.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
         return cur.fetchone() is not None
+
+    def _columns(self, cur: Any, table: str) -> set[str]:
+        cur.execute(f"PRAGMA table_info({table})")
+        return {str(r[1]) for r in cur.fetchall()}
 
 
 class PostgresStore(Store):
@@ -624,16 +782,25 @@ class PostgresStore(Store):
 
     @contextmanager
     def _transaction(self, write: bool) -> Iterator[Any]:
-        with self._conn.transaction(), self._conn.cursor() as cur:
-            if write:
-                cur.execute("SELECT pg_advisory_xact_lock(%s)", (_PG_LOCK_KEY,))
-            else:
-                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            yield cur
+        import psycopg
+
+        try:
+            with self._conn.transaction(), self._conn.cursor() as cur:
+                if write:
+                    cur.execute("SELECT pg_advisory_xact_lock(%s)", (_PG_LOCK_KEY,))
+                else:
+                    cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                yield cur
+        except psycopg.OperationalError as e:  # connection lost, server shutting down, ...
+            raise StoreUnavailable(f"PostgreSQL store {_redact(self.url)}: {e}") from e
 
     def _table_exists(self, cur: Any, name: str) -> bool:
         cur.execute("SELECT to_regclass(%s) IS NOT NULL", (name,))
         return bool(cur.fetchone()[0])
+
+    def _columns(self, cur: Any, table: str) -> set[str]:
+        cur.execute("SELECT column_name FROM information_schema.columns WHERE table_name = %s", (table,))
+        return {str(r[0]) for r in cur.fetchall()}
 
     # Past a few hundred rows COPY beats even pipelined executemany several times over (a first commit of
     # 100,000 jobs); upserts COPY into a staging table dropped at commit, then merge in one statement.
@@ -663,6 +830,21 @@ class PostgresStore(Store):
             f" ON CONFLICT ({key}) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in rest)}"
         )
         cur.execute(f"DROP TABLE {stage}")
+
+
+def _private_file(path: str) -> None:
+    """Create ``path`` as 0600 if absent; make one we own 0600: the store holds every tenant's jobs and the
+    token hashes, and no job (another Unix user) may read or write it."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except OSError as e:
+        raise StoreError(f"cannot open SQLite store {path!r}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
 
 
 def _sqlite_path(url: str) -> str:

@@ -184,6 +184,7 @@ class AsyncSaver:
         user: dict[str, Any] | None = None,
         overwrite: bool = True,
         control: str | os.PathLike | None = None,
+        if_busy: str | None = None,
     ) -> AsyncSave | None:
         """Stage ``state_dict`` and return at once; the save is written and committed behind the
         training loop. ``overwrite=False`` refuses a path that already holds a checkpoint (DCP's
@@ -191,8 +192,12 @@ class AsyncSaver:
 
         ``control``: a tiered save's durable directory (:mod:`goodput.ckpt.tiers`): ``path`` is
         then this rank's fast directory, perhaps node-local, and the ranks commit through
-        ``control``, which every rank sees; the save resolves once committed on the fast tier."""
-        if self.if_busy == "wait":
+        ``control``, which every rank sees; the save resolves once committed on the fast tier.
+        ``if_busy``: this call's policy, instead of the saver's (an explicit save waits)."""
+        policy = if_busy or self.if_busy
+        if policy not in ("wait", "skip"):
+            raise ValueError(f"if_busy must be 'wait' or 'skip', got {policy!r}")
+        if policy == "wait":
             self.wait()
         busy = self.inflight is not None and not self.inflight.done()
         failed = self.pending_error is not None

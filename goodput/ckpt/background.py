@@ -24,6 +24,7 @@ torch import) or in a thread of the trainer.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,9 @@ from .storage import Storage, storage_for
 from .writer import Piece, write_rank_files
 
 POLL_S = 0.01
+# seconds every rank's writer adds to its write: emulates a slow storage (a write longer than a
+# training step) in tests and in the skip-vs-wait measurement of docs/ASYNC.md
+SLOW_WRITE_ENV = "GOODPUT_CKPT_SLOW_WRITE_S"
 
 
 def control(job: dict[str, Any]) -> Path:
@@ -158,6 +162,9 @@ def run_job(job: dict[str, Any], buf: np.ndarray) -> dict[str, Any]:
             job.get("files_per_rank"),
             job.get("direct", False),
         )
+        slow = float(os.environ.get(SLOW_WRITE_ENV) or 0)
+        if slow > 0:  # tests and measurements: a storage slower than this machine's disk
+            time.sleep(slow)
     except BaseException as e:  # noqa: BLE001 - reported to rank 0 and to the caller
         error = describe(e)
     timings["write_s"] = time.perf_counter() - t0

@@ -67,6 +67,7 @@ from .errors import CheckpointError, describe
 from .format import LATEST, MANIFEST, MAX_MANIFEST_BYTES, STEP_DIR, decode_manifest, step_dir_name
 from .loader import load
 from .reader import Checkpoint, latest, list_checkpoints
+from .state import is_stateful
 from .storage import Storage, display, storage_for
 from .tiers import Drain, Drained, Drainer, TierView, drained_name, durable_state, fast_committed
 
@@ -90,6 +91,12 @@ class CommitEvent:
     # "fast": on the fast tier only (survives a restart on the same nodes); "durable": on the
     # Checkpointer's root (an untiered Checkpointer's only tier), surviving the loss of any node
     tier: str = "durable"
+    # "commit": a checkpoint committed; "skipped": a save the cadence made due was not started,
+    # because the previous one was still being written (if_busy="skip"); nothing was written
+    kind: str = "commit"
+    # "skipped": seconds since the newest commit of this run (None: none yet), and its step
+    age_s: float | None = None
+    newest_step: int | None = None
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -121,7 +128,11 @@ class Checkpointer:
         drain_every: int | None = None,
         drain_rate: str | float | None = None,
         drain_timeout: float = 3600.0,
+        data: Any = None,
     ):
+        """``data``: the data loader's per-rank state, saved with every save and restored by
+        :meth:`restore` when those calls give none: a Stateful (``state_dict()`` /
+        ``load_state_dict()``, as torchdata's and torchtitan's loaders) or a dict filled in place."""
         from goodput.plan.units import parse_bandwidth, parse_duration
 
         self.storage: Storage = storage_for(root)
@@ -153,6 +164,12 @@ class Checkpointer:
         )
         self.saver.listeners.append(self._on_commit)
         self.listeners: list[Callable[[CommitEvent], None]] = []
+        self._skip_listeners: list[Callable[[CommitEvent], None]] = []
+        self.data = data
+        self.skipped: list[CommitEvent] = []  # every due save skipped because a write was in flight
+        self._owed = False  # a due save was skipped: the next call saves as soon as the write ends
+        self._newest: tuple[int | None, float] | None = None  # (step, wall time) of this run's newest commit
+        self._last_handle: AsyncSave | None = None
         self.aborted_uploads = 0  # incomplete object-store uploads of earlier saves aborted by cleanup()
         self._last_save_time = time.monotonic()
         self._last_step: int | None = None
@@ -216,7 +233,13 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ saving
     def maybe_save(self, step: int, state: dict[str, Any], *, data: Any = None) -> AsyncSave | None:
-        """Save asynchronously if the cadence says so; on a preemption signal, save and exit."""
+        """Save asynchronously if the cadence says so; on a preemption signal, save and exit.
+
+        A due save that finds the previous one still being written waits for it
+        (``if_busy="wait"``) or is skipped (``"skip"``, the default): a skip is logged and sent
+        to listeners as a :class:`CommitEvent` of kind ``"skipped"`` (with the age of the newest
+        commit), and the save is owed: the first call after the write ends saves, due or not.
+        So the newest commit is never more than one interval and one write behind."""
         due, preempt = self._due(step), self.preempt_requested
         if self.world > 1:
             flags = torch.tensor([int(due), int(preempt)], dtype=torch.int32, device=collective.device(self.group))
@@ -225,22 +248,64 @@ class Checkpointer:
         if preempt:
             self.preempt_now(step, state, data=data)
             return None
-        if not due or step == self._last_step:
+        if not (due or self._owed) or step == self._last_step:
             return None
-        return self.save(step, state, data=data)
+        h = self._save(step, state, data, None)  # the busy choice is made by all ranks together
+        if h is None:
+            if due:
+                self._report_skip(step)
+            self._owed = True
+        return h
 
-    def save(self, step: int, state: dict[str, Any], *, data: Any = None) -> AsyncSave | None:
-        full = self._full_state(state, data)
+    def save(self, step: int, state: dict[str, Any], *, data: Any = None) -> AsyncSave:
+        """Save ``step`` now, asynchronously: never skipped. A save still being written is waited
+        for first; a failed earlier save raises :class:`SaveError` here."""
+        h = self._save(step, state, data, "wait")
+        assert h is not None
+        return h
+
+    def _save(self, step: int, state: dict[str, Any], data: Any, if_busy: str | None) -> AsyncSave | None:
+        full = self._full_state(state, data if data is not None else self.data)
         if self.fast is not None:  # written to the fast tier, committed through the durable one
             h = self.saver.save(
-                full, step_dir(self.fast, step), step=step, user={"step": step}, control=step_dir(self.root, step)
+                full,
+                step_dir(self.fast, step),
+                step=step,
+                user={"step": step},
+                control=step_dir(self.root, step),
+                if_busy=if_busy,
             )
         else:
-            h = self.saver.save(full, step_dir(self.root, step), step=step, user={"step": step})
+            h = self.saver.save(full, step_dir(self.root, step), step=step, user={"step": step}, if_busy=if_busy)
         if h is not None:
             self._last_save_time = time.monotonic()
             self._last_step = step
+            self._last_handle = h
+            self._owed = False
         return h
+
+    def _report_skip(self, step: int) -> None:
+        now = time.time()
+        newest = self._newest
+        age = now - newest[1] if newest is not None else None
+        inflight = self.saver.inflight.step if self.saver.inflight is not None else None
+        ev = CommitEvent(
+            step, now, str(step_dir(self.root, step)), 0, 0.0, 0.0, 0.0, self.rank, False,
+            "fast" if self.fast is not None else "durable", kind="skipped", age_s=age,
+            newest_step=newest[0] if newest is not None else None,
+        )  # fmt: skip
+        self.skipped.append(ev)
+        if self.rank == 0:
+            log.warning(
+                "checkpoint of step %s skipped: the save of step %s is still being written (if_busy='skip'); "
+                "newest commit: %s; the next step saves as soon as that write ends",
+                step,
+                inflight,
+                f"step {newest[0]}, {age:.1f} s ago" if newest is not None and age is not None else "none in this run",
+            )
+        for fn in list(self._skip_listeners):
+            with contextlib.suppress(Exception):
+                fn(ev)
 
     def preempt_now(self, step: int, state: dict[str, Any], *, data: Any = None) -> None:
         """Finish the in-flight save, save ``step`` now, wait for its commit, then exit (75)."""
@@ -279,7 +344,7 @@ class Checkpointer:
         if self.save_rng:
             mine["rng"] = rng.capture()
         if data is not None:
-            mine["data"] = data
+            mine["data"] = _data_state(data)
         if not mine:
             return state
         return {**state, "_goodput": {"rank": {self.rank: mine}}}
@@ -290,6 +355,7 @@ class Checkpointer:
 
         Tiered: the newest checkpoint committed on any tier, each file from the fastest tier that
         holds it; ``restored_tier`` says which ("fast", "durable", or "fast+durable")."""
+        data = data if data is not None else self.data
         if self.fast is not None:
             return self._restore_tiered(state, data)
         if self.world > 1:  # rank 0 alone lists; every rank restores the checkpoint it chose
@@ -328,7 +394,7 @@ class Checkpointer:
             if self.save_rng and saved_rng:
                 mine["rng"] = rng.template(saved_rng)
             if data is not None and any(n.startswith(f"_goodput.rank.{src}.data") for n in names):
-                mine["data"] = data
+                mine["data"] = _data_state(data)
             target = {**state, "_goodput": {"rank": {src: mine}}} if mine else state
         except Exception as e:  # every rank hears of it below
             error = e
@@ -340,6 +406,8 @@ class Checkpointer:
         load(target, path, process_group=self.group, storage=storage)
         if "rng" in mine:
             rng.apply(mine["rng"], reseed_with=self.rank if self.rank >= saved_world else None)
+        if "data" in mine and mine["data"] is not data:  # a Stateful: hand it the state loaded
+            data.load_state_dict(mine["data"])
         return ck.step
 
     def _restore_tiered(self, state: dict[str, Any], data: Any) -> int | None:
@@ -463,6 +531,7 @@ class Checkpointer:
     def _on_commit(self, handle: AsyncSave) -> None:
         tm = handle.timings
         assert tm is not None
+        self._newest = (handle.step, time.time())
         ev = CommitEvent(
             handle.step,
             time.time(),
@@ -512,6 +581,7 @@ class Checkpointer:
         if not out.ok:
             log.warning("step %s stays on the fast tier only: %s", d.step, out.error)
             return
+        self._newest = (d.step, out.time)
         if self.rank == 0:
             with contextlib.suppress(OSError):
                 self.storage.publish(self.root, LATEST, d.durable_dir.name.encode())
@@ -564,8 +634,14 @@ class Checkpointer:
                     removed.append(self.fast / e.name)
             return removed
 
-    def add_listener(self, fn: Callable[[CommitEvent], None]) -> None:
+    def add_listener(self, fn: Callable[[CommitEvent], None], *, skipped: bool = False) -> None:
+        """Call ``fn`` with every commit's :class:`CommitEvent` (on a background thread); with
+        ``skipped=True`` also with every skipped due save's (kind ``"skipped"``, on the thread
+        that called :meth:`maybe_save`). Skips are opt-in: a listener written for commits (the
+        scheduler's reporter) must not take a skip for a commit."""
         self.listeners.append(fn)
+        if skipped:
+            self._skip_listeners.append(fn)
 
     def cleanup(self, orphans: bool = True, committed_step: int | None = None) -> list[Path]:
         """Apply retention; remove never-committed step directories (all of them when no save is
@@ -628,8 +704,31 @@ class Checkpointer:
         self.saver.wait()
         return self.drainer.wait(timeout) if self.drainer is not None else True
 
-    def close(self) -> None:
-        """Wait for the in-flight save and its drain, stop the writer, give the signal handlers back."""
+    def close(self, step: int | None = None, state: dict[str, Any] | None = None, *, data: Any = None) -> None:
+        """Save the final ``step`` of ``state`` (when given) and wait for its commit; wait for the
+        in-flight save and its drain, stop the writer, give the signal handlers back.
+
+        ``close(step, state)`` is how a run keeps its last step: it raises :class:`SaveError`
+        when that save (or the one in flight before it) failed. A plain ``close()`` never saves;
+        a failure of the save in flight is logged, not lost."""
+        if step is not None:
+            if state is None:
+                raise TypeError("close(step, state): the final save needs the state")
+            try:
+                h = self._last_handle
+                if step != self._last_step or h is None:
+                    h = self.save(step, state, data=data)
+                h.result()
+            except BaseException:
+                self._close()
+                raise
+        self._close()
+
+    def _close(self) -> None:
+        self.saver.wait()
+        err = self.saver.pending_error
+        if err is not None:
+            log.error("the last asynchronous save failed and nothing after it was saved: %s", err)
         self.saver.close()
         if self.drainer is not None:
             self.drainer.close()
@@ -638,6 +737,16 @@ class Checkpointer:
                 with contextlib.suppress(ValueError, TypeError):
                     signal.signal(sig, old)
         self._old_handlers = {}
+
+
+def _data_state(data: Any) -> Any:
+    """What is saved of the data loader: a Stateful's ``state_dict()``, or the dict itself."""
+    if is_stateful(data):
+        sd = data.state_dict()
+        if not isinstance(sd, dict):
+            raise TypeError(f"data: state_dict() returned a {type(sd).__name__}, not a dict")
+        return sd
+    return data
 
 
 def _created(manifest: bytes) -> float:

@@ -7,6 +7,7 @@ belong to, before a single data byte is read. numpy only: the torch-free reader 
 
 from __future__ import annotations
 
+import base64
 import math
 import re
 import struct
@@ -213,58 +214,165 @@ class TensorTables:
 
 # --------------------------------------------------------------------------- values (JSON leaves)
 
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+NUMPY_KINDS = "biufc"  # numpy scalars kept: bool, ints, floats, complex (not longdouble: no exact JSON)
+HOW_TO_SAVE = (
+    "values may be None, bool, int, float, complex, str, bytes, list, tuple, dict, numpy scalars, "
+    "torch.dtype, torch.device and torch.Size; save an object through its state_dict() (a Stateful), "
+    "a tensor or numpy array as such, or pickle it yourself into bytes (kept opaque, never unpickled)"
+)
+
 
 def encode_value(v: Any, where: str = "") -> Any:
-    """JSON-able leaves, with tuples and non-finite floats tagged so they come back as they were."""
+    """JSON-able leaves. What JSON cannot tell apart or hold is tagged (a one-key dict), so it
+    comes back as it was: tuples, non-finite floats, ints beyond 64 bits, complex numbers, bytes
+    (base64, opaque: never unpickled), numpy scalars (with their dtype), torch dtypes, devices and
+    sizes. Anything else is a TypeError naming the key and saying how to save it."""
+    if isinstance(v, np.generic) and not isinstance(v, (np.str_, np.bytes_)):  # np.float64 is a float
+        return _encode_numpy(v, where)
     if v is None or isinstance(v, (bool, str)):
-        return v
+        return str(v) if isinstance(v, np.str_) else v
     if isinstance(v, int):
-        return v
+        return v if INT64_MIN <= v <= INT64_MAX else {"__int__": str(int(v))}
     if isinstance(v, float):
-        return v if math.isfinite(v) else {"__float__": repr(v)}
+        return v if math.isfinite(v) else {"__float__": repr(float(v))}
+    if isinstance(v, complex):
+        return {"__complex__": [encode_value(v.real, where), encode_value(v.imag, where)]}
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return {"__bytes__": base64.b64encode(bytes(v)).decode("ascii")}
+    if type(v).__module__ == "torch":
+        return _encode_torch(v, where)
     if isinstance(v, tuple):
-        return {"__tuple__": [encode_value(x, where) for x in v]}
+        return {"__tuple__": [encode_value(x, f"{where}[{i}]") for i, x in enumerate(v)]}
     if isinstance(v, list):
-        return [encode_value(x, where) for x in v]
+        return [encode_value(x, f"{where}[{i}]") for i, x in enumerate(v)]
     if isinstance(v, dict):
         if not all(isinstance(k, str) for k in v) or (len(v) == 1 and next(iter(v)) in _TAGS):
-            return {"__dict__": [[encode_value(k, where), encode_value(x, where)] for k, x in v.items()]}
+            return {"__dict__": [[encode_value(k, where), encode_value(x, f"{where}[{k!r}]")] for k, x in v.items()]}
         return {k: encode_value(x, f"{where}.{k}") for k, x in v.items()}
-    raise TypeError(f"{where!r}: cannot checkpoint a value of type {type(v).__name__}")
+    raise TypeError(
+        f"{where!r}: cannot checkpoint a value of type {type(v).__module__}.{type(v).__qualname__}; " + HOW_TO_SAVE
+    )
 
 
-_TAGS = ("__tuple__", "__float__", "__dict__")  # a user dict with one of these as its only key is escaped
+def _encode_numpy(v: np.generic, where: str) -> Any:
+    dt = v.dtype
+    if dt.kind not in NUMPY_KINDS or (dt.kind in "fc" and dt.itemsize > (8 if dt.kind == "f" else 16)):
+        raise TypeError(f"{where!r}: cannot checkpoint a numpy {dt} scalar; " + HOW_TO_SAVE)
+    return {"__numpy__": [dt.str, encode_value(v.item(), where)]}
+
+
+def _encode_torch(v: Any, where: str) -> Any:
+    name = type(v).__name__
+    if name == "dtype":
+        return {"__torch__": ["dtype", str(v).removeprefix("torch.")]}
+    if name == "device":
+        return {"__torch__": ["device", str(v)]}
+    if name == "Size":
+        return {"__torch__": ["Size", [int(x) for x in v]]}
+    raise TypeError(f"{where!r}: cannot checkpoint a value of type torch.{name}; " + HOW_TO_SAVE)
+
+
+# a user dict with one of these as its only key is escaped (written as "__dict__" pairs)
+_TAGS = ("__tuple__", "__float__", "__dict__", "__int__", "__complex__", "__bytes__", "__numpy__", "__torch__")
+MAX_INT_DIGITS = 100_000  # a decimal int read from storage: bounded, as everything read
 
 
 def decode_value(v: Any, where: str = "value") -> Any:
     """The inverse of :func:`encode_value`. Values come from storage: a malformed tag is a
-    :class:`CheckpointError` naming the value, never a bare ``ValueError`` from deep inside."""
+    :class:`CheckpointError` naming the value, never a bare ``ValueError`` from deep inside.
+    torch is imported only for a torch value (the numpy-only reader never meets one otherwise)."""
     if isinstance(v, list):
         return [decode_value(x, f"{where}[{i}]") for i, x in enumerate(v)]
     if isinstance(v, dict):
         if len(v) == 1:
             ((k, x),) = v.items()
-            if k == "__tuple__":
-                if not isinstance(x, list):
-                    raise CheckpointError(f"{where}: malformed tuple")
-                return tuple(decode_value(y, f"{where}[{i}]") for i, y in enumerate(x))
-            if k == "__float__":
-                if x not in ("nan", "inf", "-inf"):
-                    raise CheckpointError(f"{where}: malformed float {x!r}")
-                return float(x)
-            if k == "__dict__":
-                if not isinstance(x, list) or not all(isinstance(p, list) and len(p) == 2 for p in x):
-                    raise CheckpointError(f"{where}: malformed dict")
-                out = {}
-                for a, b in x:
-                    key = decode_value(a, f"{where} key")
-                    try:
-                        out[key] = decode_value(b, f"{where}[{key!r}]")
-                    except TypeError:  # an unhashable key (a list): never written by a save
-                        raise CheckpointError(f"{where}: unhashable key {key!r}") from None
-                return out
+            if k in _TAGS:
+                return _decode_tag(k, x, where)
         return {k: decode_value(x, f"{where}.{k}") for k, x in v.items()}
     return v
+
+
+def _decode_tag(k: str, x: Any, where: str) -> Any:
+    if k == "__tuple__":
+        if not isinstance(x, list):
+            raise CheckpointError(f"{where}: malformed tuple")
+        return tuple(decode_value(y, f"{where}[{i}]") for i, y in enumerate(x))
+    if k == "__float__":
+        if x not in ("nan", "inf", "-inf"):
+            raise CheckpointError(f"{where}: malformed float {x!r}")
+        return float(x)
+    if k == "__dict__":
+        if not isinstance(x, list) or not all(isinstance(p, list) and len(p) == 2 for p in x):
+            raise CheckpointError(f"{where}: malformed dict")
+        out = {}
+        for a, b in x:
+            key = decode_value(a, f"{where} key")
+            try:
+                out[key] = decode_value(b, f"{where}[{key!r}]")
+            except TypeError:  # an unhashable key (a list): never written by a save
+                raise CheckpointError(f"{where}: unhashable key {key!r}") from None
+        return out
+    if k == "__int__":
+        if not isinstance(x, str) or not 0 < len(x) <= MAX_INT_DIGITS or not re.fullmatch(r"-?[0-9]+", x):
+            raise CheckpointError(f"{where}: malformed int")
+        return int(x)
+    if k == "__complex__":
+        parts = [decode_value(y, where) for y in x] if isinstance(x, list) else None
+        if parts is None or len(parts) != 2 or not all(isinstance(p, (int, float)) for p in parts):
+            raise CheckpointError(f"{where}: malformed complex")
+        return complex(parts[0], parts[1])
+    if k == "__bytes__":
+        if not isinstance(x, str):
+            raise CheckpointError(f"{where}: malformed bytes")
+        try:
+            return base64.b64decode(x.encode("ascii"), validate=True)
+        except (ValueError, UnicodeEncodeError):
+            raise CheckpointError(f"{where}: malformed bytes (not base64)") from None
+    if k == "__numpy__":
+        return _decode_numpy(x, where)
+    return _decode_torch(x, where)
+
+
+def _decode_numpy(x: Any, where: str) -> Any:
+    if not (isinstance(x, list) and len(x) == 2 and isinstance(x[0], str) and len(x[0]) <= 8):
+        raise CheckpointError(f"{where}: malformed numpy scalar")
+    try:
+        dt = np.dtype(x[0])
+    except TypeError:
+        raise CheckpointError(f"{where}: numpy scalar of unknown dtype {x[0]!r}") from None
+    if dt.kind not in NUMPY_KINDS:
+        raise CheckpointError(f"{where}: numpy scalar of dtype {dt} is not a value goodput writes")
+    val = decode_value(x[1], where)
+    if not isinstance(val, (bool, int, float, complex)):
+        raise CheckpointError(f"{where}: malformed numpy scalar {val!r}")
+    try:
+        return dt.type(val)
+    except (OverflowError, ValueError, TypeError):
+        raise CheckpointError(f"{where}: {val!r} is not a numpy {dt}") from None
+
+
+def _decode_torch(x: Any, where: str) -> Any:
+    if not (isinstance(x, list) and len(x) == 2 and x[0] in ("dtype", "device", "Size")):
+        raise CheckpointError(f"{where}: malformed torch value")
+    import torch
+
+    kind, val = x
+    if kind == "dtype":
+        dt = getattr(torch, val, None) if isinstance(val, str) and val.isidentifier() else None
+        if not isinstance(dt, torch.dtype):
+            raise CheckpointError(f"{where}: {val!r} is not a torch dtype")
+        return dt
+    if kind == "device":
+        if not isinstance(val, str) or len(val) > 64:
+            raise CheckpointError(f"{where}: malformed torch device")
+        try:
+            return torch.device(val)
+        except RuntimeError:
+            raise CheckpointError(f"{where}: {val!r} is not a torch device") from None
+    if not isinstance(val, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in val):
+        raise CheckpointError(f"{where}: malformed torch.Size")
+    return torch.Size(val)
 
 
 # --------------------------------------------------------------------------- encode

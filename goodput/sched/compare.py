@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import os
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -67,9 +68,46 @@ class PolicyResult:
 _shared: tuple[list[Job], Cluster, list[ClusterEvent]] | None = None
 
 
-def _share(jobs: list[Job], cluster: Cluster, extra: list[ClusterEvent]) -> None:
+def _share(jobs: list[Job], cluster: Cluster, extra: list[ClusterEvent], parent: int = 0) -> None:
+    """The worker initializer: keeps what every task shares and ties the worker's life to its parent's."""
     global _shared
+    if parent:
+        die_with_parent(parent)
     _shared = (jobs, cluster, extra)
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+WATCH_S = 0.5
+
+
+def die_with_parent(parent: int) -> None:
+    """End this process when ``parent`` goes, however it goes (SIGKILL, a closed terminal).
+
+    A worker of a killed ``goodput sched sim`` was re-parented to init and kept burning a core for
+    minutes. Linux's parent-death signal kills it the moment the parent dies (and is set before the
+    check, so a parent already gone is seen); where prctl is missing, or the parent thread that
+    forked it exits first, a daemon thread notices the new parent id within ``WATCH_S``.
+    """
+    import ctypes
+    import signal
+    import threading
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+    def watch() -> None:
+        import time
+
+        while os.getppid() == parent:
+            time.sleep(WATCH_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
 
 
 def _run_one(args: tuple) -> PolicyResult:
@@ -95,11 +133,12 @@ def _run_one(args: tuple) -> PolicyResult:
 
 
 def _worker_context() -> mp.context.BaseContext:
-    """Forkserver (else spawn), never fork: the caller may be threaded (a service, a test run that
-    saved checkpoints), and a child forked from a threaded parent can inherit a lock some other
-    thread held at that instant and hang for ever."""
-    methods = mp.get_all_start_methods()
-    return mp.get_context("forkserver" if "forkserver" in methods else "spawn")
+    """Spawn, never fork: the caller may be threaded (a service, a test run that saved
+    checkpoints), and a child forked from a threaded parent can inherit a lock some other thread
+    held at that instant and hang for ever. Not forkserver either: its server is a child of ours
+    and the workers its children, so when we were killed it and they lived on under init; spawned
+    workers are our own children and :func:`die_with_parent` ends them with us."""
+    return mp.get_context("spawn")
 
 
 def compare(
@@ -143,7 +182,8 @@ def compare(
     else:
         # the longest runs first, so that the last one to start is a short one
         order = sorted(tasks, key=lambda t: -_WEIGHT.get(t[0].name, 1.0))
-        with _worker_context().Pool(min(workers, len(tasks)), initializer=_share, initargs=shared) as pool:
+        ctx = _worker_context()
+        with ctx.Pool(min(workers, len(tasks)), initializer=_share, initargs=(*shared, os.getpid())) as pool:
             for r in pool.imap_unordered(_run_one, order, chunksize=1):
                 results[r.name] = r
                 if on_done:

@@ -5,6 +5,12 @@ re-run the user's training script), it maps the trainer's shared staging buffer 
 job of :mod:`goodput.ckpt.background` from it: checksumming and writing happen outside the
 trainer's interpreter lock, at idle CPU and I/O priority. Jobs and answers are length-prefixed
 msgpack on stdin and stdout. numpy only: the process never imports torch.
+
+The writer dies with its trainer: a watchdog thread, kept at normal priority while the writing
+thread runs at idle priority (a loaded machine must not starve it), sees the trainer gone within
+:data:`WATCH_S` and ends the process at once: nothing more is written and nothing is committed
+(a save whose trainer died is not the state of any step it finished), and the trainer's staging
+segments are unlinked (their memory is freed when the last mapping, this process's, goes).
 """
 
 from __future__ import annotations
@@ -18,6 +24,10 @@ import msgspec
 import numpy as np
 
 from .background import run_job
+
+TRAINER_ENV = "GOODPUT_TRAINER_PID"
+WATCH_S = 0.2
+SHM_DIR = "/dev/shm"
 
 
 def _recv(f: Any) -> Any:
@@ -44,6 +54,7 @@ class WriterProcess:
         root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env[TRAINER_ENV] = str(os.getpid())
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "goodput.ckpt.writer_process"],
             stdin=subprocess.PIPE,
@@ -90,6 +101,8 @@ def serve() -> None:
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but answers on the pipe
     attached: dict[str, Any] = {}
+    trainer = int(os.environ.get(TRAINER_ENV) or os.getppid())
+    _watch(trainer)  # before the priority drops: the watchdog thread keeps the normal one
     _lower_priority()
 
     def attach(name: str) -> Any:
@@ -125,6 +138,37 @@ def serve() -> None:
     for shm in attached.values():
         with contextlib.suppress(BufferError):
             shm.close()
+
+
+def _watch(trainer: int) -> None:
+    """End this process within :data:`WATCH_S` of the trainer's death (it is then re-parented)."""
+    import threading
+    import time
+
+    def gone() -> bool:
+        return os.getppid() != trainer
+
+    def run() -> None:
+        while not gone():
+            time.sleep(WATCH_S)
+        _die(trainer)
+
+    if gone():
+        _die(trainer)
+    threading.Thread(target=run, name="goodput-writer-watchdog", daemon=True).start()
+    # not PR_SET_PDEATHSIG: the kernel sends it when the *thread* that started the writer ends,
+    # and a trainer may start it from a thread that ends before the write does
+
+
+def _die(trainer: int) -> None:
+    """The trainer is gone: unlink its staging segments (normally unlinked already, once mapped;
+    one created just before it died is not) and exit without another write."""
+    with contextlib.suppress(OSError):
+        for n in os.listdir(SHM_DIR):
+            if n.startswith(f"goodput-{trainer}-"):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(SHM_DIR, n))
+    os._exit(70)
 
 
 def _lower_priority() -> None:

@@ -183,6 +183,8 @@ class Service:
         url: str,
         tick_s: float = 1.0,
         poll_s: float = 0.1,
+        executor: str = "local",
+        executor_options: dict[str, Any] | None = None,
     ) -> None:
         # first come, first served: neither the loop thread nor a request waits behind later ones
         self.lock = FairLock()
@@ -202,22 +204,29 @@ class Service:
         # changed in the store, so a hit stays right, and a request no longer reads the store to
         # authenticate; an unknown hash is not cached (a token added later by the CLI works at once)
         self._callers: dict[str, Caller] = {}
-        gpn = {f"{p.name}-{i:05d}": p.gpus_per_node for p in pools for i in range(p.nodes)}
-        self.executor = LocalExecutor(
-            self.state_dir,
-            url=url,
-            gpus_per_node=gpn,
-            token_for=self._job_token,
-            on_exit=self._on_exit,
-            poll_s=poll_s,
-        )
+        nodes = None
+        if executor == "slurm":  # Slurm launches; pools and nodes are the partition's (goodput.sched.slurm)
+            from .slurm import service_executor
+
+            pools, nodes, self.executor = service_executor(self, url=url, **(executor_options or {}))
+            self.pools = pools
+        else:
+            gpn = {f"{p.name}-{i:05d}": p.gpus_per_node for p in pools for i in range(p.nodes)}
+            self.executor = LocalExecutor(
+                self.state_dir,
+                url=url,
+                gpus_per_node=gpn,
+                token_for=self._job_token,
+                on_exit=self._on_exit,
+                poll_s=poll_s,
+            )
         snap = self.store.load()
         with self.lock:
             if snap.nodes:
                 self.sched = Scheduler.restore(self.store, pools, clock=WallClock(), executor=self.executor)
                 self.restored = True
             else:
-                self.sched = Scheduler(pools, clock=WallClock(), executor=self.executor, store=self.store)
+                self.sched = Scheduler(pools, clock=WallClock(), executor=self.executor, store=self.store, nodes=nodes)
                 self.sched.save_all()
                 self.restored = False
             self.adopted = self.executor.adopt(self.sched.jobs)
@@ -250,6 +259,9 @@ class Service:
                         # would otherwise be paid, under the lock, on every wake-up
                         self.sched.advance()
                     self.sched.tick()
+                    after = getattr(self.executor, "after_pass", None)  # Slurm: release what the pass started
+                    if after is not None:
+                        after()
                     nxt = self.sched.next_timer()
                     ran = self.sched.passes != passes
                     t2 = time.perf_counter()
@@ -651,11 +663,21 @@ def serve(
     port: int = 8765,
     state_dir: str | Path = ".goodput-sched",
     tick_s: float = 1.0,
+    executor: str = "local",
+    executor_options: dict[str, Any] | None = None,
 ) -> None:
     """Run the service until interrupted (uvicorn in this thread)."""
     import uvicorn
 
-    svc = Service(db, pools, state_dir=state_dir, url=f"http://{host}:{port}", tick_s=tick_s)
+    svc = Service(
+        db,
+        pools,
+        state_dir=state_dir,
+        url=f"http://{host}:{port}",
+        tick_s=tick_s,
+        executor=executor,
+        executor_options=executor_options,
+    )
     svc.start()
     try:
         uvicorn.run(create_app(svc), host=host, port=port, log_level="warning")

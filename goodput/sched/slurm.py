@@ -1,0 +1,751 @@
+"""The Slurm executor: goodput decides, Slurm launches, tracks and signals.
+
+Behind the same :class:`goodput.sched.executor.Executor` interface as the local executor, driven
+the same way by the live service (``goodput sched serve --executor slurm --partition P``). Slurm is
+given nothing to decide (SchedMD's advice for an external scheduler):
+
+- **Nodes** come from ``sinfo --json``: every node of the partition, named as Slurm names it, with
+  its GPU count from its ``gpu`` GRES (a node without GPUs is one slot, run ``--exclusive``). One
+  goodput pool, named after the partition.
+- **start** submits ONE Slurm job per gang, held (``sbatch --hold``) to exactly the nodes goodput
+  chose (``-N n --nodelist=...`` and ``--gres=gpu:g`` or ``--exclusive``), ``--no-requeue`` (a
+  requeue is goodput's: a new run, a new Slurm job, the same goodput job), ``--signal=B:USR1@grace``
+  (a partition time limit warns like a preemption), as the tenant's Unix user (``--uid``/``--gid``;
+  sbatch must then run as root). Its Slurm id is written to the service's store (table
+  ``slurm_runs``) before it can run; it is released (``scontrol release``) after the scheduling pass
+  that started it is committed (:meth:`SlurmExecutor.after_pass`). A service killed anywhere in
+  between finds either nothing, a held job it cancels (a start the store does not count), or a
+  recorded one it releases or adopts: a run never starts twice.
+- **notify** is ``scancel -b --signal=USR1`` (checkpoint) or ``--signal=TERM`` (stop) to the batch
+  step, which passes it to every task (:mod:`goodput.sched.slurm_launch`); the job's Checkpointer
+  commits and exits 75. **kill** is ``scancel``.
+- **Exits** are read from one ``squeue --json`` per pass (no per-job polling): a job is gone when
+  Slurm says it ended (never while ``COMPLETING``), so the nodes go back to the core only once
+  Slurm has them free. ``COMPLETED`` → finished; exit 75 → preempted; cancelled by us → killed;
+  ``NODE_FAIL``, ``BOOT_FAIL``, Slurm's own ``PREEMPTED`` or a cancel not ours → lost (an
+  infrastructure loss); other exits → failed. A job Slurm no longer lists (older than
+  ``MinJobAge``) is read from the status file its batch step wrote, or is lost.
+- **Nodes** Slurm reports ``DOWN`` (or ``FAIL``) are lost to the core (their jobs resume from their
+  commits, counted as infrastructure, not failure); back up, they are returned.
+- A ``squeue`` or ``sinfo`` that fails (slurmctld restarting) changes nothing: the next pass asks again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pwd
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .local import (
+    ENV_CKPT_ROOT,
+    ENV_EPOCH,
+    ENV_JOB_ID,
+    ENV_NODES,
+    ENV_RESUME,
+    ENV_SLOTS,
+    ENV_TOKEN,
+    ENV_URL,
+    PREEMPTED_EXIT,
+    SAFE_ID,
+)
+from .model import Job, Node, Pool, PoolKind
+from .slurm_launch import ENV_GPUS_PER_NODE, ENV_NODE_ADDRS, ENV_STATUS_FILE
+
+log = logging.getLogger("goodput.sched.slurm")
+
+# Slurm's job states (squeue --json ``job_state``)
+LIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
+                  "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"})  # fmt: skip
+LOST_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL", "PREEMPTED"})
+DOWN_NODE_STATES = frozenset({"down", "fail", "failing"})
+# the environment the service passes on to its jobs (plus GOODPUT_*, and what the operator adds)
+PASS_ENV = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "TZ", "OMP_NUM_THREADS")
+COMMENT = re.compile(r"^goodput:([0-9a-f]{12}):([A-Za-z0-9._-]{1,128}):([0-9]{1,9})$")
+META_KEY = "."  # the row of the slurm_runs table that holds this service's instance id
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed or answered what cannot be read; the message names the command."""
+
+
+# ---------------------------------------------------------------------- the commands
+
+
+@dataclass
+class Slurm:
+    """Slurm's command-line tools, run with a clean environment (``SLURM_CONF`` and ``PATH`` only)."""
+
+    conf: str = ""  # SLURM_CONF; empty: Slurm's default
+    timeout_s: float = 30.0
+
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        conf = self.conf or os.environ.get("SLURM_CONF", "")
+        if conf:
+            env["SLURM_CONF"] = conf
+        env.update(extra or {})
+        return env
+
+    def run(self, argv: list[str], *, env: dict[str, str] | None = None) -> str:
+        try:
+            p = subprocess.run(
+                argv, env=env or self.env(), capture_output=True, text=True, timeout=self.timeout_s, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise SlurmError(f"{argv[0]}: {e}") from None
+        if p.returncode != 0:
+            raise SlurmError(f"{' '.join(argv[:3])}...: exit {p.returncode}: {p.stderr.strip()[:500]}")
+        return p.stdout
+
+    def json(self, argv: list[str]) -> dict[str, Any]:
+        out = self.run(argv)
+        try:
+            d = json.loads(out)
+        except ValueError as e:
+            raise SlurmError(f"{argv[0]} --json: not JSON ({e})") from None
+        if not isinstance(d, dict):
+            raise SlurmError(f"{argv[0]} --json: not an object")
+        return d
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    name: str
+    gpus: int  # 0: no gpu GRES (run --exclusive, one slot)
+    addr: str
+    state: str  # sinfo's base state, lower case (idle, allocated, mixed, down, ...)
+    flags: tuple[str, ...]
+
+
+def _gpus(gres: str) -> int:
+    """GPUs in a GRES string: ``gpu:2``, ``gpu:a100:4(S:0-1)``, ``gpu:2,shard:8``."""
+    total = 0
+    for part in (gres or "").split(","):
+        fields = part.split("(")[0].split(":")
+        if fields[0] == "gpu" and len(fields) >= 2 and fields[-1].isdigit():
+            total += int(fields[-1])
+    return total
+
+
+def read_nodes(slurm: Slurm, partition: str) -> list[SlurmNode]:
+    """The partition's nodes from one ``sinfo --json`` (Slurm 22.05 has no ``scontrol --json``)."""
+    d = slurm.json(["sinfo", "--json"])
+    out: dict[str, SlurmNode] = {}
+    for n in d.get("nodes") or ():
+        if not isinstance(n, dict):
+            continue
+        name = str(n.get("name", ""))
+        if not SAFE_ID.match(name) or partition not in (n.get("partitions") or ()):
+            continue
+        state = n.get("state", "")
+        if isinstance(state, list):  # newer Slurm: a list of flags, the base state first
+            flags = tuple(str(s).upper() for s in state[1:]) + tuple(str(s).upper() for s in n.get("state_flags") or ())
+            state = state[0] if state else ""
+        else:
+            flags = tuple(str(s).upper() for s in n.get("state_flags") or ())
+        out[name] = SlurmNode(
+            name, _gpus(str(n.get("gres", ""))), str(n.get("address") or name), str(state).lower(), flags
+        )
+    return [out[k] for k in sorted(out, key=_natural)]
+
+
+def _natural(name: str) -> tuple:
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
+
+
+def discover(slurm: Slurm, partition: str) -> tuple[list[Pool], list[Node], dict[str, SlurmNode]]:
+    """goodput's pool and nodes for a Slurm partition: one pool named after it, one node per Slurm node."""
+    nodes = read_nodes(slurm, partition)
+    if not nodes:
+        raise SlurmError(f"partition {partition!r}: sinfo lists no node in it")
+    slots = {n.name: n.gpus or 1 for n in nodes}
+    pool = Pool(name=partition, kind=PoolKind.ON_DEMAND, nodes=len(nodes), gpus_per_node=max(slots.values()))
+    recs = [Node(name=n.name, pool=partition, kind=PoolKind.ON_DEMAND, gpus=slots[n.name]) for n in nodes]
+    return [pool], recs, {n.name: n for n in nodes}
+
+
+def exit_code(raw: Any) -> tuple[int | None, int | None]:
+    """(status, signal) from squeue's ``exit_code``: a wait status (22.05) or an object (23.02+)."""
+    if isinstance(raw, bool):
+        return None, None
+    if isinstance(raw, int):
+        sig = raw & 0x7F
+        return (raw >> 8) & 0xFF, sig or None
+    if isinstance(raw, dict):
+        rc = raw.get("return_code")
+        sig = (raw.get("signal") or {}).get("id") if isinstance(raw.get("signal"), dict) else None
+        if isinstance(rc, dict):
+            rc = rc.get("number") if rc.get("set", True) else None
+        return (int(rc) if isinstance(rc, int) else None), (int(sig) if isinstance(sig, int) and sig else None)
+    return None, None
+
+
+def status_of(state: str, raw_exit: Any, *, killed: bool) -> str:
+    """``Scheduler.report_exit``'s word for a Slurm job that ended in ``state``."""
+    rc, sig = exit_code(raw_exit)
+    if state == "COMPLETED" and rc == 0:
+        return "finished"
+    if state in LOST_STATES:
+        return "lost"
+    if state == "CANCELLED":
+        return "killed" if killed else "lost"
+    if rc == PREEMPTED_EXIT and not sig:
+        return "preempted"
+    if killed:
+        return "killed"
+    return "failed"
+
+
+# ---------------------------------------------------------------------- the records
+
+
+@dataclass
+class SlurmRun:
+    """One run (job, epoch) as one Slurm job; stored before Slurm may start it."""
+
+    job: str
+    epoch: int
+    slurm_id: int
+    nodes: list[str]
+    user: str
+    dir: str
+    released: bool = False
+    killed: bool = False  # we cancelled it: CANCELLED reads as killed, not lost
+    notified: str = ""  # a notice asked while Slurm still had it pending: sent once it runs
+    submitted: float = 0.0
+
+
+class RunTable:
+    """The ``slurm_runs`` table in the service's own store (SQLite or PostgreSQL): one row per live
+    run plus this service's instance id. A separate table, so the store's schema stays the store's."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        with store._use(), store._transaction(write=True) as cur:
+            cur.execute("CREATE TABLE IF NOT EXISTS slurm_runs (job TEXT PRIMARY KEY, body TEXT NOT NULL)")
+
+    def _put(self, key: str, body: str) -> None:
+        s = self.store
+        with s._use(), s._transaction(write=True) as cur:
+            cur.execute(
+                s._sql(
+                    "INSERT INTO slurm_runs (job, body) VALUES (?, ?) ON CONFLICT (job) DO UPDATE SET body = excluded.body"
+                ),
+                (key, body),
+            )
+
+    def instance(self) -> str:
+        s = self.store
+        with s._use(), s._transaction(write=False) as cur:
+            cur.execute(s._sql("SELECT body FROM slurm_runs WHERE job = ?"), (META_KEY,))
+            row = cur.fetchone()
+        if row is not None and re.fullmatch(r"[0-9a-f]{12}", str(row[0])):
+            return str(row[0])
+        inst = uuid.uuid4().hex[:12]
+        self._put(META_KEY, inst)
+        return inst
+
+    def save(self, run: SlurmRun) -> None:
+        self._put(run.job, json.dumps(asdict(run), sort_keys=True))
+
+    def delete(self, job: str, epoch: int) -> None:
+        s = self.store
+        with s._use(), s._transaction(write=True) as cur:
+            cur.execute(s._sql("SELECT body FROM slurm_runs WHERE job = ?"), (job,))
+            row = cur.fetchone()
+            if row is not None and _epoch_of(row[0]) == epoch:
+                cur.execute(s._sql("DELETE FROM slurm_runs WHERE job = ?"), (job,))
+
+    def load(self) -> list[SlurmRun]:
+        s = self.store
+        with s._use(), s._transaction(write=False) as cur:
+            cur.execute("SELECT job, body FROM slurm_runs")
+            rows = cur.fetchall()
+        out = []
+        for key, body in rows:
+            if key == META_KEY:
+                continue
+            try:
+                raw = json.loads(body)
+                run = SlurmRun(**{k: raw[k] for k in SlurmRun.__dataclass_fields__ if k in raw})
+                if not SAFE_ID.match(run.job) or not isinstance(run.slurm_id, int):
+                    raise ValueError("bad job id or Slurm id")
+            except (ValueError, TypeError, KeyError) as e:
+                log.error("slurm_runs row %r does not decode (%s): left alone", key, e)
+                continue
+            out.append(run)
+        return out
+
+
+def _epoch_of(body: Any) -> int:
+    try:
+        return int(json.loads(body).get("epoch", -1))
+    except (ValueError, TypeError, AttributeError):
+        return -1
+
+
+# ---------------------------------------------------------------------- the executor
+
+
+@dataclass
+class View:
+    """One ``squeue --json`` of the cluster: Slurm id -> its job record."""
+
+    jobs: dict[int, dict[str, Any]] = field(default_factory=dict)
+    t: float = 0.0
+
+
+class SlurmExecutor:
+    """Runs each gang as one Slurm job; a watcher thread reads Slurm once per pass.
+
+    ``on_exit(job_id, epoch, status)`` as the local executor's; ``on_nodes(down, up)`` with the
+    node names Slurm newly reports down or back (the caller takes its own lock for both).
+    ``user_for(job)`` names the Unix user a job runs as (None: the service's own user).
+    """
+
+    def __init__(
+        self,
+        state_dir: str | os.PathLike,
+        *,
+        store: Any,
+        partition: str,
+        url: str = "",
+        slurm: Slurm | None = None,
+        token_for: Callable[[Job], str] | None = None,
+        on_exit: Callable[[str, int, str], None] | None = None,
+        on_nodes: Callable[[list[str], list[str]], None] | None = None,
+        user_for: Callable[[Job], str | None] | None = None,
+        python: str = "",
+        job_env: dict[str, str] | None = None,
+        poll_s: float = 0.5,
+    ) -> None:
+        self.dir = Path(state_dir) / "slurm"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o755)  # each run's own folder below is its user's, 0700
+        self.partition = partition
+        self.url = url
+        self.slurm = slurm or Slurm()
+        self.token_for = token_for
+        self.on_exit = on_exit
+        self.on_nodes = on_nodes
+        self.user_for = user_for
+        self.python = python or sys.executable
+        self.job_env = dict(job_env or {})
+        self.poll_s = poll_s
+        self.table = RunTable(store)
+        self.instance = self.table.instance()
+        self.runs: dict[str, SlurmRun] = {}
+        self.nodes: dict[str, SlurmNode] = {}
+        self.down: set[str] = set()  # nodes we reported down to the core
+        self.view = View()
+        self.failures: list[str] = []  # Slurm commands that failed (kept short): what /healthz may show
+        self._unreleased: list[str] = []
+        self._adopting = False
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ the Executor protocol
+
+    def start(self, job: Job, nodes: tuple[str, ...], resume_from_s: float) -> None:
+        """Submit the gang held; never raises into the pass (a run that cannot be submitted is failed, 127)."""
+        with self._lock:
+            old = self.runs.get(job.id)
+            if old is not None and old.epoch != job.epoch:  # a run the core no longer counts: never two
+                self._cancel(old)
+            try:
+                run = self._submit(job, nodes, resume_from_s)
+            except Exception as e:  # noqa: BLE001 - the pass must go on; the failure is the job's
+                log.error("job %s epoch %d: cannot submit to Slurm: %s", job.id, job.epoch, e)
+                self._note(f"sbatch for {job.id}: {e}")
+                run = SlurmRun(job.id, job.epoch, -1, list(nodes), "", "", released=True)
+            self.runs[job.id] = run
+            if run.slurm_id >= 0:
+                self._unreleased.append(job.id)
+
+    def notify(self, job: Job, *, checkpoint: bool, deadline_s: float) -> None:
+        sig = "USR1" if checkpoint else "TERM"
+        with self._lock:
+            run = self._current(job)
+            if run is None or run.slurm_id < 0:
+                return
+            seen = self.view.jobs.get(run.slurm_id, {})
+            if not run.released or seen.get("job_state") in ("PENDING", "CONFIGURING") or not seen:
+                # Slurm has not started it (or our view has not seen it yet): a signal would be refused,
+                # so it is sent as soon as the job runs, and a job that never ran is simply cancelled
+                run.notified = sig
+                self.table.save(run)
+                if not run.released or seen.get("job_state") == "PENDING":
+                    self._cancel(run)
+                    return
+            self._signal(run, sig)
+
+    def kill(self, job: Job) -> None:
+        with self._lock:
+            run = self._current(job)
+            if run is not None and run.slurm_id >= 0:
+                self._cancel(run)
+
+    # ------------------------------------------------------------------ after the pass is committed
+
+    def after_pass(self) -> None:
+        """Release the runs the last scheduling pass started: its store commit (the core's ``started``)
+        is done, and each run's Slurm id was stored at its submission."""
+        with self._lock:
+            ids, self._unreleased = self._unreleased, []
+            for jid in ids:
+                run = self.runs.get(jid)
+                if run is not None and not run.released and not run.killed:
+                    self._release(run)
+
+    # ------------------------------------------------------------------ re-adoption after a restart
+
+    def adopt(self, jobs: dict[str, Job]) -> dict[str, str]:
+        """Take back the runs a previous service stored: ``{job id: adopted | released | cancelled}``.
+
+        A run the store counts (running or preempting, same epoch) is adopted, and released if the
+        previous service died between its start's commit and the release. Any other run is a start
+        that never committed, or one already accounted for: cancelled (if Slurm still has it) and
+        forgotten. Slurm jobs of this service that no record names (submitted, then the service
+        died before storing the id) are cancelled at the first pass that can read Slurm.
+        """
+        out: dict[str, str] = {}
+        with self._lock:
+            self._adopting = True
+            for run in self.table.load():
+                job = jobs.get(run.job)
+                live = job is not None and job.epoch == run.epoch and job.state.value in ("running", "preempting")
+                if live:
+                    self.runs[run.job] = run
+                    if not run.released and not run.killed and run.slurm_id >= 0:
+                        self._release(run)
+                        out[run.job] = "released"
+                    else:
+                        out[run.job] = "adopted"
+                else:
+                    if run.slurm_id >= 0:
+                        self._cancel(run, save=False)
+                    self.table.delete(run.job, run.epoch)
+                    out[run.job] = "cancelled"
+        return out
+
+    # ------------------------------------------------------------------ the watcher
+
+    def start_watcher(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="goodput-slurm-executor", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        """Stop watching (the Slurm jobs keep running: a restarted service re-adopts them)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001 - one bad pass must not stop the watcher; logged
+                log.exception("slurm executor: poll failed")
+            self._stop.wait(self.poll_s)
+
+    def poll(self) -> int:
+        """Read Slurm once (squeue, sinfo); report exits and node changes; the number of exits reported."""
+        try:
+            q = self.slurm.json(["squeue", "--json"])
+        except SlurmError as e:
+            self._note(str(e))
+            return 0  # slurmctld away (restarting): nothing is concluded from silence
+        view = View({}, time.time())
+        for j in q.get("jobs") or ():
+            if isinstance(j, dict) and isinstance(j.get("job_id"), int):
+                view.jobs[j["job_id"]] = j
+        done: list[tuple[SlurmRun, str]] = []
+        with self._lock:
+            self.view = view
+            for run in list(self.runs.values()):
+                if run.slurm_id < 0:
+                    done.append((run, "failed"))
+                    continue
+                j = view.jobs.get(run.slurm_id)
+                if j is None:
+                    if run.submitted and view.t - run.submitted < 5.0:
+                        continue  # just submitted: a view taken before sbatch answered
+                    done.append((run, self._status_file(run)))
+                    continue
+                state = str(j.get("job_state", ""))
+                if state in LIVE:
+                    if run.notified and state == "RUNNING":
+                        sig, run.notified = run.notified, ""
+                        self.table.save(run)
+                        self._signal(run, sig)
+                    continue
+                done.append((run, status_of(state, j.get("exit_code"), killed=run.killed)))
+            self._cancel_strays(view)
+        for run, status in done:
+            if self.on_exit is not None:
+                self.on_exit(run.job, run.epoch, status)
+            with self._lock:
+                if self.runs.get(run.job) is run:
+                    del self.runs[run.job]
+                self.table.delete(run.job, run.epoch)  # after the report: a crash in between re-reports, ignored
+        self._poll_nodes()
+        return len(done)
+
+    def _poll_nodes(self) -> None:
+        try:
+            nodes = read_nodes(self.slurm, self.partition)
+        except SlurmError as e:
+            self._note(str(e))
+            return
+        down, up = [], []
+        with self._lock:
+            for n in nodes:
+                self.nodes[n.name] = n
+                is_down = n.state in DOWN_NODE_STATES
+                if is_down and n.name not in self.down:
+                    self.down.add(n.name)
+                    down.append(n.name)
+                elif not is_down and n.name in self.down and "NOT_RESPONDING" not in n.flags:
+                    self.down.discard(n.name)
+                    up.append(n.name)
+        if (down or up) and self.on_nodes is not None:
+            self.on_nodes(down, up)
+
+    # ------------------------------------------------------------------ Slurm calls
+
+    def _submit(self, job: Job, nodes: tuple[str, ...], resume_from_s: float) -> SlurmRun:
+        if not SAFE_ID.match(job.id):
+            raise ValueError(f"job id {job.id!r} is not a safe file name")
+        if not job.command:
+            raise ValueError(f"job {job.id!r}: command is empty")
+        user = (self.user_for(job) if self.user_for is not None else None) or ""
+        pw = pwd.getpwnam(user) if user else pwd.getpwuid(os.getuid())
+        run_dir = self.dir / f"{job.id}.{job.epoch}"
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(mode=0o700)
+        script = run_dir / "batch.sh"
+        argv = [self.python, "-m", "goodput.sched.slurm_launch", "batch", "--", *job.command]
+        script.write_text("#!/bin/sh\nexec " + shlex.join(argv) + "\n", encoding="utf-8")
+        log_file = run_dir / "log"
+        log_file.touch()
+        if user:
+            for p in (run_dir, log_file, script):
+                os.chown(p, pw.pw_uid, pw.pw_gid)
+        gpn = job.gpus_per_node
+        gpus = [self.nodes[n].gpus if n in self.nodes else gpn for n in nodes]
+        env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
+        env.update(self.job_env)
+        env.update(
+            {
+                ENV_JOB_ID: job.id,
+                ENV_EPOCH: str(job.epoch),
+                ENV_URL: self.url,
+                ENV_TOKEN: self.token_for(job) if self.token_for is not None else "",
+                ENV_CKPT_ROOT: job.ckpt_root,
+                ENV_RESUME: repr(float(resume_from_s)),
+                ENV_NODES: ",".join(nodes),
+                ENV_SLOTS: str(len(nodes) * gpn),
+                ENV_GPUS_PER_NODE: str(gpn),
+                ENV_STATUS_FILE: str(run_dir / "status.json"),
+                ENV_NODE_ADDRS: ",".join(f"{n}={self.nodes[n].addr}" for n in nodes if n in self.nodes),
+                "HOME": pw.pw_dir if os.path.isdir(pw.pw_dir) else str(run_dir),
+                "USER": pw.pw_name,
+            }
+        )
+        grace = max(1, int(job.ckpt.grace_s))
+        cmd = [
+            "sbatch", "--parsable", "--hold", f"--partition={self.partition}",
+            f"--nodes={len(nodes)}", f"--nodelist={','.join(nodes)}", "--ntasks-per-node=1",
+            f"--job-name=gp-{job.id}"[:120], f"--comment=goodput:{self.instance}:{job.id}:{job.epoch}",
+            "--no-requeue", f"--signal=B:USR1@{grace}", "--export=ALL", f"--chdir={run_dir}",
+            f"--output={log_file}", "--open-mode=append",
+        ]  # fmt: skip
+        if all(g > 0 for g in gpus):
+            cmd.append(f"--gres=gpu:{gpn}")
+        else:
+            cmd.append("--exclusive")
+        if user:
+            cmd += [f"--uid={pw.pw_uid}", f"--gid={pw.pw_gid}"]
+        cmd.append(str(script))
+        out = self.slurm.run(cmd, env=self.slurm.env(env)).strip()
+        m = re.match(r"^([0-9]+)", out)
+        if m is None:
+            raise SlurmError(f"sbatch answered {out!r}, not a job id")
+        run = SlurmRun(job.id, job.epoch, int(m.group(1)), list(nodes), pw.pw_name, str(run_dir), submitted=time.time())
+        try:
+            self.table.save(run)  # before it may run
+        except Exception:
+            self._scancel(run.slurm_id)
+            raise
+        return run
+
+    def _release(self, run: SlurmRun) -> None:
+        try:
+            self.slurm.run(["scontrol", "release", str(run.slurm_id)])
+        except SlurmError as e:
+            # the next pass retries; a job Slurm no longer has is read as gone by the poll
+            self._note(f"release {run.slurm_id}: {e}")
+            self._unreleased.append(run.job)
+            return
+        run.released = True
+        self.table.save(run)
+
+    def _signal(self, run: SlurmRun, sig: str) -> None:
+        try:
+            self.slurm.run(["scancel", "--batch", f"--signal={sig}", str(run.slurm_id)])
+        except SlurmError as e:
+            self._note(f"signal {sig} to {run.slurm_id}: {e}")  # the core's deadline kills it if it never left
+
+    def _cancel(self, run: SlurmRun, *, save: bool = True) -> None:
+        run.killed = True
+        if save:
+            self.table.save(run)
+        self._scancel(run.slurm_id)
+
+    def _scancel(self, slurm_id: int) -> None:
+        try:
+            self.slurm.run(["scancel", str(slurm_id)])
+        except SlurmError as e:
+            self._note(f"scancel {slurm_id}: {e}")
+
+    def _cancel_strays(self, view: View) -> None:
+        """Cancel live Slurm jobs of this service that no run names (submitted, then the service died
+        before it stored the id; or adopted as not counted)."""
+        mine = {(r.job, r.epoch) for r in self.runs.values()}
+        for sid, j in view.jobs.items():
+            m = COMMENT.match(str(j.get("comment") or ""))
+            if m is None or m.group(1) != self.instance or str(j.get("job_state", "")) not in LIVE:
+                continue
+            if (m.group(2), int(m.group(3))) in mine:
+                continue
+            if time.time() - float(j.get("submit_time") or 0) < 10.0:
+                continue  # a submission in flight on another thread
+            log.warning("slurm job %d (%s epoch %s) is not a run of the store: cancelled", sid, m.group(2), m.group(3))
+            self._scancel(sid)
+
+    def _status_file(self, run: SlurmRun) -> str:
+        """The status of a run Slurm no longer lists, from its batch step's status file; else lost."""
+        try:
+            rc = int(json.loads(Path(run.dir, "status.json").read_text(encoding="utf-8"))["rc"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return "killed" if run.killed else "lost"
+        if rc == 0:
+            return "finished"
+        if rc == PREEMPTED_EXIT:
+            return "preempted"
+        return "killed" if run.killed else "failed"
+
+    def _current(self, job: Job) -> SlurmRun | None:
+        run = self.runs.get(job.id)
+        return run if run is not None and run.epoch == job.epoch else None
+
+    def _note(self, msg: str) -> None:
+        log.warning("slurm executor: %s", msg)
+        self.failures.append(f"{time.time():.3f} {msg}")
+        del self.failures[:-50]
+
+
+# ---------------------------------------------------------------------- wiring into the service
+
+
+def node_changes(sched: Any, down: Iterable[str], up: Iterable[str]) -> None:
+    """Slurm's node view into the core: down nodes are lost (their jobs resume from their commits,
+    counted as infrastructure), nodes back are returned. Call with the service's lock held."""
+    from .model import Health
+
+    lost = [n for n in down if n in sched.cap.nodes and sched.cap.nodes[n].health is not Health.LOST]
+    if lost:
+        sched.node_lost(lost)
+    back = [n for n in up if n in sched.cap.nodes and sched.cap.nodes[n].health is Health.LOST]
+    if back:
+        sched.node_up(back)
+
+
+__all__ = [
+    "RunTable",
+    "Slurm",
+    "SlurmError",
+    "SlurmExecutor",
+    "SlurmNode",
+    "SlurmRun",
+    "discover",
+    "exit_code",
+    "node_changes",
+    "read_nodes",
+    "service_executor",
+    "status_of",
+]
+
+
+def service_executor(
+    svc: Any,
+    *,
+    url: str,
+    partition: str,
+    poll_s: float = 0.5,
+    slurm_conf: str = "",
+    python: str = "",
+    job_env: dict[str, str] | None = None,
+    allow_root_jobs: bool = False,
+) -> tuple[list[Pool], list[Node], SlurmExecutor]:
+    """The pools, nodes and executor of a live service over Slurm partition ``partition``
+    (``goodput sched serve --executor slurm --partition P``); ``svc`` is the service being built
+    (its ``lock``, ``wake``, ``sched``, ``store``, ``state_dir`` and ``_job_token`` are used)."""
+    slurm = Slurm(conf=slurm_conf)
+    pools, nodes, seen = discover(slurm, partition)
+
+    def on_exit(job_id: str, epoch: int, status: str) -> None:
+        with svc.lock:
+            svc.sched.report_exit(job_id, epoch, status)
+        svc.wake.set()
+
+    def on_nodes(down: list[str], up: list[str]) -> None:
+        with svc.lock:
+            node_changes(svc.sched, down, up)
+        svc.wake.set()
+
+    def user_for(job: Job) -> str | None:
+        users = getattr(svc, "users", None)  # the service's own tenant -> user map, where it has one
+        if users is None:
+            from .runas import UserMap, configured_from
+
+            gov = getattr(getattr(svc, "sched", None), "governance", None)
+            named = {t: s.user for t, s in (getattr(gov, "tenants", None) or {}).items()} if gov else {}
+            stored = svc.store.tenant_users() if hasattr(svc.store, "tenant_users") else {}
+            users = UserMap(configured_from(named, stored), allow_root=allow_root_jobs)
+        ra = users.for_tenant(job.tenant)
+        return None if ra is None else ra.user
+
+    ex = SlurmExecutor(
+        svc.state_dir,
+        store=svc.store,
+        partition=partition,
+        url=url,
+        slurm=slurm,
+        token_for=svc._job_token,
+        on_exit=on_exit,
+        on_nodes=on_nodes,
+        user_for=user_for,
+        python=python,
+        job_env=job_env,
+        poll_s=poll_s,
+    )
+    ex.nodes.update(seen)
+    return pools, nodes, ex

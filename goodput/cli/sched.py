@@ -51,6 +51,9 @@ def sim(
     db: str = typer.Option(
         "", "--db", help="Persist our policy's scheduler here: sqlite:///rel.db, sqlite:////abs.db, postgresql://..."
     ),
+    ui: str = typer.Option(
+        "", "--ui", help="Write the dashboard of our policy's run (DIR/index.html, self-contained) into this directory."
+    ),
 ) -> None:
     """Compare policies on one workload and one cluster: goodput, lost GPU-hours, waits, cost, violations."""
     from goodput.sched import workload as W
@@ -106,6 +109,9 @@ def sim(
     if db and len(job_list) > 20_000:
         notes.append("--db: one durable transaction per input; expect minutes for a large workload")
     names = [p.name for p in chosen]
+    if ui and not events:  # the dashboard is drawn from our policy's event log: keep it beside the page
+        events = str(Path(ui) / "events.jsonl")
+        Path(ui).mkdir(parents=True, exist_ok=True)
     ev_policy = ours(names) if events else None
     n_workers = workers or min(len(chosen), os.cpu_count() or 1)
     status = Console(stderr=True)
@@ -132,6 +138,10 @@ def sim(
         except (ValueError, OSError) as e:
             _fail(str(e))
     paths = plots(results, plot) if plot else []
+    if ui:
+        from goodput.sched.ui.report import sim_report
+
+        paths.append(sim_report(events, ui, results, job_list, cl, ev_policy or "", notes))
     if as_json:
         out = {
             "policies": {r.name: _finite(r.metrics) for r in results},
@@ -201,6 +211,31 @@ def check_cmd(
             _console().print(f"  {e}")
     if rep.total:
         raise typer.Exit(1)
+
+
+@app.command("report")
+def report_cmd(
+    events: Path = typer.Argument(..., help="An event log (JSONL), e.g. from `sim --events` or `goodput sched events`."),
+    html: Path = typer.Option(..., "--html", help="Write the dashboard of this log here: one self-contained page."),
+    cluster: str = typer.Option("", "--cluster", help="Cluster JSON giving node capacities (default: seen in the log)."),
+    nodes: int = typer.Option(0, "--nodes", help="A live service's local slots (as `serve --nodes`), no --cluster."),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="With --nodes, as `serve --gpus-per-node`."),
+) -> None:
+    """Write the dashboard's views (cluster, queue, preemptions, goodput, ledger, job pages) of an event log."""
+    from goodput.sched import workload as W
+    from goodput.sched.capacity import Capacity
+    from goodput.sched.ui import write_report
+
+    try:
+        capacity, kinds = None, None
+        if cluster or nodes:
+            pools = W.read_cluster_json(cluster).pools if cluster else _pools("", nodes, gpus_per_node)
+            capacity = {n.name: n.gpus for n in Capacity.build_nodes(pools)}
+            kinds = {p.name: p.kind.value for p in pools}
+        out = write_report(events, html, capacity=capacity, pool_kinds=kinds)
+    except (W.WorkloadError, OSError, ValueError) as e:
+        _fail(str(e))
+    print(out)
 
 
 # ---------------------------------------------------------------------- the live service

@@ -85,6 +85,7 @@ def write_report(
     policies: list[dict[str, Any]] | None = None,
     exact_ledger: dict[str, Any] | None = None,
     title: str = "",
+    notes: list[str] | None = None,
 ) -> Path:
     """Write the static dashboard of an event log (a JSONL path or its records) to ``out`` (a file)."""
     from ..events import read_jsonl
@@ -104,6 +105,7 @@ def write_report(
             f"goodput sched report: {Path(events).name}" if isinstance(events, (str, Path)) else "goodput sched report"
         ),
     )
+    data["notes"] = list(notes or [])
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(static_html(data), encoding="utf-8")

@@ -1,0 +1,373 @@
+"""The dashboard in a real browser: Debian's Chromium, headless, driven by Playwright, against a
+`goodput sched serve` this test starts on 127.0.0.1 (real job processes, SQLite in a temp dir).
+
+Screenshots of the main views are written to ``out/ui-screenshots/`` (gitignored; override with
+``GOODPUT_UI_ARTIFACTS``) and their paths printed. Skipped with the reason when Chromium or Playwright
+is absent; no browser is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+PY = sys.executable
+CHROMIUM = os.environ.get("GOODPUT_CHROMIUM", "/usr/bin/chromium")
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = Path(
+    os.environ.get("GOODPUT_UI_ARTIFACTS") or Path(__file__).resolve().parents[2] / "out" / "ui-screenshots"
+)
+SLEEPER = [PY, "-c", "import sys, time; print('hello from the job', flush=True); time.sleep(120)"]
+WAIT_MS = 20_000
+
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="Playwright for Python is not installed (pip install playwright)"
+)
+if not (os.path.exists(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+    pytest.skip(f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium)", allow_module_level=True)
+expect = sync_api.expect
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PY, "-c", "from goodput.cli.main import app; app()", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+class Service:
+    """`goodput sched serve` as a child process on a free loopback port."""
+
+    def __init__(self, tmp: Path, nodes: int = 1) -> None:
+        self.tmp = tmp
+        self.db = f"sqlite:///{tmp / 'sched.db'}"
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.nodes = nodes
+        self.proc: subprocess.Popen | None = None
+
+    def token(self, tenant: str, *extra: str) -> str:
+        r = _cli("sched", "token", "add", tenant, "--db", self.db, *extra)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip().splitlines()[-1]
+
+    def start(self) -> Service:
+        with open(self.tmp / "serve.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [PY, "-c", "from goodput.cli.main import app; app()", "sched", "serve", "--db", self.db]
+                + ["--port", str(self.port), "--nodes", str(self.nodes), "--gpus-per-node", "1"]
+                + ["--state-dir", str(self.tmp / "state"), "--tick-s", "0.2"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/healthz", timeout=2):
+                    return self
+            except OSError:
+                assert self.proc.poll() is None, (self.tmp / "serve.log").read_text()
+                time.sleep(0.1)
+        raise AssertionError("service did not come up")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        for rec in (self.tmp / "state" / "runs").glob("*.json") if (self.tmp / "state").exists() else ():
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                os.killpg(json.loads(rec.read_text())["pgid"], signal.SIGKILL)
+
+    def call(self, method: str, path: str, token: str | None, body: dict | None = None) -> tuple[int, object]:
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                raw = r.read()
+                return r.status, json.loads(raw) if "json" in r.headers.get("content-type", "") else raw.decode()
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
+    def submit(self, token: str, name: str, command: list[str], **kw: object) -> str:
+        body = {"name": name, "command": command, "limit_s": 600, "ckpt_interval_s": 0, "grace_s": 5, **kw}
+        code, out = self.call("POST", "/jobs", token, body)
+        assert code == 201, out
+        return out["id"]  # type: ignore[index]
+
+    def wait(self, jid: str, token: str, pred, timeout: float = 60.0) -> dict:  # noqa: ANN001
+        deadline = time.monotonic() + timeout
+        while True:
+            code, j = self.call("GET", f"/jobs/{jid}", token)
+            assert code == 200, j
+            if pred(j):
+                return j  # type: ignore[return-value]
+            assert time.monotonic() < deadline, json.dumps(j)[:2000]
+            time.sleep(0.1)
+
+
+@pytest.fixture
+def service(tmp_path):
+    made: list[Service] = []
+
+    def make(nodes: int = 1) -> Service:
+        s = Service(tmp_path, nodes)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page_of(browser):
+    """A fresh browser context (its own sessionStorage) per viewer; page errors fail the test."""
+    contexts = []
+    errors: list[str] = []
+
+    def make():  # noqa: ANN202
+        ctx = browser.new_context(viewport={"width": 1280, "height": 900}, timezone_id="Asia/Kolkata")
+        contexts.append(ctx)
+        page = ctx.new_page()
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        # the page must fetch nothing outside the service (or the file it was opened from)
+        page.on("request", lambda r: _local(r.url) or errors.append(f"non-local request {r.url}"))
+        return page
+
+    yield make
+    for c in contexts:
+        c.close()
+    assert not errors, errors
+
+
+def _local(url: str) -> bool:
+    return url.startswith(("http://127.0.0.1:", "file://", "data:", "blob:", "about:"))
+
+
+def _shot(page, name: str) -> None:  # noqa: ANN001
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    print(f"screenshot: {path}")
+
+
+def _login(page, svc: Service, token: str) -> None:  # noqa: ANN001
+    page.goto(svc.url + "/ui")
+    page.get_by_label("Bearer token").fill(token)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.locator("#cluster")).to_be_visible(timeout=WAIT_MS)
+
+
+def test_no_token_gets_only_the_login_form(service, page_of):
+    svc = service(nodes=2).start()
+    alice = svc.token("alice")
+    svc.submit(alice, "private-run", SLEEPER)
+    page = page_of()
+    page.goto(svc.url + "/ui")
+    expect(page.get_by_label("Bearer token")).to_be_visible()
+    expect(page.locator("#app")).to_be_hidden()
+    assert page.locator("#cluster, #queue, table").count() == 0
+    assert "private-run" not in page.content()
+    # the JSON behind the page refuses without a token, and a wrong token sends the page back to the form
+    assert svc.call("GET", "/ui/api/overview", None)[0] == 401
+    assert svc.call("GET", "/ui/api/overview", "gp_wrong")[0] == 401
+    page.get_by_label("Bearer token").fill("gp_not-a-token")
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.locator("#login-error")).to_contain_text("not accepted")
+    expect(page.locator("#app")).to_be_hidden()
+    assert page.evaluate("sessionStorage.getItem('goodput.token')") is None
+    # the keyboard reaches the form: the token field, then the button
+    page.get_by_label("Bearer token").focus()
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.textContent") == "Sign in"
+    _shot(page, "login")
+
+
+def test_page_with_a_token_shows_the_cluster_and_a_job_moves_from_queue_to_running(service, page_of):
+    svc = service(nodes=1).start()
+    alice = svc.token("alice")
+    first = svc.submit(alice, "holder", SLEEPER)
+    svc.wait(first, alice, lambda j: j["state"] == "running")
+    page = page_of()
+    _login(page, svc, alice)
+    # the token is kept in the tab's session storage only
+    assert page.evaluate("sessionStorage.getItem('goodput.token')") == alice
+    assert page.evaluate("localStorage.length") == 0
+    assert page.context.cookies() == []
+    expect(page.locator('[data-node="local-00000"]')).to_be_visible()
+    expect(page.locator("#running")).to_contain_text("holder")
+    page.evaluate("window.__same_document = true")  # gone if the page reloads
+    second = svc.submit(alice, "waiter", SLEEPER)
+    row = page.locator("#queue tr", has_text="waiter")
+    expect(row).to_be_visible(timeout=WAIT_MS)
+    expect(row).to_contain_text("no fit")
+    _shot(page, "queue")
+    svc.call("POST", f"/jobs/{first}/cancel", alice)
+    svc.wait(second, alice, lambda j: j["state"] == "running", timeout=60)
+    expect(page.locator("#running tr", has_text="waiter")).to_be_visible(timeout=WAIT_MS)
+    expect(page.locator("#queue tr", has_text="waiter")).to_have_count(0, timeout=WAIT_MS)
+    assert page.evaluate("window.__same_document") is True, "the page reloaded"
+    _shot(page, "overview")
+    # the job's page: its state history and its own log tail
+    page.locator("#running a", has_text="waiter").first.click()
+    expect(page.locator("#job-history")).to_contain_text("started", timeout=WAIT_MS)
+    expect(page.locator("pre.log")).to_contain_text("hello from the job", timeout=WAIT_MS)
+    _shot(page, "job")
+
+
+def test_a_preemption_shows_its_reason_and_the_victims_loss(service, page_of):
+    svc = service(nodes=1).start()
+    admin = svc.token("ops", "--admin")
+    alice = svc.token("alice")
+    low = svc.submit(alice, "low", SLEEPER, priority=0)
+    svc.wait(low, alice, lambda j: j["state"] == "running")
+    time.sleep(1.5)  # it holds its GPU a while without a checkpoint: that is what it loses
+    high = svc.submit(alice, "high", SLEEPER, priority=10)
+    svc.wait(low, alice, lambda j: j["preemptions"] == 1 and j["state"] == "pending", timeout=60)
+    svc.wait(high, alice, lambda j: j["state"] == "running", timeout=60)
+    page = page_of()
+    _login(page, svc, admin)
+    row = page.locator("#preemptions tbody tr").first
+    expect(row).to_contain_text(low, timeout=WAIT_MS)
+    expect(row).to_contain_text("priority")
+    expect(row).to_contain_text(high)
+    # the victim's loss: expected at the decision and as it happened, both in GPU-hours, above zero
+    cells = row.locator("td")
+    expected, actual = float(cells.nth(6).inner_text()), float(cells.nth(7).inner_text())
+    assert expected > 0 and actual > 0, (expected, actual)
+    code, ov = svc.call("GET", "/ui/api/overview", admin)
+    item = ov["preemptions"]["items"][0]  # type: ignore[index]
+    assert item["job"] == low and item["reason"] == "priority" and item["preemptor"] == high
+    assert item["expected_loss_gpu_s"] >= 1.0 and item["realized_loss_gpu_s"] >= 1.0
+    assert any(c["chosen"] for c in item["candidates"])
+    row.locator("summary").click()
+    expect(row.locator("li").first).to_contain_text("chosen")
+    _shot(page, "preemptions")
+
+
+def test_a_second_tenant_sees_neither_names_nor_logs_of_the_first(service, page_of):
+    svc = service(nodes=2).start()
+    alice, bob = svc.token("alice"), svc.token("bob")
+    secret = svc.submit(alice, "alice-secret-model", SLEEPER)
+    svc.wait(secret, alice, lambda j: j["state"] == "running")
+    queued = svc.submit(alice, "alice-queued-thing", SLEEPER, nodes=2)
+    mine = svc.submit(bob, "bob-run", SLEEPER)
+    svc.wait(mine, bob, lambda j: j["state"] == "running")
+    # the server cuts the JSON: neither alice's job ids (they carry the names) nor her tenant name
+    code, ov = svc.call("GET", "/ui/api/overview", bob)
+    raw = json.dumps(ov)
+    assert code == 200
+    for word in ("alice-secret-model", "alice-queued-thing", secret, queued, "alice"):
+        assert word not in raw, word
+    assert ov["queue"]["others"] == 1 and ov["running"]["others"] == 1  # type: ignore[index]
+    # ... while the cluster's shape is there: both nodes, each GPU busy, one of them anonymous
+    segs = [s for n in ov["cluster"]["nodes"] for s in n["segments"]]  # type: ignore[index]
+    assert sorted((s["job"] is None, s["gpus"]) for s in segs) == [(False, 1), (True, 1)]
+    assert svc.call("GET", f"/ui/api/jobs/{secret}", bob)[0] == 404
+    page = page_of()
+    _login(page, svc, bob)
+    expect(page.locator("#running")).to_contain_text("bob-run")
+    expect(page.locator("#queue")).to_contain_text("1 more pending job(s) of other tenants")
+    assert page.locator(".cell.other").count() == 1
+    html = page.content()
+    for word in ("alice-secret-model", "alice-queued-thing", secret):
+        assert word not in html, word
+    page.goto(f"{svc.url}/ui#job/{secret}")
+    expect(page.locator("#app")).to_contain_text("No job", timeout=WAIT_MS)
+    assert "hello from the job" not in page.content()
+    _shot(page, "second-tenant")
+    # alice herself sees her job's page with its log
+    page2 = page_of()
+    _login(page2, svc, alice)
+    page2.goto(f"{svc.url}/ui#job/{secret}")
+    expect(page2.locator("pre.log")).to_contain_text("hello from the job", timeout=WAIT_MS)
+    assert "bob-run" not in page2.content()
+
+
+def _check_static(page, path: Path, policies: bool) -> None:  # noqa: ANN001
+    page.goto(path.as_uri())
+    expect(page.locator("#cluster")).to_be_visible()
+    expect(page.locator("#login")).to_be_hidden()
+    for key in ("series", "ledger", "tenants"):
+        n = page.evaluate(
+            f"(() => {{ const c = Chart.getChart('chart-{key}'); return c ? c.data.datasets.length : 0; }})()"
+        )
+        assert n >= 1, key
+    # the goodput series has points, and the preemption log the simulator's victims
+    pts = page.evaluate("Chart.getChart('chart-series').data.datasets[2].data.filter(x => x > 0).length")
+    assert pts > 0
+    expect(page.locator("#preemptions tbody tr").first).to_be_visible()
+    assert float(page.locator("#goodput-value").inner_text()) > 0
+    if policies:
+        assert page.evaluate("Chart.getChart('chart-policy-goodput').data.labels") == ["goodput", "kueue-victims"]
+    # a job's page opens from the log
+    page.locator("#preemptions tbody a").first.click()
+    expect(page.locator("#job-history")).to_contain_text("preempt_requested")
+
+
+def test_the_static_simulator_report_opens_with_the_same_charts(tmp_path, page_of):
+    ui = tmp_path / "ui"
+    r = _cli("sched", "sim", "--jobs", "300", "--nodes", "16", "--policy", "goodput", "--policy", "kueue-victims",
+             "--workers", "1", "--ui", str(ui))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    index = ui / "index.html"
+    text = index.read_text()
+    assert "https://" not in text.replace("https://www.chartjs.org", "")  # nothing to fetch at run time
+    page = page_of()
+    _check_static(page, index, policies=True)
+    page.goto(index.as_uri())
+    expect(page.locator("#policies")).to_be_visible()
+    _shot(page, "sim-report")
+    # the same views from a bare event log: goodput sched report E.jsonl --html OUT
+    out = tmp_path / "report.html"
+    r = _cli("sched", "report", str(ui / "events.jsonl"), "--html", str(out))
+    assert r.returncode == 0, r.stderr
+    _check_static(page_of(), out, policies=False)
+
+
+def test_files_are_shipped_and_served_without_a_token(service):
+    svc = service(nodes=1).start()
+    code, body = svc.call("GET", "/ui/static/chart.umd.min.js", None)
+    assert code == 200 and "Chart.js" in str(body)[:200]
+    assert svc.call("GET", "/ui/static/chart.js.LICENSE.md", None)[0] == 200
+    for bad in ("..%2Fpage.py", "page.py", "%2Fetc%2Fpasswd", "index.html"):
+        assert svc.call("GET", f"/ui/static/{bad}", None)[0] == 404, bad

@@ -269,11 +269,50 @@ def serve_cmd(
     gpus_per_node: int = typer.Option(8, "--gpus-per-node"),
     state_dir: str = typer.Option(".goodput-sched", "--state-dir", help="Run records, job logs, default checkpoints."),
     tick_s: float = typer.Option(1.0, "--tick-s", help="Longest wait between scheduling passes."),
+    executor: str = typer.Option(
+        "", "--executor", help="local (process groups on this machine) or slurm (docs/SLURM.md); default: local."
+    ),
+    partition: str = typer.Option("", "--partition", help="--executor slurm: the Slurm partition goodput drives."),
+    slurm_conf: str = typer.Option("", "--slurm-conf", help="--executor slurm: slurm.conf (default: $SLURM_CONF)."),
+    job_python: str = typer.Option(
+        "", "--job-python", help="--executor slurm: the Python each job's batch step runs (default: this one)."
+    ),
 ) -> None:
-    """Run the live scheduler: an HTTP API (OpenAPI at /openapi.json) that runs jobs as local process groups."""
+    """Run the live scheduler: an HTTP API (OpenAPI at /openapi.json) that runs jobs as local process groups
+    (or as Slurm jobs: --executor slurm --partition P)."""
     from goodput.sched.service import serve
 
-    serve(db, _pools(cluster, nodes, gpus_per_node), host=host, port=port, state_dir=state_dir, tick_s=tick_s)
+    opts = _slurm_options(cluster, executor, partition, slurm_conf, job_python)
+    pools = _pools(cluster, nodes, gpus_per_node) if opts is None else []
+    serve(
+        db, pools, host=host, port=port, state_dir=state_dir, tick_s=tick_s,
+        executor="slurm" if opts is not None else "local", executor_options=opts,
+    )  # fmt: skip
+
+
+def _slurm_options(cluster: str, executor: str, partition: str, conf: str, python: str) -> dict | None:
+    """The Slurm executor's options from the flags, else from the cluster JSON's ``"slurm"`` object
+    (``{"partition": P, "slurm_conf": ..., "job_python": ...}``); None for the local executor."""
+    section: dict = {}
+    if cluster:
+        try:
+            raw = json.loads(Path(cluster).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            _fail(f"{cluster}: {e}")
+        section = raw.get("slurm") if isinstance(raw, dict) and isinstance(raw.get("slurm"), dict) else {}
+    kind = executor or ("slurm" if section else "local")
+    if kind not in ("local", "slurm"):
+        _fail(f"--executor: {kind!r} is not local or slurm")
+    if kind == "local":
+        return None
+    partition = partition or str(section.get("partition", ""))
+    if not partition:
+        _fail("--executor slurm needs --partition (or the cluster JSON's slurm.partition)")
+    return {
+        "partition": partition,
+        "slurm_conf": conf or str(section.get("slurm_conf", "")),
+        "python": python or str(section.get("job_python", "")),
+    }
 
 
 token_app = typer.Typer(no_args_is_help=True)

@@ -79,6 +79,10 @@ def load(
     (or ``allow_partial_load=True``, or DCP's ``DefaultLoadPlanner(allow_partial_load=True)``)
     skips what the checkpoint lacks.
 
+    ``path`` may also be a Hugging Face checkpoint directory (``*.safetensors``, with
+    ``model.safetensors.index.json`` when sharded): its tensors load into any layout the same
+    way, each rank reading only the byte ranges its shards need (:mod:`goodput.ckpt.hf`).
+
     Tensors with no writable contiguous host memory (non-contiguous views, CUDA tensors) are
     filled through one reused staging buffer of ``staging_bytes`` (default
     ``min(64 MiB, max(read_buffer // 4, 1 MiB))``), piece by piece, so that a load's host memory
@@ -151,7 +155,7 @@ def _load(
     if staging_bytes is not None and not (isinstance(staging_bytes, int) and staging_bytes > 0):
         raise ValueError(f"staging_bytes must be a positive int, got {staging_bytes!r}")
     piece_cap = staging_bytes if staging_bytes is not None else default_staging(read_buffer)
-    ck = Checkpoint(path, storage)
+    ck = open_for_load(path, storage)
     materialize_meta(state_dict)
     leaves, value_leaves = flatten(state_dict)
     saved = {t.name: t for t in ck.metadata.tensors}
@@ -226,6 +230,20 @@ def _load(
         holder.write(data.tobytes())
         holder.seek(0)
     return LoadResult(path, ck.step, stats, {"total_s": time.perf_counter() - t0})
+
+
+def open_for_load(path: Path, storage: Storage | None = None) -> Any:
+    """The checkpoint at ``path``: goodput's, or a Hugging Face safetensors directory (read
+    through the same plan: each rank reads the byte ranges its layout needs,
+    :mod:`goodput.ckpt.hf`)."""
+    try:
+        return Checkpoint(path, storage)
+    except CheckpointError:
+        from .hf import HFCheckpoint, is_hf_dir
+
+        if storage is None and is_hf_dir(path):
+            return HFCheckpoint(path)
+        raise
 
 
 def castable(saved: str, lf: TensorLeaf) -> bool:

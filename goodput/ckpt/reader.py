@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .dtypes import bf16_bits_to_f32, dtype
-from .errors import CheckpointError
+from .errors import CheckpointError, StorageError
 from .format import (
     ALIGN,
     LATEST,
@@ -35,7 +35,7 @@ from .format import (
 from .geometry import Region
 from .read_exec import DEFAULT_READ_BUFFER, Files, ReadStats, read_requests
 from .read_plan import ReadPlanner, Request
-from .storage import Storage, display, storage_for
+from .storage import Storage, as_location, display, storage_for
 
 
 @dataclass(frozen=True)
@@ -71,9 +71,35 @@ def read_sealed_manifest(path: Path, storage: Storage | None = None) -> tuple[Ma
         raw = storage.get(path, MANIFEST, "manifest", MAX_MANIFEST_BYTES)
     except (CheckpointError, OSError):
         if not storage.exists(path, MANIFEST):
-            raise CheckpointError(f"{display(path)!r} is not a committed checkpoint (no {MANIFEST})") from None
+            raise CheckpointError(
+                f"{display(path)!r} is not a committed checkpoint (no {MANIFEST}){foreign_hint(storage, path)}"
+            ) from None
         raise
     return decode_sealed_manifest(raw, str(path / MANIFEST))
+
+
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's global metadata file
+HF_INDEX = "model.safetensors.index.json"
+
+
+def foreign_hint(storage: Storage, path: Path) -> str:
+    """What to do when ``path`` holds another format's checkpoint (asked only once the manifest
+    is known to be missing, so a goodput load pays nothing for it)."""
+    try:
+        if storage.exists(path, DCP_METADATA):
+            return (
+                f"; it holds a torch.distributed.checkpoint (DCP) checkpoint ({DCP_METADATA}): convert it with "
+                f"`goodput ckpt import-dcp {display(path)} DEST` (or goodput.ckpt.dcp_import.import_dcp), then load DEST"
+            )
+        hf = storage.exists(path, HF_INDEX) or any(e.name.endswith(".safetensors") for e in storage.list(path))
+    except (OSError, CheckpointError, ValueError):
+        return ""
+    if hf:
+        return (
+            "; it holds Hugging Face safetensors: goodput.ckpt.load(state, path) reads those into any layout "
+            "(from a local directory)"
+        )
+    return ""
 
 
 SMALL_METADATA_BYTES = 64 << 20  # 16k ranks' metadata is about 10 MiB: below this, read it at once
@@ -339,48 +365,82 @@ def is_committed(path: str | os.PathLike) -> bool:
 
 def _subdirs(storage: Storage, root: Path) -> list[str]:
     """Directories directly under ``root``; links are never followed (a link to another run's
-    checkpoint is not this run's checkpoint)."""
+    checkpoint is not this run's checkpoint). None there is an empty list; a listing that
+    fails raises :class:`StorageError` naming ``root``."""
     try:
         return [e.name for e in storage.list(root) if e.kind == "dir"]
-    except OSError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
+    except StorageError:
+        raise
+    except OSError as e:
+        raise StorageError(f"{display(root)!r} cannot be listed: {e.strerror or e}") from None
+
+
+def committed_manifest(path: Path, storage: Storage | None = None) -> Manifest | None:
+    """``path``'s manifest, or None when ``path`` holds no committed checkpoint (no manifest, or
+    a file there that is not one); a storage failure raises :class:`StorageError`, since it says
+    nothing about what ``path`` holds."""
+    storage = storage or storage_for(path)
+    try:
+        raw = storage.get_if_exists(path, MANIFEST, "manifest", MAX_MANIFEST_BYTES)
+    except StorageError:
+        raise
+    except CheckpointError:  # a link, a FIFO, an oversized file: not a manifest this run wrote
+        return None
+    if raw is None:
+        return None
+    try:
+        return decode_sealed_manifest(raw, str(path / MANIFEST))[0]
+    except CheckpointError:
+        return None
 
 
 def list_checkpoints(root: str | os.PathLike) -> list[tuple[Path, Manifest]]:
-    """Committed checkpoints directly under ``root`` (and ``root`` itself), oldest first."""
-    root = Path(root)
+    """Committed checkpoints directly under ``root`` (and ``root`` itself), oldest first. Empty
+    only when the storage answered; a storage failure raises :class:`StorageError`."""
+    root = as_location(root)
     storage = storage_for(root)
     found: list[tuple[Path, Manifest]] = []
     for p in [root, *(root / n for n in _subdirs(storage, root))]:
-        try:
-            found.append((p, read_manifest(p, storage)))
-        except (CheckpointError, OSError):
-            continue
+        m = committed_manifest(p, storage)
+        if m is not None:
+            found.append((p, m))
     found.sort(key=lambda pm: (pm[1].step if pm[1].step is not None else -1, pm[1].created))
     return found
 
 
 def latest(root: str | os.PathLike) -> Path | None:
     """The newest committed checkpoint under ``root``: the ``latest`` pointer a Checkpointer
-    keeps, when it names a committed checkpoint; else the newest by listing (step, then time)."""
-    root = Path(root)
+    keeps, when it names a committed checkpoint; else the newest by listing (step, then time).
+
+    None means the storage answered and holds no committed checkpoint there. Any storage failure
+    (credentials, an unreachable endpoint, a 5xx after the store's retries, a listing that
+    fails) raises :class:`StorageError` naming ``root``: a resume must never take an error for
+    "start from step 0"."""
+    root = as_location(root)
     storage = storage_for(root)
     try:
         raw = storage.get_if_exists(root, LATEST, "latest pointer", MAX_POINTER_BYTES)
-        name = raw.decode("utf-8", "replace").strip() if raw is not None else ""
-        m = STEP_DIR.match(name)
+    except StorageError as e:
+        raise StorageError(f"no answer from {display(root)!r} on its newest checkpoint: {e}") from e
+    except CheckpointError:  # a pointer that is no plain small file: the listing decides
+        raw = None
+    name = raw.decode("utf-8", "replace").strip() if raw is not None else ""
+    m = STEP_DIR.match(name)
+    try:
         dirs = set(_subdirs(storage, root)) if m else set()
-        if m and name in dirs and is_committed(root / name):
+        if m and name in dirs and committed_manifest(root / name, storage) is not None:
             # a crash between a commit and the pointer's update leaves it behind: prefer any
             # newer committed step directory (names only are listed, manifests of newer ones read)
             newer = sorted(
                 (int(q.group(1)), n) for n in dirs if (q := STEP_DIR.match(n)) and int(q.group(1)) > int(m.group(1))
             )
             for _, n in reversed(newer):
-                if is_committed(root / n):
+                if committed_manifest(root / n, storage) is not None:
                     return root / n
             return root / name
-    except (OSError, CheckpointError):
-        pass
-    found = list_checkpoints(root)
+        found = list_checkpoints(root)
+    except StorageError as e:
+        raise StorageError(f"no answer from {display(root)!r} on its newest checkpoint: {e}") from e
     return found[-1][0] if found else None

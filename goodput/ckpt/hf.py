@@ -1,0 +1,266 @@
+"""Hugging Face safetensors checkpoints, read into any layout without materializing them.
+
+A Hugging Face checkpoint directory holds ``*.safetensors`` files and, when sharded,
+``model.safetensors.index.json`` (``weight_map``: tensor name -> file). Every tensor there is one
+whole, row-major, contiguous byte range of one file: to goodput that is a checkpoint whose every
+tensor is a single chunk. So this module describes the directory as goodput metadata (one chunk
+per tensor, no checksums: safetensors has none) and the ordinary load path does the rest: the
+read plan intersects each rank's DTensor / LocalShard / FlatShard regions with those chunks, and
+each rank reads only the byte runs its regions cover (an FSDP2 rank reads its rows of each
+tensor, nothing else), cast into the target's dtype where they differ.
+
+Headers are read by the ``safetensors`` library itself (``safe_open``: names in file order,
+shapes, dtypes; it refuses a malformed header, overlapping or out-of-file ranges); since a valid
+file's data is packed without holes in that order, each tensor's offset follows from the sizes
+before it, and the file's length is checked against the 8-byte header length and those sizes.
+Local directories only (the library opens files); the Hugging Face Hub cache's links to blobs
+are followed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .dtypes import dtype as dtype_info
+from .errors import CheckpointError
+from .format import MANIFEST, FileEntry, Metadata, TensorEntry, check_file_name, shape_error
+from .read_exec import DEFAULT_READ_BUFFER, ReadStats, read_requests
+from .read_plan import ReadPlanner, Request
+from .storage import PosixSource, PosixStorage, Source
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+MAX_INDEX_BYTES = 64 << 20
+
+#: safetensors' dtype names -> goodput's
+HF_DTYPES = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "I16": "int16",
+    "U16": "uint16",
+    "I32": "int32",
+    "U32": "uint32",
+    "I64": "int64",
+    "U64": "uint64",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F32": "float32",
+    "F64": "float64",
+    "C64": "complex64",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E8M0": "float8_e8m0fnu",
+}
+
+
+def is_hf_dir(path: str | os.PathLike) -> bool:
+    """A local directory with safetensors files (or their index) and no goodput manifest."""
+    s = os.fspath(path)
+    if not isinstance(s, str) or s.startswith("s3:/") or not os.path.isdir(s):
+        return False
+    if os.path.lexists(os.path.join(s, MANIFEST)):
+        return False
+    if os.path.lexists(os.path.join(s, INDEX)):
+        return True
+    try:
+        return any(n.endswith(".safetensors") for n in os.listdir(s))
+    except OSError:
+        return False
+
+
+def _open_file(path: str, what: str) -> int:
+    """Open a file of the directory, following links (the Hub's cache is links to blobs), and
+    refuse anything but a regular file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise CheckpointError(f"{what} {path!r} is missing") from None
+    except OSError as e:
+        raise CheckpointError(f"{what} {path!r} cannot be opened: {e.strerror or e}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CheckpointError(f"{what} {path!r} is not a regular file; refusing to read it")
+    if hasattr(os, "O_NONBLOCK"):
+        os.set_blocking(fd, True)
+    return fd
+
+
+class _LinkFollowingStorage(PosixStorage):
+    """POSIX reads that follow links inside a Hugging Face directory (goodput's own checkpoints
+    never follow one)."""
+
+    def open(self, directory: Path, name: str, what: str, size: int | None = None) -> Source:
+        path = os.path.join(directory, name)
+        return PosixSource(_open_file(path, what), path)
+
+
+def _index_files(d: Path) -> tuple[list[str], dict[str, str] | None]:
+    """The safetensors files of the directory and the index's weight map (None without index)."""
+    idx = d / INDEX
+    if os.path.lexists(idx):
+        fd = _open_file(str(idx), "safetensors index")
+        try:
+            size = os.fstat(fd).st_size
+            if size > MAX_INDEX_BYTES:
+                raise CheckpointError(f"{str(idx)!r} is {size} bytes, more than the {MAX_INDEX_BYTES} it may be")
+            with os.fdopen(os.dup(fd), "rb") as f:
+                raw = f.read(size + 1)
+        finally:
+            os.close(fd)
+        try:
+            doc = json.loads(raw)
+        except ValueError as e:
+            raise CheckpointError(f"{str(idx)!r} is not JSON: {e}") from None
+        wm = doc.get("weight_map") if isinstance(doc, dict) else None
+        if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
+            raise CheckpointError(f"{str(idx)!r} has no weight_map of tensor name -> file name")
+        for f in set(wm.values()):
+            check_file_name(f, str(idx))
+            if not f.endswith(".safetensors"):
+                raise CheckpointError(f"{str(idx)!r} maps tensors to {f!r}, not a .safetensors file")
+        return sorted(set(wm.values())), wm
+    files = sorted(n for n in os.listdir(d) if n.endswith(".safetensors"))
+    if not files:
+        raise CheckpointError(f"{str(d)!r} holds no .safetensors file and no {INDEX}")
+    for f in files:
+        check_file_name(f, str(d))
+    return files, None
+
+
+def _describe_file(d: Path, name: str) -> tuple[int, list[tuple[str, str, list[int]]], int]:
+    """(file size, [(tensor, goodput dtype, shape)] in file order, offset of the data), read by
+    the safetensors library and checked against the file's length."""
+    from safetensors import safe_open
+
+    path = str(d / name)
+    fd = _open_file(path, "safetensors file")
+    try:
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, 8, 0)
+    finally:
+        os.close(fd)
+    if len(head) < 8:
+        raise CheckpointError(f"{path!r} is not a safetensors file ({size} bytes)")
+    (hlen,) = struct.unpack("<Q", head)
+    try:
+        with safe_open(os.path.realpath(path), framework="numpy") as f:
+            entries = []
+            for k in f.offset_keys():
+                sl = f.get_slice(k)
+                entries.append((k, sl.get_dtype(), [int(x) for x in sl.get_shape()]))
+    except Exception as e:  # the library's own refusal (SafetensorError, OSError...)
+        raise CheckpointError(f"{path!r} is not a valid safetensors file: {type(e).__name__}: {e}") from None
+    out = []
+    total = 0
+    for k, hf_dtype, shape in entries:
+        gdt = HF_DTYPES.get(hf_dtype)
+        if gdt is None:
+            raise CheckpointError(f"{path!r}: tensor {k!r} has dtype {hf_dtype}, which goodput cannot load")
+        bad = shape_error(shape)
+        if bad:
+            raise CheckpointError(f"{path!r}: tensor {k!r} {bad}")
+        total += int(np.prod(shape, dtype=np.int64)) * dtype_info(gdt).itemsize
+        out.append((k, gdt, shape))
+    start = 8 + hlen
+    if start + total != size:
+        raise CheckpointError(
+            f"{path!r}: header ({hlen} bytes) and tensors ({total} bytes) do not add up to the file's {size} bytes"
+        )
+    return size, out, start
+
+
+def hf_metadata(d: Path) -> tuple[Metadata, dict[str, str] | None]:
+    """The directory as goodput metadata: one chunk per tensor, at its byte range in its file."""
+    files, weight_map = _index_files(d)
+    tensors: list[TensorEntry] = []
+    fentries: list[FileEntry] = []
+    rows: list[tuple[int, int, int, list[int]]] = []  # file, offset, length, shape
+    where: dict[str, str] = {}
+    for fid, name in enumerate(files):
+        size, entries, start = _describe_file(d, name)
+        fentries.append(FileEntry(name, size, 0, 0, 0))
+        pos = start
+        for k, gdt, shape in entries:
+            n = int(np.prod(shape, dtype=np.int64)) * dtype_info(gdt).itemsize
+            if k in where:
+                raise CheckpointError(f"{str(d)!r}: tensor {k!r} is in both {where[k]!r} and {name!r}")
+            if weight_map is not None and weight_map.get(k) != name:
+                raise CheckpointError(
+                    f"{str(d / name)!r} holds tensor {k!r}, which {INDEX} places in {weight_map.get(k)!r}"
+                )
+            where[k] = name
+            tensors.append(TensorEntry(k, gdt, shape))
+            rows.append((fid, pos, n, shape))
+            pos += n
+    if weight_map is not None:
+        missing = sorted(set(weight_map) - set(where))
+        if missing:
+            raise CheckpointError(
+                f"{INDEX} in {str(d)!r} names {len(missing)} tensors no file holds, e.g. {missing[0]!r} "
+                f"(in {weight_map[missing[0]]!r})"
+            )
+    order = sorted(range(len(tensors)), key=lambda i: tensors[i].name)
+    tensors = [tensors[i] for i in order]
+    rows = [rows[i] for i in order]
+    D = max([len(t.shape) for t in tensors], default=0)
+    n = len(rows)
+    cols = {
+        "tensor": np.arange(n, dtype="<u4"),
+        "file": np.array([r[0] for r in rows], "<u4"),
+        "offset": np.array([r[1] for r in rows], "<i8"),
+        "length": np.array([r[2] for r in rows], "<i8"),
+        "crc32c": np.zeros(n, "<u4"),
+        "block0": np.zeros(n, "<i8"),
+        "blocks_crc32c": np.zeros(n, "<u4"),
+        "flat_start": np.full(n, -1, "<i8"),
+        "flat_count": np.zeros(n, "<i8"),
+        "offsets": np.zeros((n, D), "<i8"),
+        "sizes": np.array([list(r[3]) + [0] * (D - len(r[3])) for r in rows], "<i8").reshape(n, D),
+    }
+    md = Metadata("hf", 4096, tensors, fentries, {}, cols)
+    return md, weight_map
+
+
+class HFCheckpoint:
+    """A Hugging Face safetensors directory opened for :func:`goodput.ckpt.load`: the same
+    surface the loader uses of :class:`goodput.ckpt.reader.Checkpoint`. No checksums exist to
+    verify; what is read is exactly the byte runs the requests cover."""
+
+    step = None
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise CheckpointError(f"{str(self.path)!r} is not a directory")
+        self.metadata, self.weight_map = hf_metadata(self.path)
+        self.storage = _LinkFollowingStorage()
+        self._planner = ReadPlanner(self.metadata)
+
+    @property
+    def tensors(self) -> dict[str, TensorEntry]:
+        return {t.name: t for t in self.metadata.tensors}
+
+    def read_into(self, requests: list[Request], **kw: Any) -> ReadStats:
+        kw["verify"] = False  # safetensors carries no checksums
+        return read_requests(self.path, self.metadata, requests, planner=self._planner, storage=self.storage, **kw)
+
+    def read(self, name: str, raw: bool = True, read_buffer: int = DEFAULT_READ_BUFFER, **kw: Any) -> np.ndarray:
+        """A whole tensor as numpy, raw bits for the types numpy lacks."""
+        tid = self._planner.tensor_id(name)
+        t = self.metadata.tensors[tid]
+        from .geometry import Region
+
+        dt = dtype_info(t.dtype)
+        out = np.empty(tuple(t.shape), dtype=np.dtype(dt.raw))
+        self.read_into(
+            [Request(name, Region.whole(tuple(t.shape)), out.reshape(-1).view(np.uint8))], read_buffer=read_buffer
+        )
+        return out

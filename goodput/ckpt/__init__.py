@@ -23,8 +23,10 @@ How the modules fit, for a reader of the code (each module's first line says wha
 - the format: :mod:`.format` (names, manifest, metadata, validation), :mod:`.chunk_index`,
   :mod:`.geometry`, :mod:`.crc`, :mod:`.dtypes`;
 - storage: :mod:`.storage`, the one seam through which every byte is read or written;
-- :mod:`.errors`, :mod:`.collective`, :mod:`.rng`; :mod:`.dcp_compat` (DCP's call shapes) and
-  :mod:`.dcp_import` (DCP's format in).
+- :mod:`.errors`, :mod:`.collective`, :mod:`.rng`; :mod:`.dcp_compat` (DCP's call shapes, with
+  :mod:`.state_dict_saver`, :mod:`.state_dict_loader` and :mod:`.filesystem` standing for DCP's
+  modules of those names), :mod:`.dcp_import` (DCP's format in), :mod:`.hf` (Hugging Face
+  safetensors in, into any layout) and :mod:`.exporter` (consolidated safetensors or torch out).
 
 A public name never shares a submodule's name (importing the submodule would replace it).
 """
@@ -55,23 +57,56 @@ _LAZY = {
     "FileSystemReader": ".dcp_compat",
     "save_state_dict": ".dcp_compat",
     "load_state_dict": ".dcp_compat",
+    "export": ".exporter",
+    "ExportResult": ".exporter",
 }
+
+# DCP's own objects, for code written against torch.distributed.checkpoint: goodput's save and
+# load accept DCP's default planners, async_save takes AsyncCheckpointerType and answers with
+# AsyncSaveResponse when DCP's stager asks for it. Imported from DCP on first use.
+_FROM_DCP = {
+    "DefaultSavePlanner": "torch.distributed.checkpoint.default_planner",
+    "DefaultLoadPlanner": "torch.distributed.checkpoint.default_planner",
+    "AsyncCheckpointerType": "torch.distributed.checkpoint.state_dict_saver",
+    "AsyncSaveResponse": "torch.distributed.checkpoint.state_dict_saver",
+}
+
+# DCP's modules that goodput mirrors under the same names (``import goodput.ckpt.state_dict_saver
+# as saver`` where code had DCP's): submodules, imported on first attribute access as DCP's are.
+_SUBMODULES = ("state_dict_saver", "state_dict_loader", "filesystem")
 
 __all__ = [
     "Checkpoint",
     "CheckpointError",
+    "CheckpointException",
     "TensorInfo",
     "latest",
     "list_checkpoints",
     "open",
     *_LAZY,
+    *_FROM_DCP,
 ]
 
 
 def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name == "CheckpointException":
+        # DCP's exception class, which every goodput error is a subclass of once DCP is
+        # imported (:mod:`.errors`); goodput's own CheckpointError where torch is absent
+        try:
+            return importlib.import_module("torch.distributed.checkpoint.api").CheckpointException
+        except ImportError:
+            return CheckpointError
+    if name in _FROM_DCP:
+        return getattr(importlib.import_module(_FROM_DCP[name]), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'goodput.ckpt' has no attribute {name!r}")
-    import importlib
-
     return getattr(importlib.import_module(mod, __name__), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | set(_SUBMODULES))

@@ -1,0 +1,304 @@
+"""export: a goodput checkpoint out as full (consolidated) tensors, in Hugging Face's safetensors
+layout or as one ``torch.save`` file.
+
+Hugging Face's layout: ``model.safetensors`` when everything fits in one shard, else
+``model-00001-of-0000N.safetensors`` ... and ``model.safetensors.index.json`` (``metadata.
+total_size`` and ``weight_map``: tensor name -> file), the index written last. Shards are filled
+in tensor-name order up to ``max_shard_size`` (a tensor larger than that is a shard of its own),
+so at most one shard's tensors are in memory at once; each is written by the ``safetensors``
+library (``metadata={"format": "pt"}``, as ``transformers`` writes). The source may be any
+checkpoint location (a directory or ``s3://``), saved in any layout on any number of ranks: each
+tensor is read whole, every checksum verified. The destination is a directory or ``s3://``
+prefix that must hold nothing yet (``overwrite=True`` replaces what is there by name); on an
+object store each shard is written to a local temporary file first, then uploaded.
+
+What is not a tensor is not exported and is reported: values (``step``, ``param_groups``...)
+and ``io.BytesIO`` blobs are listed in :attr:`ExportResult.skipped`, and the CLI prints them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .dtypes import dtype as dtype_info
+from .errors import CheckpointError
+from .reader import Checkpoint
+from .storage import PosixStorage, Storage, display, storage_for
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+FORMATS = ("safetensors", "torch")
+UPLOAD_SLICE = 8 << 20
+_SHARD = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
+
+#: --dtype spellings -> torch dtype names
+CASTS = {
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "half": "float16",
+    "fp32": "float32",
+    "float32": "float32",
+    "float": "float32",
+}
+_FLOATS = {"float16", "bfloat16", "float32", "float64"}
+
+#: ``progress(event, n)``: ``("total", bytes)`` once, ``("read", bytes)`` after each tensor,
+#: ``("shard", index)`` after each file is written
+Progress = Callable[[str, int], None]
+
+
+class ExportError(CheckpointError):
+    """The export could not be done; the message names the tensor, file or destination."""
+
+
+@dataclass
+class ExportResult:
+    path: str  # the destination, as given (s3:// URL or directory or file)
+    format: str
+    files: list[str]  # written, in order (the index last)
+    tensors: int
+    bytes: int  # tensor bytes written (after any cast)
+    skipped: dict[str, str] = field(default_factory=dict)  # name -> why it was not exported
+    seconds: float = 0.0
+
+
+@dataclass
+class _Item:
+    source: str  # the name in the goodput checkpoint
+    name: str  # the name written
+    dtype: str  # goodput dtype as saved
+    out_dtype: str  # as written
+    shape: tuple[int, ...]
+    nbytes: int  # as written
+
+
+def plan_shards(items: list[_Item], max_bytes: int) -> list[list[_Item]]:
+    """Greedy, in order: a shard takes tensors until the next would exceed ``max_bytes``."""
+    shards: list[list[_Item]] = []
+    cur: list[_Item] = []
+    size = 0
+    for it in items:
+        if cur and size + it.nbytes > max_bytes:
+            shards.append(cur)
+            cur, size = [], 0
+        cur.append(it)
+        size += it.nbytes
+    if cur:
+        shards.append(cur)
+    return shards
+
+
+def shard_name(i: int, n: int) -> str:
+    return SINGLE if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+
+
+def _select(ck: Checkpoint, prefix: str | None, cast: str | None) -> tuple[list[_Item], dict[str, str]]:
+    items: list[_Item] = []
+    skipped: dict[str, str] = {}
+    for t in ck.metadata.tensors:
+        if prefix and not t.name.startswith(prefix):
+            continue
+        name = t.name[len(prefix) :] if prefix else t.name
+        if t.kind == "bytes":
+            skipped[t.name] = "an io.BytesIO blob, not a tensor"
+            continue
+        if not name:
+            raise ExportError(f"tensor {t.name!r}: the prefix {prefix!r} leaves it no name")
+        out = cast if cast is not None and t.dtype in _FLOATS else t.dtype
+        numel = 1
+        for s in t.shape:
+            numel *= int(s)
+        items.append(
+            _Item(t.name, name, t.dtype, out, tuple(int(s) for s in t.shape), numel * dtype_info(out).itemsize)
+        )
+    for k in ck.metadata.values:
+        if not prefix or k.startswith(prefix):
+            skipped[k] = "a value, not a tensor"
+    items.sort(key=lambda it: it.name)
+    names = [it.name for it in items]
+    if len(set(names)) != len(names):  # cannot happen: the checkpoint's names are unique
+        raise ExportError("two tensors would be written under one name")
+    return items, skipped
+
+
+def _tensor(ck: Checkpoint, it: _Item, read_buffer: int, threads: int) -> Any:
+    import torch
+
+    raw = ck.read(it.source, raw=True, read_buffer=read_buffer, threads=threads)
+    t = torch.from_numpy(raw.reshape(-1).view("u1")).view(getattr(torch, it.dtype)).reshape(it.shape)
+    if it.out_dtype != it.dtype:
+        t = t.to(getattr(torch, it.out_dtype))
+    return t
+
+
+def _check_destination(storage: Storage, dst: Path, overwrite: bool, fmt: str) -> None:
+    if fmt == "torch":
+        if storage.exists(dst.parent, dst.name) and not overwrite:
+            raise ExportError(f"{display(dst)!r} exists (pass overwrite=True / --overwrite to replace it)")
+        return
+    try:
+        held = storage.list(dst)
+    except (FileNotFoundError, NotADirectoryError) as e:
+        if isinstance(e, NotADirectoryError) or (os.path.exists(dst) and not os.path.isdir(dst)):
+            raise ExportError(f"the destination {display(dst)!r} exists and is not a directory") from None
+        return
+    if held and not overwrite:
+        raise ExportError(
+            f"the destination {display(dst)!r} is not empty ({len(held)} entries, e.g. {held[0].name!r}; "
+            "pass overwrite=True / --overwrite to write into it)"
+        )
+
+
+def _write(storage: Storage, dst: Path, name: str, fill: Callable[[str], None]) -> None:
+    """Write one file: ``fill(local_path)`` makes it; on POSIX it is renamed into place, on an
+    object store it is uploaded (in slices: never a second copy in memory) and the local
+    temporary file removed."""
+    if isinstance(storage, PosixStorage):
+        tmp = dst / f".{name}.tmp-{os.getpid()}"
+        try:
+            fill(str(tmp))
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, dst / name)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        return
+    fd, tmp = tempfile.mkstemp(prefix=".goodput-export-", suffix=".part")
+    os.close(fd)
+    try:
+        fill(tmp)
+        sink = storage.create(dst, name)
+        try:
+            with open(tmp, "rb") as f:
+                buf = bytearray(UPLOAD_SLICE)
+                mv = memoryview(buf)
+                while True:
+                    n = f.readinto(buf)
+                    if not n:
+                        break
+                    sink.write(mv[:n])
+            sink.finish()
+        finally:
+            sink.close()
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def export(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    *,
+    format: str = "safetensors",  # noqa: A002 - the CLI's --format
+    prefix: str | None = None,
+    dtype: str | None = None,
+    max_shard_size: int | str = "5GB",
+    overwrite: bool = False,
+    progress: Progress | None = None,
+    read_buffer: int = 64 << 20,
+    threads: int | None = None,
+) -> ExportResult:
+    """Write the tensors of the goodput checkpoint ``src`` as full tensors at ``dst``.
+
+    ``format="safetensors"``: Hugging Face's layout in the directory (or ``s3://`` prefix)
+    ``dst``, shards of at most ``max_shard_size`` (bytes, or ``"5GB"``, ``"500MiB"``); memory
+    holds one shard's tensors at a time. ``format="torch"``: one ``torch.save`` file ``dst`` of
+    ``{name: tensor}``, refused when the tensors exceed ``max_shard_size`` (it is built in memory).
+    ``prefix``: only tensors whose names start with it, written without it (``"model."`` takes
+    the model out of ``{"model": ..., "optim": ...}``). ``dtype``: floating tensors cast to
+    ``"bf16"``, ``"fp16"`` or ``"fp32"``; others are written as saved.
+    """
+    t0 = time.perf_counter()
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+    cast = None
+    if dtype is not None:
+        cast = CASTS.get(str(dtype).lower())
+        if cast is None:
+            raise ValueError(f"dtype must be one of {sorted(CASTS)}, got {dtype!r}")
+    if isinstance(max_shard_size, str):
+        from goodput.plan.units import parse_size
+
+        max_shard_size = parse_size(max_shard_size)
+    if not (isinstance(max_shard_size, int) and max_shard_size > 0):
+        raise ValueError(f"max_shard_size must be a positive number of bytes, got {max_shard_size!r}")
+    src_p, dst_p = Path(src), Path(dst)
+    if display(src_p).rstrip("/") == display(dst_p).rstrip("/"):
+        raise ExportError(f"the destination {display(dst_p)!r} is the checkpoint itself; choose another")
+    ck = Checkpoint(src_p)
+    items, skipped = _select(ck, prefix, cast)
+    if not items:
+        raise ExportError(
+            f"no tensor of {display(src_p)!r} to export"
+            + (
+                f" under the prefix {prefix!r} (its names: {', '.join(repr(n) for n in ck.keys()[:5])}...)"
+                if prefix
+                else ""
+            )
+        )
+    total = sum(it.nbytes for it in items)
+    storage = storage_for(dst_p)
+    _check_destination(storage, dst_p, overwrite, format)
+    if threads is None:
+        threads = ck.storage.read_threads
+    if progress:
+        progress("total", total)
+    files: list[str] = []
+    if format == "torch":
+        if total > max_shard_size:
+            raise ExportError(
+                f"--format torch builds the file in memory: {total} bytes of tensors exceed max_shard_size "
+                f"{max_shard_size}; raise it or export as safetensors"
+            )
+        import torch
+
+        tensors = {}
+        for it in items:
+            tensors[it.name] = _tensor(ck, it, read_buffer, threads)
+            if progress:
+                progress("read", it.nbytes)
+        storage.prepare(dst_p.parent)
+        _write(storage, dst_p.parent, dst_p.name, lambda p: torch.save(tensors, p))
+        files.append(dst_p.name)
+        if progress:
+            progress("shard", 1)
+    else:
+        from safetensors.torch import save_file
+
+        storage.prepare(dst_p)
+        shards = plan_shards(items, max_shard_size)
+        weight_map: dict[str, str] = {}
+        for i, shard in enumerate(shards):
+            name = shard_name(i, len(shards))
+            tensors = {}
+            for it in shard:
+                tensors[it.name] = _tensor(ck, it, read_buffer, threads)
+                weight_map[it.name] = name
+                if progress:
+                    progress("read", it.nbytes)
+            _write(storage, dst_p, name, lambda p, t=tensors: save_file(t, p, metadata={"format": "pt"}))
+            tensors = {}
+            files.append(name)
+            if progress:
+                progress("shard", i + 1)
+        if len(shards) > 1:
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            storage.publish(dst_p, INDEX, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
+            files.append(INDEX)
+        if overwrite:  # an earlier export's shards and index under other names would mislead a loader
+            for e in storage.list(dst_p):
+                if e.name not in files and (e.name == INDEX or e.name == SINGLE or _SHARD.match(e.name)):
+                    storage.remove(dst_p, e.name)
+    return ExportResult(display(dst_p), format, files, len(items), total, skipped, seconds=time.perf_counter() - t0)

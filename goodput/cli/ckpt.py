@@ -1,4 +1,4 @@
-"""``goodput ckpt ls | inspect | verify | import-dcp``."""
+"""``goodput ckpt ls | inspect | verify | import-dcp | export``."""
 
 from __future__ import annotations
 
@@ -237,4 +237,69 @@ def import_dcp_cmd(
     console.print(
         f"[green]ok[/green]: {dest} ({res.tensors} tensors, {fmt_bytes(res.bytes)}, {res.values} values, "
         f"{len(res.skipped)} skipped; {res.batches} batches {how}; {res.seconds:.1f}s)"
+    )
+
+
+@app.command("export")
+def export_cmd(
+    src: str = typer.Argument(..., help="goodput checkpoint (directory or s3://bucket/prefix)."),
+    dst: str = typer.Argument(
+        ..., help="Directory or s3:// prefix (safetensors), or the file to write (torch); must not exist yet."
+    ),
+    fmt: str = typer.Option("safetensors", "--format", help="safetensors (Hugging Face's layout) or torch."),
+    prefix: str | None = typer.Option(
+        None, "--prefix", help="Only tensors whose names start with this, written without it (e.g. model.)."
+    ),
+    dtype: str | None = typer.Option(None, "--dtype", help="Cast floating tensors: bf16, fp16 or fp32."),
+    max_shard_size: str = typer.Option(
+        "5GB", "--max-shard-size", help="Largest shard (one shard is in memory at a time); --format torch: the limit."
+    ),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Allow a non-empty DST (files are replaced by name)."),
+) -> None:
+    """Write full (consolidated) tensors of a checkpoint saved in any layout, for Hugging Face or torch.load.
+
+    safetensors: model.safetensors, or model-0000i-of-0000N.safetensors and
+    model.safetensors.index.json (weight_map), readable by safetensors.torch.load_file.
+    """
+    limit = _parse_bytes(max_shard_size)
+    prog = Progress(
+        TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True), TransferSpeedColumn(), TimeRemainingColumn(),
+        console=err, transient=not sys.stderr.isatty(),
+    )  # fmt: skip
+    task = None
+
+    def progress(event: str, n: int) -> None:
+        nonlocal task
+        if event == "total":
+            prog.start()
+            task = prog.add_task("export", total=n)
+        elif task is not None and event == "read":
+            prog.advance(task, n)
+        elif task is not None and event == "shard":
+            prog.update(task, description=f"export ({n} files written)")
+
+    try:
+        from goodput.ckpt.exporter import export
+
+        res = export(
+            src,
+            dst,
+            format=fmt,
+            prefix=prefix,
+            dtype=dtype,
+            max_shard_size=limit,
+            overwrite=overwrite,
+            progress=progress,
+        )
+    except (CheckpointError, OSError, ValueError) as e:
+        prog.stop()
+        _fail(e)
+    finally:
+        prog.stop()
+    for k, why in res.skipped.items():
+        err.print(f"[yellow]not exported[/yellow] {k}: {why}")
+    console.print(
+        f"[green]ok[/green]: {res.path} ({res.tensors} tensors, {fmt_bytes(res.bytes)} in {len(res.files)} files: "
+        f"{', '.join(res.files[:3])}{', ...' if len(res.files) > 3 else ''}; {len(res.skipped)} not exported; "
+        f"{res.seconds:.1f}s)"
     )

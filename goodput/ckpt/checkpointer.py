@@ -63,12 +63,12 @@ from . import collective, rng
 from .async_saver import AsyncSave, AsyncSaver, SaveTimings
 from .background import abort_name
 from .commit import staged_name
-from .errors import CheckpointError, describe
+from .errors import CheckpointError, StorageError, describe
 from .format import LATEST, MANIFEST, MAX_MANIFEST_BYTES, STEP_DIR, decode_manifest, step_dir_name
 from .loader import load
 from .reader import Checkpoint, latest, list_checkpoints
 from .state import is_stateful
-from .storage import Storage, display, storage_for
+from .storage import Storage, as_location, display, storage_for
 from .tiers import Drain, Drained, Drainer, TierView, drained_name, durable_state, fast_committed
 
 log = logging.getLogger("goodput.ckpt")
@@ -136,7 +136,7 @@ class Checkpointer:
         from goodput.plan.units import parse_bandwidth, parse_duration
 
         self.storage: Storage = storage_for(root)
-        self.root = Path(root)
+        self.root = as_location(root)  # s3:// stays a URL in events, handles and messages
         self.group = process_group
         self.rank, self.world = collective.world(process_group)
         self.keep, self.keep_every = keep, keep_every
@@ -198,7 +198,10 @@ class Checkpointer:
             for sig in preempt_signals:
                 self._old_handlers[sig] = signal.signal(sig, self._on_signal)
         if self.rank == 0:
-            self.cleanup(orphans=True)
+            try:
+                self.cleanup(orphans=True)
+            except OSError as e:  # retention waits for the next commit; the run need not
+                log.warning("start-up cleanup of %r failed: %s", display(self.root), e)
         self.saver.start()
 
     # ------------------------------------------------------------------ cadence
@@ -359,9 +362,20 @@ class Checkpointer:
         if self.fast is not None:
             return self._restore_tiered(state, data)
         if self.world > 1:  # rank 0 alone lists; every rank restores the checkpoint it chose
-            path = latest(self.root) if self.rank == 0 else None
-            chosen = collective.broadcast_obj(str(path) if path is not None else None, 0, self.group)
-            path = Path(chosen) if chosen is not None else None
+            answer: list = [None, None]
+            if self.rank == 0:
+                try:
+                    found = latest(self.root)
+                    answer = [str(found) if found is not None else None, None]
+                except Exception as e:  # every rank raises it, none waits for rank 0
+                    answer = [None, describe(e)]
+                    failure: BaseException | None = e
+            chosen, why = collective.broadcast_obj(answer, 0, self.group)
+            if why is not None:
+                if self.rank == 0:
+                    raise failure  # type: ignore[misc]
+                raise StorageError(f"restore from {display(self.root)!r}: rank 0 could not list it: {why}")
+            path = as_location(chosen) if chosen is not None else None
         else:
             path = latest(self.root)
         if path is None:

@@ -42,6 +42,13 @@ class SaveError(CheckpointError):
     """A save failed; nothing was committed. The message names the rank, key or file at fault."""
 
 
+class StorageError(CheckpointError, OSError):
+    """The storage did not answer as storage should (wrong credentials, unreachable, a 5xx after
+    the store's retries, a listing that failed): nothing can be said about what it holds. Never
+    taken for "no checkpoint there". The message names the location. Also an ``OSError``, as the
+    file system's own failures are."""
+
+
 def describe(e: BaseException) -> str:
     """An exception as one line of a message carried to other ranks."""
     return f"{type(e).__name__}: {e}"

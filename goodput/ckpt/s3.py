@@ -15,8 +15,12 @@ Endpoint, region and credentials come from boto3's standard chain (``AWS_ENDPOIN
 throttling (503 whatever its error code, e.g. SeaweedFS's ``ErrTooManyRequest``), other 5xx,
 connection resets and timeouts; a request that still fails raises an error naming the object.
 
-A path ``s3://b/k`` becomes ``Path("s3:/b/k")`` where the code joins names onto it (``Path``
-folds the double slash); both spellings are understood here, and messages print the URL.
+A location ``s3://b/k`` is an :class:`goodput.ckpt.storage.S3Location` where the code joins names
+onto it: it prints as the URL everywhere (handles, ``latest()``, listings, events). A ``Path`` of
+it folds the double slash (``s3:/b/k``); both spellings are understood here.
+
+:func:`configure` takes any subset of the options; what it leaves out comes from the standard
+chain, the other half of a key included.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointError, SaveError
+from .errors import CheckpointError, SaveError, StorageError
 from .storage import Entry, Sink, Source, Storage
 
 SCHEME = "s3"
@@ -124,12 +128,26 @@ class _Client:
             connect_timeout=o.connect_timeout_s,
             read_timeout=o.read_timeout_s,
         )
-        return boto3.session.Session().client(
+        session = boto3.session.Session()
+        key, secret, token = o.access_key_id, o.secret_access_key, None
+        if (key is None) != (secret is None):  # one half given: the standard chain gives the other
+            chain = session.get_credentials()
+            frozen = chain.get_frozen_credentials() if chain is not None else None
+            if frozen is None or not frozen.access_key or not frozen.secret_key:
+                given = "access_key_id" if key is not None else "secret_access_key"
+                raise CheckpointError(
+                    f"s3.configure({given}=...): the other half of the key is in no place the AWS chain looks "
+                    "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, ~/.aws/credentials, ...); give both"
+                )
+            key, secret = key or frozen.access_key, secret or frozen.secret_key
+            token = frozen.token if key == frozen.access_key else None
+        return session.client(
             "s3",
             endpoint_url=o.endpoint_url,
             region_name=o.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
-            aws_access_key_id=o.access_key_id,
-            aws_secret_access_key=o.secret_access_key,
+            aws_access_key_id=key,
+            aws_secret_access_key=secret,
+            aws_session_token=token,
             config=config,
         )
 
@@ -364,7 +382,7 @@ class S3Source(Source):
                 f"{self.what} {self.name!r} ends before byte {at}, the checkpoint records {self.size} bytes "
                 "(truncated or replaced)"
             )
-        return CheckpointError(f"{what or self.name}: ranged GET at byte {at} failed: {_why(e)}")
+        return StorageError(f"{what or self.name}: ranged GET at byte {at} failed: {_why(e)}")
 
     def _check_range(self, r: dict, at: int, n: int, what: str | None) -> None:
         """The response is the range asked for, of an object of the recorded size."""
@@ -497,7 +515,7 @@ class S3Storage(Storage):
         except Exception as e:
             if _missing(e):
                 raise CheckpointError(f"{what} 's3://{bucket}/{key}' is missing") from None
-            raise CheckpointError(f"{what} 's3://{bucket}/{key}' cannot be opened: {_why(e)}") from None
+            raise StorageError(f"{what} 's3://{bucket}/{key}' cannot be opened: {_why(e)}") from None
 
     def open(self, directory: Path, name: str, what: str, size: int | None = None) -> Source:
         bucket, key = self._key(directory, name)
@@ -506,27 +524,36 @@ class S3Storage(Storage):
         return S3Source(self, bucket, key, self._head(bucket, key, what), what)
 
     def get(self, directory: Path, name: str, what: str, limit: int) -> bytes:
+        data = self._get(directory, name, what, limit)
+        if data is None:
+            bucket, key = self._key(directory, name)
+            raise CheckpointError(f"{what} 's3://{bucket}/{key}' is missing")
+        return data
+
+    def get_if_exists(self, directory: Path, name: str, what: str, limit: int) -> bytes | None:
+        """The object, or None when the store says it is missing; any other failure raises
+        (:class:`StorageError`, after botocore's retries): it never reads as "missing"."""
+        return self._get(directory, name, what, limit)
+
+    def _get(self, directory: Path, name: str, what: str, limit: int) -> bytes | None:
         bucket, key = self._key(directory, name)
         try:
             r = self.client().get_object(Bucket=bucket, Key=key)
         except Exception as e:
             if _missing(e):
-                raise CheckpointError(f"{what} 's3://{bucket}/{key}' is missing") from None
-            raise CheckpointError(f"{what} 's3://{bucket}/{key}' cannot be read: {_why(e)}") from None
+                return None
+            raise StorageError(f"{what} 's3://{bucket}/{key}' cannot be read: {_why(e)}") from None
         size = int(r.get("ContentLength", 0))
         if size > limit:
             r["Body"].close()
             raise CheckpointError(f"{what} 's3://{bucket}/{key}' is {size} bytes, more than the {limit} it may be")
-        data = r["Body"].read(limit + 1)
+        try:
+            data = r["Body"].read(limit + 1)
+        except Exception as e:
+            raise StorageError(f"{what} 's3://{bucket}/{key}' cannot be read: {_why(e)}") from None
         if len(data) > limit:
             raise CheckpointError(f"{what} 's3://{bucket}/{key}' is more than the {limit} bytes it may be")
         return data
-
-    def get_if_exists(self, directory: Path, name: str, what: str, limit: int) -> bytes | None:
-        try:
-            return self.get(directory, name, what, limit)
-        except CheckpointError:
-            return None
 
     def exists(self, directory: Path, name: str) -> bool:
         bucket, key = self._key(directory, name)
@@ -536,7 +563,7 @@ class S3Storage(Storage):
         except Exception as e:
             if _missing(e):
                 return False
-            raise CheckpointError(f"'s3://{bucket}/{key}' cannot be checked: {_why(e)}") from None
+            raise StorageError(f"'s3://{bucket}/{key}' cannot be checked: {_why(e)}") from None
 
     def list(self, directory: Path) -> list[Entry]:
         """Objects and common prefixes one level under ``directory``; FileNotFoundError when there
@@ -556,7 +583,9 @@ class S3Storage(Storage):
                     if name and "/" not in name:
                         out.append(Entry(name, "file", o["LastModified"].timestamp(), int(o["Size"])))
         except Exception as e:
-            raise OSError(f"{url(directory)!r} cannot be listed: {_why(e)}") from None
+            # NoSuchBucket too: a typo must not read as "no checkpoint yet", and a store that has
+            # just restarted can say it for a moment about a bucket it holds
+            raise StorageError(f"{url(directory)!r} cannot be listed: {_why(e)}") from None
         if not out:
             raise FileNotFoundError(f"{url(directory)!r}: nothing is stored under this prefix")
         out.sort(key=lambda x: x.name)

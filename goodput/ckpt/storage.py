@@ -25,7 +25,7 @@ import shutil
 import stat
 import threading
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 ALIGN = 4096  # O_DIRECT's unit here; the format's page alignment (format.ALIGN) is the same
@@ -39,7 +39,34 @@ def checkpoint_path(path: Any, checkpoint_id: Any) -> Path:
         raise TypeError("give either path or checkpoint_id, not two different ones")
     given = path if path is not None else checkpoint_id
     storage_for(given)  # an unsupported scheme is refused here, not made a directory
-    return Path(given)
+    return as_location(given)
+
+
+class S3Location(PurePosixPath):
+    """An ``s3://bucket/key`` location: joins and splits like a path (``loc / "step_1"``,
+    ``.name``, ``.parent``) and prints, formats and ``os.fspath``-s as the URL, which any S3 tool
+    accepts (a plain ``Path`` folds it to ``s3:/bucket/key``)."""
+
+    def __str__(self) -> str:
+        s = super().__str__()
+        return "s3://" + s[len("s3:/") :].lstrip("/") if s.startswith("s3:/") else s
+
+    def __fspath__(self) -> str:
+        return str(self)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self)!r})"
+
+
+def as_location(location: str | os.PathLike) -> Path:
+    """A location as the code joins on it: an :class:`S3Location` for ``s3://`` (in either
+    spelling), else a ``Path``. Typed ``Path``: an S3 location is never opened as a file."""
+    if isinstance(location, S3Location):
+        return location  # type: ignore[return-value]
+    s = os.fspath(location)
+    if isinstance(s, str) and s.startswith("s3:/"):
+        return S3Location(s)  # type: ignore[return-value]
+    return Path(location)
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -87,7 +114,9 @@ def open_inside(path: str | os.PathLike, what: str) -> int:
     except OSError as e:
         if NOFOLLOW and os.path.islink(path):
             raise CheckpointError(f"{what} {str(path)!r} is a symbolic link; refusing to follow it") from None
-        raise CheckpointError(f"{what} {str(path)!r} cannot be opened: {e.strerror or e}") from None
+        from .errors import StorageError
+
+        raise StorageError(f"{what} {str(path)!r} cannot be opened: {e.strerror or e}") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise CheckpointError(f"{what} {str(path)!r} is not a regular file; refusing to read it")
@@ -262,13 +291,19 @@ class Storage:
         raise NotImplementedError
 
     def get_if_exists(self, directory: Path, name: str, what: str, limit: int) -> bytes | None:
-        from .errors import CheckpointError
+        """The file, or None when it is missing (gone between the check and the read included);
+        a storage failure raises (:class:`StorageError`): it never reads as "missing"."""
+        from .errors import CheckpointError, StorageError
 
         if not self.exists(directory, name):
             return None
         try:
             return self.get(directory, name, what, limit)
+        except StorageError:
+            raise
         except CheckpointError:
+            if self.exists(directory, name):
+                raise
             return None
 
     def exists(self, directory: Path, name: str) -> bool:

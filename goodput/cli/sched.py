@@ -42,7 +42,21 @@ def sim(
         "", "--failures", help="'llama3': node and job failures at the Llama 3 rate (default without --cluster)."
     ),
     reclaims: str = typer.Option("", "--reclaims", help="SkyPilot spot trace (JSON) replayed on every spot pool."),
-    alibaba: str = typer.Option("", "--alibaba", help="Alibaba GPU trace directory (cluster-trace-gpu-v2023)."),
+    alibaba: str = typer.Option(
+        "",
+        "--alibaba",
+        help="Alibaba GPU trace directory (cluster-trace-gpu-v2023): a pod list for packing studies, not an "
+        "arrival stream (about 14 busy GPUs of 6,212: every policy schedules it alike).",
+    ),
+    philly: str = typer.Option(
+        "", "--philly", help="Philly 2017 trace directory (philly.csv): a real arrival stream, 15 tenants."
+    ),
+    gpus: int = typer.Option(640, "--gpus", help="With --philly: the cluster's GPUs (8 per node; 640: ~74 % load)."),
+    philly_from: str = typer.Option("2017-10-01", "--philly-from", help="With --philly: first day replayed."),
+    philly_days: float = typer.Option(61.0, "--philly-days", help="With --philly: days of submissions replayed."),
+    skip_unplaceable: bool = typer.Option(
+        False, "--skip-unplaceable", help="Leave out jobs no pool can hold (their ids are printed); default: an error."
+    ),
     jobs: int = typer.Option(100_000, "--jobs", help="Synthetic workload size."),
     nodes: int = typer.Option(2048, "--nodes", help="Synthetic cluster nodes."),
     seed: int = typer.Option(0, "--seed"),
@@ -66,9 +80,15 @@ def sim(
         _fail(str(e))
     notes: list[str] = []
     try:
-        if alibaba:
+        if philly:
+            job_list, cl, replay = W.read_philly(philly, gpus=gpus, start=philly_from, days=philly_days, seed=seed)
+            notes.append(replay.describe())
+        elif alibaba:
             job_list, cl = W.read_alibaba(alibaba, seed=seed)
-            notes.append(f"Alibaba GPU trace {alibaba}: {len(job_list)} GPU tasks")
+            notes.append(
+                f"Alibaba GPU trace {alibaba}: {len(job_list)} GPU tasks (a pod list for packing studies, not an "
+                "arrival stream: it barely loads its cluster)"
+            )
         elif workload:
             job_list = W.read_workload_csv(workload)
             notes.append(f"workload {workload}: {len(job_list)} jobs")
@@ -80,12 +100,12 @@ def sim(
         if cluster:
             cl = W.read_cluster_json(cluster)
             notes.append(f"cluster {cluster}: {cl.gpus} GPUs, {len(cl.events)} listed events")
-        elif not alibaba:
+        elif not alibaba and not philly:
             cl = W.synthetic_cluster(nodes=nodes)
             notes.append(f"synthetic cluster: {cl.gpus} GPUs in {', '.join(p.name for p in cl.pools)}")
             if not failures:
                 failures = "llama3"
-        job_list = _fit(job_list, cl, notes)
+        job_list, skipped = _fit(job_list, cl, notes, skip_unplaceable)
         extra = []
         horizon = horizon_of(job_list)
         if failures:
@@ -100,7 +120,7 @@ def sim(
                 if p.kind.value == "spot":
                     extra += W.reclaims_from_trace(counts, gap, pool=p.name, pool_nodes=p.nodes, seed=seed)
             notes.append(f"spot reclaims replayed from {reclaims}")
-        elif not cluster and not alibaba:
+        elif not cluster and not alibaba and not philly:
             rc = poisson_reclaims(cl, horizon, seed=seed)
             extra += rc
             notes.append(f"spot reclaims at the pool's priced rate: {len(rc)} (120 s notice)")
@@ -147,6 +167,8 @@ def sim(
             "policies": {r.name: _finite(r.metrics) for r in results},
             "tenants": {r.name: r.tenants for r in results},
             "notes": notes,
+            "window": {r.name: r.metrics.get("window") for r in results},
+            "skipped_unplaceable": skipped,
             "events_file": events or None,
             "events_policy": ev_policy,
             "plots": [str(p) for p in paths],
@@ -161,15 +183,28 @@ def sim(
         console.print(f"plot: {p}")
 
 
-def _fit(job_list, cl, notes):  # noqa: ANN001, ANN202
-    """Drop jobs no pool can ever hold (a trace's node can be smaller than its task), saying so."""
+def _fit(job_list, cl, notes, skip: bool):  # noqa: ANN001, ANN202
+    """Jobs no pool can ever hold (a trace's node can be smaller than its task) are an error listing
+    their ids, or, with ``skip``, left out with their ids printed: never dropped in silence."""
     from goodput.sched.placement import pools_for
 
     pools = {p.name: p for p in cl.pools}
-    keep = [j for j in job_list if pools_for(j, pools, "price")]
-    if len(keep) < len(job_list):
-        notes.append(f"{len(job_list) - len(keep)} jobs fit no pool of this cluster and were left out")
-    return keep
+    keep, out = [], []
+    for j in job_list:
+        (keep if pools_for(j, pools, "price") else out).append(j)
+    if not out:
+        return keep, []
+    ids = [j.id for j in out]
+    shapes = sorted({f"{j.nodes}x{j.gpus_per_node}" for j in out})
+    if not skip:
+        shown = ", ".join(ids[:50]) + (f", ... ({len(ids) - 50} more)" if len(ids) > 50 else "")
+        _fail(
+            f"{len(ids)} jobs fit no pool of this cluster (shapes {', '.join(shapes)}): {shown}; "
+            "give --skip-unplaceable to leave them out"
+        )
+    Console(stderr=True).print(f"left out, no pool can hold them ({len(ids)}): {' '.join(ids)}", soft_wrap=True)
+    notes.append(f"{len(ids)} jobs fit no pool of this cluster (shapes {', '.join(shapes)}) and were left out")
+    return keep, ids
 
 
 def _finite(x):  # noqa: ANN001, ANN202

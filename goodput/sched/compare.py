@@ -18,9 +18,10 @@ from typing import Any
 
 from .events import write_jsonl
 from .ledger import CATEGORIES
+from .metrics import log_metrics, lost_by_cause
 from .model import Job, PoolKind
 from .policy import POLICIES, Policy
-from .sim import simulate
+from .sim import SimResult, simulate
 from .workload import Cluster, ClusterEvent
 
 # relative simulation cost of each policy on the default comparison (measured), for ordering work
@@ -129,7 +130,23 @@ def _run_one(args: tuple) -> PolicyResult:
         t: {**{c: getattr(a, c) / 3600.0 for c in CATEGORIES}, "allocated": a.allocated / 3600.0}
         for t, a in sorted(res.ledger.tenants.items())
     }
-    return PolicyResult(policy.name, res.metrics(), tenants, res.waits, res.check.examples[:10])
+    return PolicyResult(policy.name, full_metrics(res, jobs, cluster), tenants, res.waits, res.check.examples[:10])
+
+
+def full_metrics(res: SimResult, jobs: Sequence[Job], cluster: Cluster) -> dict[str, Any]:
+    """The simulator's metrics and those that cannot flatter (:mod:`goodput.sched.metrics`)."""
+    m = res.metrics()
+    by_cause, total = lost_by_cause(m["ledger_gpu_hours"])
+    gov = getattr(cluster, "governance", None)
+    specs = getattr(gov, "tenants", None) or {}
+    weights = {name: float(getattr(spec, "weight", 1.0)) for name, spec in specs.items()}
+    allocated = {t: a.allocated for t, a in res.ledger.tenants.items()}
+    extra = log_metrics(res.events, jobs, cluster.capacity(), weights=weights, allocated_by_tenant=allocated)
+    m["lost_gpu_hours_total"] = total
+    m["lost_gpu_hours_by_cause"] = by_cause
+    m.update(extra)
+    m["window"]["run_end_s"] = res.horizon_s  # the ledger's totals run to the last job's end
+    return m
 
 
 def _worker_context() -> mp.context.BaseContext:

@@ -22,6 +22,7 @@ import csv
 import heapq
 import json
 import math
+import re
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -98,9 +99,24 @@ def _float_gt0(s: str) -> float:
     return _as_float(s, 0.0, True, "a finite float > 0")
 
 
-def _text(s: str) -> str:
-    if not s.strip():
-        raise ValueError("expected a non-empty string, got ''")
+# Job ids and tenant names: what a log, a URL path and a shell may carry without quoting. A space
+# around an id (" a " beside "a") made two jobs that read as one; a leading "-" reads as a flag.
+ID_CHARS = "A-Za-z0-9._:@-"
+ID_MAX = 128
+ID_RE = re.compile(rf"[A-Za-z0-9][{ID_CHARS}]{{0,{ID_MAX - 1}}}")
+ID_RULE = f"1-{ID_MAX} of [{ID_CHARS}], starting with a letter or digit"
+
+
+def check_id(s: str) -> str:
+    """``s`` if it is a valid job id or tenant name (:data:`ID_RULE`), else a ValueError saying why."""
+    if not isinstance(s, str) or not s:
+        raise ValueError(f"expected an id ({ID_RULE}), got {s!r}")
+    if s != s.strip():
+        raise ValueError(f"{s!r} has surrounding spaces (ids are {ID_RULE})")
+    if ID_RE.fullmatch(s) is None:
+        bad = sorted({c for c in s if not re.fullmatch(f"[{ID_CHARS}]", c)})
+        why = f"characters {''.join(bad)!r} are not allowed" if bad else "wrong length or first character"
+        raise ValueError(f"{s!r}: {why} (ids are {ID_RULE})")
     return s
 
 
@@ -113,8 +129,8 @@ def _bit(s: str) -> bool:
 
 # column -> parser; a parser raises ValueError with the reason, the reader adds file, line and column
 _PARSE = {
-    "id": _text,
-    "tenant": _text,
+    "id": check_id,
+    "tenant": check_id,
     "submit_s": _float_ge0,
     "nodes": _int_ge(1),
     "gpus_per_node": _int_ge(1),
@@ -790,6 +806,11 @@ def _cell_int(path: Path, line: int, row: dict[str, str], col: str, lo: int | No
 def read_alibaba(directory: str | Path, *, limit: int | None = None, seed: int = 0) -> tuple[list[Job], Cluster]:
     """GPU tasks of the Alibaba trace and its GPU nodes, one on-demand pool per GPUs-per-node.
 
+    What it is: a *pod list for packing studies* (the ATC'23 paper's fragmentation experiments),
+    not an arrival stream. Its GPU tasks offer about 14 busy GPUs to a 6,212-GPU cluster
+    (utilization 0.0027), so every policy schedules it identically; use it to test packing and
+    the readers, and :func:`read_philly` (a real arrival stream) to compare policies.
+
     Kept: tasks with GPUs, a scheduled time and a positive run (deletion - scheduled); a GPU-sharing
     task (one GPU, gpu_milli < 1000) takes a whole GPU, since the simulator does not share GPUs.
     Jobs are in creation order (``limit`` keeps the first ones); ``submit_s`` counts from the first
@@ -853,6 +874,137 @@ def read_alibaba(directory: str | Path, *, limit: int | None = None, seed: int =
     if limit is not None:  # after the draws, so a job's drawn facts do not depend on the limit
         jobs = jobs[: max(0, limit)]
     return jobs, Cluster(pools=pools, events=[])
+
+
+# ---------------------------------------------------------------------------------------------
+# Microsoft Philly (2017), as the Pollux artifact ships it
+# ---------------------------------------------------------------------------------------------
+
+PHILLY_CSV = "philly.csv"
+PHILLY_FROM = "2017-10-01"  # the plateau of the trace: Oct 1 - Nov 30 (SOURCE.md beside the csv)
+PHILLY_DAYS = 61.0
+PHILLY_GPUS = 640  # 80 x 8: about 80 % offered load over Oct - Nov (SOURCE.md)
+PHILLY_GPUS_PER_NODE = 8  # Philly's largest machines; a gang of more GPUs spans whole nodes
+_PHILLY_TIME = "%Y-%m-%d %H:%M:%S"
+
+
+@dataclass(frozen=True)
+class PhillyReplay:
+    """What :func:`read_philly` replays, for the run's notes: the window, the load, what it changed."""
+
+    start: str
+    days: float
+    jobs: int
+    gpus: int
+    offered_load: float  # the window's jobs' GPU-seconds over the cluster's GPU-seconds in the window
+    tenants: int
+
+    def describe(self) -> str:
+        return (
+            f"Philly 2017 replay: {self.jobs} jobs submitted in {self.days:g} days from {self.start}, "
+            f"{self.tenants} virtual clusters as tenants, on {self.gpus} GPUs "
+            f"({self.gpus // PHILLY_GPUS_PER_NODE} x {PHILLY_GPUS_PER_NODE}), offered load {self.offered_load:.2f} "
+            f"(the jobs' GPU-seconds over the window's); checkpoints, limits, grace, spot and priority drawn as "
+            f"the synthetic workload draws them"
+        )
+
+
+def philly_shape(gpus: int) -> tuple[int, int]:
+    """(nodes, GPUs per node) of a Philly job: one node up to 8 GPUs, else the fewest whole nodes
+    of at most 8 GPUs that divide its GPUs evenly (12 -> 2 x 6, 24 -> 3 x 8, 128 -> 16 x 8)."""
+    if gpus <= PHILLY_GPUS_PER_NODE:
+        return 1, gpus
+    n = -(-gpus // PHILLY_GPUS_PER_NODE)
+    while gpus % n:
+        n += 1
+    return n, gpus // n
+
+
+def read_philly(
+    directory: str | Path,
+    *,
+    gpus: int = PHILLY_GPUS,
+    start: str = PHILLY_FROM,
+    days: float = PHILLY_DAYS,
+    seed: int = 0,
+) -> tuple[list[Job], Cluster, PhillyReplay]:
+    """Jobs of the Philly trace submitted in ``[start, start + days)`` on one on-demand pool.
+
+    The trace (Jeon et al., ATC'19; the per-job CSV of the Pollux artifact, ``SOURCE.md`` beside
+    it) records per job its submission time, run time (the sum of its attempts), GPUs and virtual
+    cluster. Each virtual cluster is a tenant; ``submit_s`` counts from ``start``; a job of up to 8
+    GPUs is one node, a bigger one a gang (:func:`philly_shape`); run times are the trace's, up to
+    its 53 days (the 1 % of runs over 3 days hold a quarter of the GPU-hours). The cluster is
+    ``gpus / 8`` nodes of 8 GPUs ("philly", on-demand, the synthetic on-demand price): the machine
+    list's 2,490 GPUs would be loaded 15-20 %, while 640 GPUs over Oct - Nov are offered 74 % of
+    their GPU-seconds (SOURCE.md's time-average of busy GPUs says 79 %). The trace records
+    no checkpoints, declared limits, grace, spot permission or priority: they are drawn from
+    ``seed`` exactly as :func:`synthetic` draws them (priority 0-3, gangs mostly 2-3).
+    """
+    from datetime import datetime, timedelta
+
+    path = Path(directory) / PHILLY_CSV
+    if not path.is_file():
+        raise WorkloadError(f"{path}: no such file (expected the Philly trace folder with {PHILLY_CSV})")
+    if gpus < PHILLY_GPUS_PER_NODE or gpus % PHILLY_GPUS_PER_NODE:
+        raise WorkloadError(f"--gpus: expected a multiple of {PHILLY_GPUS_PER_NODE}, got {gpus}")
+    if not (math.isfinite(days) and days > 0):
+        raise WorkloadError(f"--philly-days: expected a number > 0, got {days!r}")
+    try:
+        t0 = datetime.strptime(start, "%Y-%m-%d")
+    except ValueError:
+        raise WorkloadError(f"--philly-from: expected a date YYYY-MM-DD, got {start!r}") from None
+    t1 = t0 + timedelta(days=days)
+    rows: list[tuple[float, int, str, float, int]] = []  # submit_s, line, tenant, duration, gpus
+    need = ("timestamp", "duration", "num_gpus", "cluster")
+    for line, row in _csv_rows(path, need):
+        cols = list(need)
+        try:
+            col = cols[0]
+            ts = datetime.strptime((row.get(col) or "").strip(), _PHILLY_TIME)
+            col = cols[1]
+            dur = _as_float(row.get(col) or "", 0.0, True, "a finite float > 0")
+            col = cols[2]
+            g = _as_int(row.get(col) or "", 1, "an int >= 1")
+            col = cols[3]
+            tenant = check_id((row.get(col) or "").strip())
+        except ValueError as e:
+            raise WorkloadError(f"{path}:{line}: column {col!r}: {e}") from None
+        if not t0 <= ts < t1:
+            continue
+        n, gpn = philly_shape(g)
+        if gpn > PHILLY_GPUS_PER_NODE or n * PHILLY_GPUS_PER_NODE > gpus:
+            raise WorkloadError(
+                f"{path}:{line}: column 'num_gpus': {g} GPUs do not fit {gpus} GPUs of 8-GPU nodes (raise --gpus)"
+            )
+        rows.append(((ts - t0).total_seconds(), line, tenant, dur, g))
+    rows.sort()
+    n_jobs = len(rows)
+    rng = np.random.default_rng(seed)
+    submit = np.array([r[0] for r in rows], dtype=float)
+    duration = np.array([r[3] for r in rows], dtype=float)
+    shapes = [philly_shape(r[4]) for r in rows]
+    nodes = np.array([s[0] for s in shapes], dtype=np.int64)
+    gpn = np.array([s[1] for s in shapes], dtype=np.int64)
+    total = nodes * gpn
+    prio = np.where(
+        nodes > 1, _pick(rng, np.arange(4), _PRIO_GANG, n_jobs), _pick(rng, np.arange(4), _PRIO_SMALL, n_jobs)
+    )
+    drawn = _draw_unrecorded(rng, duration, nodes, total)
+    ids = [f"philly-{r[1]:06d}" for r in rows]  # the csv line: a job is found in the trace by its id
+    jobs = _jobs(ids, [r[2] for r in rows], submit, nodes, gpn, prio, duration, drawn)
+    nn = gpus // PHILLY_GPUS_PER_NODE
+    cluster = Cluster(pools=[Pool("philly", PoolKind.ON_DEMAND, nn, PHILLY_GPUS_PER_NODE, ON_DEMAND_PRICE, 0.0)])
+    load = float(np.sum(total * duration)) / (gpus * days * 86400.0)
+    replay = PhillyReplay(
+        start=start,
+        days=days,
+        jobs=n_jobs,
+        gpus=gpus,
+        offered_load=load,
+        tenants=len({r[2] for r in rows}),
+    )
+    return jobs, cluster, replay
 
 
 # ---------------------------------------------------------------------------------------------

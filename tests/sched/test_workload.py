@@ -17,6 +17,7 @@ SHARED = Path(__file__).resolve().parents[2] / ".." / "shared"
 TRACES = SHARED / "data" / "traces"
 ACME_CSV = TRACES / "acme-summary" / "cluster_summary.csv"
 ALIBABA = TRACES / "alibaba-gpu-v2023"
+PHILLY = TRACES / "philly-pollux"
 SKYPILOT = TRACES / "skypilot-spot" / "preemption"
 
 
@@ -88,9 +89,7 @@ def test_round_trip_synthetic(tmp_path):
         assert next(csv.reader(f)) == list(W.COLUMNS)
 
 
-_text = st.text(st.characters(blacklist_categories=("Cs", "Cc")) | st.sampled_from(',"\n '), min_size=1).filter(
-    lambda s: s.strip()
-)
+_text = st.from_regex(W.ID_RE, fullmatch=True)  # ids and tenants: the documented character set
 _nonneg = st.floats(0, 1e9, allow_nan=False, allow_infinity=False)
 _pos = st.floats(1e-6, 1e9, allow_nan=False, allow_infinity=False)
 
@@ -194,6 +193,25 @@ def test_duplicate_id_names_both_lines(tmp_path):
     p = write(tmp_path, f"{HEADER}\n{GOOD}\nb,t,0,1,1,0,1\n{GOOD}\n")
     with pytest.raises(W.WorkloadError, match=r":4: column 'id': duplicate id 'a' \(first on line 2\)"):
         W.read_workload_csv(p)
+
+
+@pytest.mark.parametrize("bad", [" a ", "a ", " a", "a b", "a/b", "-a", ".a", "x" * 129, "caf\u00e9", "a,b"])
+def test_ids_are_validated(tmp_path, bad):
+    """` a ` and `a` were two jobs; an id is now 1-128 of [A-Za-z0-9._:@-] starting alphanumeric."""
+    cell = f'"{bad}"' if "," in bad else bad
+    p = write(tmp_path, f"{HEADER}\n{GOOD}\n{cell},t,0,1,1,0,1\n")
+    with pytest.raises(W.WorkloadError, match=r"jobs\.csv:3: column 'id': ") as e:
+        W.read_workload_csv(p)
+    assert "A-Za-z0-9._:@-" in str(e.value)
+    p = write(tmp_path, f"{HEADER}\n{GOOD}\nb,{cell},0,1,1,0,1\n")
+    with pytest.raises(W.WorkloadError, match=r"jobs\.csv:3: column 'tenant': "):
+        W.read_workload_csv(p)
+
+
+def test_good_ids_pass(tmp_path):
+    ids = ["a", "A0.b_c:d@e-f", "x" * 128, "9"]
+    p = write(tmp_path, HEADER + "\n" + "".join(f"{i},t-{k},0,1,1,0,1\n" for k, i in enumerate(ids)))
+    assert [j.id for j in W.read_workload_csv(p)] == ids
 
 
 def test_too_many_cells_and_empty_file(tmp_path):
@@ -479,6 +497,98 @@ def test_read_alibaba_synthetic_folder(tmp_path):
         W.read_alibaba(tmp_path)
     with pytest.raises(W.WorkloadError, match="no such file"):
         W.read_alibaba(tmp_path / "nowhere")
+
+
+@need(ALIBABA)
+def test_alibaba_barely_loads_its_cluster_as_its_docs_say():
+    """A pod list for packing studies: its GPU-seconds over its cluster's, over its span."""
+    jobs, cluster = W.read_alibaba(ALIBABA)
+    span = max(j.submit_s + j.duration_s for j in jobs)
+    load = sum(j.gpus * j.duration_s for j in jobs) / (cluster.gpus * span)
+    assert load < 0.01
+    assert "pod list for packing studies" in W.read_alibaba.__doc__
+
+
+# ------------------------------------------------------------------------------------------
+# Philly
+# ------------------------------------------------------------------------------------------
+
+
+def test_philly_shape():
+    got = {g: W.philly_shape(g) for g in (1, 2, 4, 8, 12, 16, 24, 32, 64, 128)}
+    assert got == {
+        1: (1, 1), 2: (1, 2), 4: (1, 4), 8: (1, 8), 12: (2, 6), 16: (2, 8), 24: (3, 8), 32: (4, 8),
+        64: (8, 8), 128: (16, 8),
+    }  # fmt: skip
+    for g in range(1, 200):
+        n, gpn = W.philly_shape(g)
+        assert n * gpn == g and gpn <= 8
+
+
+PHILLY_ROWS = """timestamp,duration,num_gpus,gpu_time,cluster
+2017-10-01 00:00:10,100.0,1,100.0,aa11
+2017-09-30 23:59:59,50.0,1,50.0,aa11
+2017-10-01 01:00:00,3600.0,16,57600.0,bb22
+2017-10-02 00:00:00,10.0,2,20.0,aa11
+2017-10-01 00:00:05,20.0,12,240.0,cc33
+"""
+
+
+def test_read_philly_synthetic_folder(tmp_path):
+    (tmp_path / W.PHILLY_CSV).write_text(PHILLY_ROWS)
+    jobs, cluster, replay = W.read_philly(tmp_path, gpus=64, start="2017-10-01", days=1, seed=3)
+    got = [(j.id, j.tenant, j.submit_s, j.nodes, j.gpus_per_node, j.duration_s) for j in jobs]
+    assert got == [
+        ("philly-000006", "cc33", 5.0, 2, 6, 20.0),
+        ("philly-000002", "aa11", 10.0, 1, 1, 100.0),
+        ("philly-000004", "bb22", 3600.0, 2, 8, 3600.0),
+    ]  # the window is [start, start + days); ids are the csv lines; submit order
+    assert [(p.name, p.kind, p.nodes, p.gpus_per_node) for p in cluster.pools] == [("philly", PoolKind.ON_DEMAND, 8, 8)]
+    assert (replay.jobs, replay.tenants, replay.gpus) == (3, 3, 64)
+    assert replay.offered_load == pytest.approx((240 + 100 + 57600) / (64 * 86400))
+    for j in jobs:  # drawn as synthetic draws them
+        assert j.limit_s >= j.duration_s and j.ckpt.grace_s in (30.0, 60.0, 120.0, 300.0) and 0 <= j.priority <= 3
+    again, _, _ = W.read_philly(tmp_path, gpus=64, start="2017-10-01", days=1, seed=3)
+    assert [_fields(j) for j in again] == [_fields(j) for j in jobs]
+    assert "64 GPUs" in replay.describe() and "drawn" in replay.describe()
+
+
+@pytest.mark.parametrize(
+    ("line", "col"),
+    [
+        ("2017-10-01 00:00:10,-1,1,1,aa11", "duration"),
+        ("2017-10-01,1,1,1,aa11", "timestamp"),
+        ("2017-10-01 00:00:10,1,zero,1,aa11", "num_gpus"),
+        ("2017-10-01 00:00:10,1,1,1, aa11 x", "cluster"),
+    ],
+)
+def test_read_philly_errors_name_file_line_and_column(tmp_path, line, col):
+    (tmp_path / W.PHILLY_CSV).write_text(PHILLY_ROWS + line + "\n")
+    with pytest.raises(W.WorkloadError, match=rf"philly.csv:7: column '{col}'"):
+        W.read_philly(tmp_path)
+
+
+def test_read_philly_options(tmp_path):
+    (tmp_path / W.PHILLY_CSV).write_text(PHILLY_ROWS)
+    with pytest.raises(W.WorkloadError, match="multiple of 8"):
+        W.read_philly(tmp_path, gpus=60)
+    with pytest.raises(W.WorkloadError, match="YYYY-MM-DD"):
+        W.read_philly(tmp_path, start="Oct 1")
+    with pytest.raises(W.WorkloadError, match="do not fit 8 GPUs"):
+        W.read_philly(tmp_path, gpus=8)
+    with pytest.raises(W.WorkloadError, match="no such file"):
+        W.read_philly(tmp_path / "nowhere")
+
+
+@need(PHILLY)
+def test_read_philly_real_trace():
+    """SOURCE.md's figures: 68,510 submissions Oct 1 - Nov 30; 640 GPUs offered about 3/4 of their time."""
+    jobs, cluster, replay = W.read_philly(PHILLY)
+    assert len(jobs) == replay.jobs == 68_510
+    assert cluster.gpus == 640 and 0.70 < replay.offered_load < 0.80
+    assert replay.tenants == len({j.tenant for j in jobs}) >= 10
+    assert max(j.gpus for j in jobs) <= 128 and all(j.gpus_per_node <= 8 for j in jobs)
+    assert jobs[0].submit_s >= 0 and jobs[-1].submit_s < 61 * 86400
 
 
 # ------------------------------------------------------------------------------------------

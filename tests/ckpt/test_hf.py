@@ -1,0 +1,179 @@
+"""Hugging Face safetensors both ways: an FSDP2 model's checkpoint exported (consolidated, sharded
+like Hugging Face's) equals ``model.state_dict()`` under ``safetensors.torch.load_file``, bit for
+bit, and the same files load back into a 2-rank FSDP2 model, each rank reading only the bytes its
+shards need (gloo on CPU, real processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import goodput.ckpt as gc
+from goodput.ckpt.exporter import INDEX, plan_shards
+from tests.distributed import run_ranks
+
+
+class Net(torch.nn.Module):
+    """Uneven dimensions (FSDP2 pads its shards), a bf16 parameter and a buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(101, 48)
+        self.up = torch.nn.Linear(48, 131)
+        self.down = torch.nn.Linear(131, 48, bias=False)
+        self.gate = torch.nn.Parameter(torch.randn(37, 5).to(torch.bfloat16))
+        self.register_buffer("scale", torch.arange(7, dtype=torch.float32))
+
+
+def _model(seed: int) -> Net:
+    torch.manual_seed(seed)
+    return Net()
+
+
+def _fsdp2(seed: int) -> Net:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    m = _model(seed)
+    fully_shard(m, mesh=init_device_mesh("cpu", (2,)))
+    return m
+
+
+def _save_fsdp2(rank: int, world: int, path: str) -> dict:
+    m = _fsdp2(0)
+    sd = m.state_dict()
+    kinds = {k: type(v).__name__ for k, v in sd.items()}
+    gc.save({"model": sd, "step": 7}, path, step=7)
+    return kinds
+
+
+def _load_fsdp2(rank: int, world: int, hf_dir: str) -> dict:
+    m = _fsdp2(1234)  # other values everywhere: the load must replace them
+    sd = m.state_dict()
+    local = sum(v.to_local().numel() * v.element_size() for v in sd.values() if hasattr(v, "to_local"))
+    local += sum(v.numel() * v.element_size() for v in sd.values() if not hasattr(v, "to_local"))
+    stats = gc.load(sd, hf_dir).stats
+    ref = _model(0).state_dict()
+    equal = {}
+    for k, v in m.state_dict().items():
+        full = v.full_tensor() if hasattr(v, "full_tensor") else v
+        equal[k] = bool(torch.equal(full, ref[k]) and full.dtype == ref[k].dtype)
+    return {"read": stats.bytes_read, "needed": stats.bytes_needed, "local": local, "equal": equal}
+
+
+def test_fsdp2_export_equals_state_dict_and_loads_back_reading_only_its_shards(tmp_path: Path) -> None:
+    ck, hf = tmp_path / "ck", tmp_path / "hf"
+    kinds = run_ranks(_save_fsdp2, 2, str(ck))
+    assert kinds[0]["up.weight"] == "DTensor"  # really FSDP2's sharded state dict
+    ref = _model(0).state_dict()
+    total = sum(t.numel() * t.element_size() for t in ref.values())
+
+    res = gc.export(ck, hf, prefix="model.", max_shard_size=total // 3)
+    shards = sorted(os.listdir(hf))
+    assert len(res.files) > 2 and res.files[-1] == INDEX and sorted(res.files) == shards
+    assert all(
+        n == INDEX or n.startswith("model-") and n.endswith(f"-of-{len(shards) - 1:05d}.safetensors") for n in shards
+    )
+    index = json.loads((hf / INDEX).read_text())
+    assert index["metadata"]["total_size"] == total and set(index["weight_map"]) == set(ref)
+    assert res.skipped == {}  # "step" lies outside the prefix
+
+    loaded: dict[str, torch.Tensor] = {}
+    for f in set(index["weight_map"].values()):
+        part = load_file(hf / f)
+        assert set(part) == {k for k, v in index["weight_map"].items() if v == f}
+        loaded.update(part)
+    assert set(loaded) == set(ref)
+    for k, v in ref.items():
+        assert loaded[k].dtype == v.dtype and torch.equal(loaded[k], v), k
+
+    out = run_ranks(_load_fsdp2, 2, str(hf))
+    for r in out:
+        assert all(r["equal"].values()), r["equal"]
+        # each rank needs its own rows of every sharded tensor plus the replicated buffer, and
+        # reads exactly those (the issue's bound is 1.1 x)
+        assert r["needed"] == r["local"] and r["read"] <= 1.1 * r["needed"], r
+        assert r["needed"] < 0.7 * total  # not the whole checkpoint
+
+
+def test_export_single_file_dtype_cast_and_torch_format(tmp_path: Path) -> None:
+    sd = {"model": {"w": torch.randn(64, 32), "i": torch.arange(10), "h": torch.randn(3).half()}, "opt": {"lr": 0.1}}
+    gc.save(sd, tmp_path / "ck")
+    res = gc.export(tmp_path / "ck", tmp_path / "hf", dtype="bf16")
+    assert res.files == ["model.safetensors"]
+    got = load_file(tmp_path / "hf" / "model.safetensors")
+    assert set(got) == {"model.w", "model.i", "model.h"}
+    assert got["model.w"].dtype == torch.bfloat16 and torch.equal(got["model.w"], sd["model"]["w"].bfloat16())
+    assert got["model.i"].dtype == torch.int64 and torch.equal(got["model.i"], sd["model"]["i"])  # ints uncast
+    assert res.skipped == {"opt.lr": "a value, not a tensor"}
+
+    res = gc.export(tmp_path / "ck", tmp_path / "m.pt", format="torch", prefix="model.")
+    t = torch.load(tmp_path / "m.pt", weights_only=True)
+    assert set(t) == {"w", "i", "h"} and torch.equal(t["w"], sd["model"]["w"])
+    with pytest.raises(gc.CheckpointError, match="builds the file in memory"):
+        gc.export(tmp_path / "ck", tmp_path / "m2.pt", format="torch", max_shard_size=100)
+
+    with pytest.raises(gc.CheckpointError, match="is not empty"):
+        gc.export(tmp_path / "ck", tmp_path / "hf")
+    with pytest.raises(gc.CheckpointError, match="no tensor .* under the prefix 'nope.'"):
+        gc.export(tmp_path / "ck", tmp_path / "x", prefix="nope.")
+    # overwrite with several shards now: the old single file goes, as would stale shards
+    res = gc.export(tmp_path / "ck", tmp_path / "hf", overwrite=True, max_shard_size=1000)
+    assert sorted(os.listdir(tmp_path / "hf")) == sorted(res.files) and "model.safetensors" not in res.files
+
+
+def test_plan_shards_bounds_each_shard() -> None:
+    from goodput.ckpt.exporter import _Item
+
+    items = [_Item(str(i), str(i), "float32", "float32", (n,), n * 4) for i, n in enumerate([10, 10, 30, 5, 5, 1])]
+    shards = plan_shards(items, 80)
+    assert [[it.name for it in s] for s in shards] == [["0", "1"], ["2"], ["3", "4", "5"]]
+    assert all(sum(it.nbytes for it in s) <= 80 or len(s) == 1 for s in shards)
+
+
+def test_hf_directory_loads_into_local_shards_with_cast(tmp_path: Path) -> None:
+    w = torch.randn(40, 12)
+    save_file({"w": w[:20].clone(), "b": torch.randn(12)}, tmp_path / "model-00001-of-00002.safetensors")
+    save_file({"w2": w[20:].clone().bfloat16()}, tmp_path / "model-00002-of-00002.safetensors")
+    wm = {"w": "model-00001-of-00002.safetensors", "b": "model-00001-of-00002.safetensors"}
+    wm["w2"] = "model-00002-of-00002.safetensors"
+    (tmp_path / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+    cols = gc.LocalShard(torch.zeros(20, 5), (20, 12), (0, 7))  # a column block: 20 runs
+    w2 = torch.zeros(20, 12)  # float32 target of a bf16 tensor: read as saved, cast
+    st = gc.load({"w": cols, "w2": w2}, tmp_path, strict=False).stats
+    assert torch.equal(cols.tensor, w[:20, 7:]) and torch.equal(w2, w[20:].bfloat16().float())
+    assert st.bytes_read == st.bytes_needed == 20 * 5 * 4 + 20 * 12 * 2
+    with pytest.raises(gc.CheckpointError, match="'nope' is not in the checkpoint"):
+        gc.load({"nope": torch.zeros(2)}, tmp_path)
+    with pytest.raises(gc.CheckpointError, match="saved with global shape"):
+        gc.load({"b": torch.zeros(13)}, tmp_path)
+
+
+def test_hostile_hf_directories_are_refused(tmp_path: Path) -> None:
+    save_file({"w": torch.randn(8, 8)}, tmp_path / "a.safetensors")
+    (tmp_path / INDEX).write_text(json.dumps({"weight_map": {"w": "../a.safetensors"}}))
+    with pytest.raises(gc.CheckpointError, match="refusing file name"):
+        gc.load({"w": torch.zeros(8, 8)}, tmp_path)
+    (tmp_path / INDEX).write_text(json.dumps({"weight_map": {"w": "a.safetensors", "v": "a.safetensors"}}))
+    with pytest.raises(gc.CheckpointError, match="names 1 tensors no file holds, e.g. 'v'"):
+        gc.load({"w": torch.zeros(8, 8)}, tmp_path)
+    (tmp_path / INDEX).unlink()
+    with open(tmp_path / "a.safetensors", "r+b") as f:  # cut the data short
+        f.truncate(os.path.getsize(tmp_path / "a.safetensors") - 4)
+    with pytest.raises(gc.CheckpointError, match="a.safetensors"):
+        gc.load({"w": torch.zeros(8, 8)}, tmp_path)
+
+
+def test_load_of_a_dcp_checkpoint_names_import_dcp(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"w": torch.ones(3)}, checkpoint_id=str(tmp_path), no_dist=True)
+    with pytest.raises(gc.CheckpointError, match=r"\(DCP\) checkpoint .*goodput ckpt import-dcp"):
+        gc.load({"w": torch.zeros(3)}, tmp_path)
+    with pytest.raises(gc.CheckpointError, match="goodput ckpt import-dcp"):
+        gc.open(tmp_path)

@@ -229,6 +229,10 @@ def tensor_leaves(name: str, v: Any) -> list[TensorLeaf] | None:
         return _sharded_tensor_leaves(name, v)
     if _is_dtensor(v) and _is_shards_wrapper(v._local_tensor):
         return _wrapped_dtensor_leaves(name, v)
+    from .tensor_protocol import implements_protocol, protocol_boxes  # DCP's __create_write_items__
+
+    if implements_protocol(v):
+        return _shard_leaves(name, v, *protocol_boxes(name, v))
     leaf = tensor_leaf(name, v)
     return None if leaf is None else [leaf]
 

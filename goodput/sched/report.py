@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -38,57 +39,139 @@ def _dur(s: float) -> str:
     return f"{s / 3600:.1f} h"
 
 
+def _table(title: str, first: str, cols: Sequence[str]) -> Table:
+    """A table that stays whole at 80 columns: no vertical rules, headers broken where we say
+    (``\\n``), cells never cut (a cut number reads as another number)."""
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    t.add_column(first, no_wrap=True, overflow="fold")
+    for c in cols:
+        t.add_column(c, justify="right", no_wrap=True, overflow="fold")
+    return t
+
+
+def _name(r: PolicyResult) -> str:
+    return f"[bold]{r.name}[/bold]" if "goodput" in r.name else r.name
+
+
+def _window_line(results: Sequence[PolicyResult]) -> str:
+    w = next((r.metrics.get("window") for r in results if r.metrics.get("window")), None)
+    if not w:
+        return ""
+    ends = ", ".join(f"{r.name} {_dur(r.metrics['window'].get('run_end_s', 0.0))}" for r in results)
+    return (
+        f"window of useful/capacity: 0 to {_dur(w['end_s'])} (the last arrival, every policy alike); "
+        f"the other columns run to each policy's last job end ({ends})"
+    )
+
+
 def render(results: Sequence[PolicyResult], console: Console, header: str = "") -> None:
+    """Every table fits 80 columns, so a piped or narrow terminal shows every figure whole."""
     if header:
         console.print(header)
-    t = Table(title="policies (same jobs, same cluster events)", title_justify="left")
-    for col in (
+    line = _window_line(results)
+    if line:
+        console.print(line)
+    t = _table(
+        "policies: work (same jobs, same cluster events)",
         "policy",
-        "goodput",
-        "lost GPU-h",
-        "wait p50",
-        "wait p99",
-        "utilization",
-        "cost $",
-        "$ / useful GPU-h",
-        "spot GPU-h",
-        "violations",
-        "double-booked GPU-h",
-    ):
-        t.add_column(col, justify="left" if col == "policy" else "right")
+        ("useful /\ncapacity", "goodput", "utiliz-\nation", "lost\nGPU-h", "checker\nviolations"),
+    )
+    for r in results:
+        m = r.metrics
+        v = m["violations"]
+        t.add_row(
+            _name(r),
+            f"{m['useful_per_capacity']:.4f}" if "useful_per_capacity" in m else "-",
+            f"{m['goodput']:.4f}",
+            f"{m['utilization']:.3f}",
+            _h(m.get("lost_gpu_hours_total", m["lost_gpu_hours"])),
+            str(v) if not v else f"[red]{v}[/red]",
+        )
+    console.print(t)
+    t = _table(
+        "policies: waits and cost", "policy", ("wait\np50", "wait\np99", "cost $", "$ / useful\nGPU-h", "spot\nGPU-h")
+    )
     for r in results:
         m = r.metrics
         t.add_row(
-            f"[bold]{r.name}[/bold]" if "goodput" in r.name else r.name,
-            f"{m['goodput']:.4f}",
-            _h(m["lost_gpu_hours"]),
+            _name(r),
             _dur(m["wait_p50_s"]),
             _dur(m["wait_p99_s"]),
-            f"{m['utilization']:.3f}",
             f"{m['cost_usd']:,.0f}",
             f"{m['cost_per_useful_gpu_hour']:.3f}",
             _h(m["spot_gpu_hours"]),
-            str(m["violations"]) if not m["violations"] else f"[red]{m['violations']}[/red]",
-            _h(m["double_booked_gpu_hours"]),
         )
     console.print(t)
-    led = Table(title="where the GPU-hours went (the badput ledger)", title_justify="left")
-    led.add_column("policy")
-    for c in (*CATEGORIES, "idle"):
-        led.add_column(LABELS[c], justify="right")
+    if all("preemption_decisions" in r.metrics for r in results):
+        t = _table(
+            "preemptions by the policy (priority, quota)",
+            "policy",
+            ("deci-\nsions", "victims", "victims\n/ deci-\nsion", "victim\nran\n(p50)", "most\nevic-\ntions\nof a job"),
+        )
+        for r in results:
+            m = r.metrics
+            t.add_row(
+                _name(r),
+                f"{m['preemption_decisions']:,}",
+                f"{m['victims']:,}",
+                f"{m['victims_per_decision']:.2f}",
+                _dur(m["victim_run_p50_s"]),
+                str(m["max_evictions_of_one_job"]),
+            )
+        console.print(t)
+        reasons = sorted({k for r in results for k in r.metrics.get("preemptions_by_reason", {})})
+        if reasons:
+            t = _table("every preemption, by reason", "policy", ())
+            t.add_column("reason: count", no_wrap=False)  # a list that wraps, whatever the reasons
+            for r in results:
+                by = r.metrics.get("preemptions_by_reason", {})
+                t.add_row(_name(r), ", ".join(f"{k} {by[k]:,}" for k in reasons if by.get(k)) or "none")
+            console.print(t)
+    t = _table(
+        "lost GPU-hours by cause",
+        "policy",
+        ("preemp-\ntion", "failure\n+ infra", "restart", "drain-\ning", "double\nbooked", "total"),
+    )
     for r in results:
         hours = r.metrics["ledger_gpu_hours"]
-        led.add_row(r.name, *(_h(hours[c]) for c in (*CATEGORIES, "idle")))
-    console.print(led)
+        parts = [hours[c] for c in ("lost_preemption", "lost_failure", "restart", "draining", "double_booked")]
+        t.add_row(_name(r), *(_h(x) for x in parts), _h(sum(parts)))
+    console.print(t)
+    t = _table(
+        "the rest of the ledger (GPU-hours)", "policy", ("useful", "ckpt\nstall", "idle", "double-booked\nGPU-h seen")
+    )
+    for r in results:
+        hours = r.metrics["ledger_gpu_hours"]
+        t.add_row(
+            _name(r),
+            _h(hours["useful"]),
+            _h(hours["checkpoint_stall"]),
+            _h(hours["idle"]),
+            _h(r.metrics["double_booked_gpu_hours"]),
+        )
+    console.print(t)
     ours = next((r for r in results if "goodput" in r.name), results[0])
+    shares = ours.metrics.get("tenant_shares") or {}
     if ours.tenants:
-        tt = Table(title=f"per tenant, {ours.name} (GPU-hours)", title_justify="left")
-        tt.add_column("tenant")
-        for c in ("allocated", *CATEGORIES):
-            tt.add_column(LABELS.get(c, c), justify="right")
+        t = _table(
+            f"per tenant, {ours.name} (GPU-hours; shares of the allocated)",
+            "tenant",
+            ("allocated", "useful", "lost", "share", "entitle-\nment", "demand"),
+        )
         for name, acct in sorted(ours.tenants.items(), key=lambda kv: -kv[1]["allocated"])[:16]:
-            tt.add_row(name, *(_h(acct[c]) for c in ("allocated", *CATEGORIES)))
-        console.print(tt)
+            sh = shares.get(name, {})
+            t.add_row(
+                name,
+                _h(acct["allocated"]),
+                _h(acct["useful"]),
+                _h(acct["lost_preemption"] + acct["lost_failure"]),
+                f"{sh['share']:.3f}" if sh else "-",
+                f"{sh['entitlement']:.3f}" if sh else "-",
+                f"{sh['demand']:.3f}" if sh else "-",
+            )
+        if len(ours.tenants) > 16:
+            t.caption = f"the 16 largest of {len(ours.tenants)} tenants"
+        console.print(t)
     for r in results:
         if r.metrics["violations"]:
             kinds = ", ".join(f"{k} {v}" for k, v in r.metrics["violations_by_kind"].items())
@@ -142,13 +225,16 @@ def plots(results: Sequence[PolicyResult], directory: str | Path) -> list[Path]:
     plt.close(fig)
     paths.append(p)
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=120)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4), dpi=120)
     axes[0].bar(names, [r.metrics["goodput"] for r in results], color="tab:green")
     lo = min(r.metrics["goodput"] for r in results)
     axes[0].set_ylim(max(0.0, lo - 0.05), 1.0)
-    axes[0].set_title("goodput (useful / allocated GPU-hours)")
-    axes[1].bar(names, [r.metrics["lost_gpu_hours"] for r in results], color="tab:red")
-    axes[1].set_title("work lost (GPU-hours)")
+    axes[0].set_title("goodput (useful / allocated)", fontsize=9)
+    axes[1].bar(names, [r.metrics.get("useful_per_capacity", 0.0) for r in results], color="tab:blue")
+    axes[1].set_title("useful / capacity (window: to the last arrival)", fontsize=9)
+    lost = [r.metrics.get("lost_gpu_hours_total", r.metrics["lost_gpu_hours"]) for r in results]
+    axes[2].bar(names, lost, color="tab:red")
+    axes[2].set_title("lost GPU-hours (preemption, failures, restart, draining, double-booked)", fontsize=9)
     for ax in axes:
         plt.setp(ax.get_xticklabels(), rotation=15, ha="right", fontsize=8)
     fig.tight_layout()

@@ -415,3 +415,75 @@ def test_async_save_with_dcp_zero_overhead_staging_answers_async_save_response(t
     with pytest.raises(TypeError, match="planner=object: goodput makes its own async_save plan"):
         gc.async_save({"w": w}, checkpoint_id=str(tmp_path / "x"), planner=object())
     assert gc.latest(tmp_path) is not None and not (tmp_path / "x").exists()
+
+
+class WrapperOnly(torch.Tensor):
+    """Like torch's test ``CheckpointableDistTensor``: a wrapper subclass that supports no tensor
+    operation at all (not even ``detach``), describing its one shard through DCP's protocol."""
+
+    @staticmethod
+    def __new__(cls, fqn: str, local: torch.Tensor, offsets: list[int], size: list[int]) -> WrapperOnly:
+        r = torch.Tensor._make_wrapper_subclass(cls, size, dtype=local.dtype, device=local.device)
+        r._fqn, r._local, r._offsets, r._size = fqn, local, torch.Size(offsets), torch.Size(size)
+        return r
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
+        raise NotImplementedError(f"{func} is not supported for WrapperOnly")
+
+    def __create_write_items__(self, fqn: str, obj: object) -> list:
+        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
+        from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
+
+        chunk = ChunkStorageMetadata(offsets=self._offsets, sizes=self._local.size())
+        data = TensorWriteData(
+            chunk=chunk, properties=TensorProperties.create_from_tensor(self._local), size=self._size
+        )
+        return [WriteItem(index=MetadataIndex(self._fqn, self._offsets), type=WriteItemType.SHARD, tensor_data=data)]
+
+    def __create_chunk_list__(self) -> list:
+        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+        return [ChunkStorageMetadata(offsets=self._offsets, sizes=self._local.size())]
+
+    def __get_tensor_shard__(self, index: object) -> torch.Tensor:
+        assert index.fqn == self._fqn and index.offset == self._offsets, index
+        return self._local
+
+
+SAVE_PLAN = [(0, 4), (4, 3), (7, 4), (11, 5)]  # (offset, rows): uneven, as in DCP's own test
+LOAD_PLAN = [(0, 2), (2, 4), (6, 6), (12, 4)]
+
+
+def _protocol(rank: int, world: int, root: str) -> bool:
+    o, n = SAVE_PLAN[rank]
+    w = WrapperOnly("t", torch.arange(o, o + n, dtype=torch.float32).view(n, 1), [o, 0], [16, 1])
+    gc.save({"t": w}, root)
+    o, n = LOAD_PLAN[rank]
+    local = torch.rand(n, 1)
+    gc.load({"t": WrapperOnly("t", local, [o, 0], [16, 1])}, root)
+    return bool(torch.equal(local, torch.arange(o, o + n, dtype=torch.float32).view(n, 1)))
+
+
+def test_tensor_subclasses_with_dcps_protocol_save_and_reshard(tmp_path: Path) -> None:
+    assert run_ranks(_protocol, 4, str(tmp_path)) == [True] * 4
+    ck = gc.open(tmp_path)
+    assert ck.tensors["t"].shape == (16, 1) and len(ck.tensors["t"].chunks) == 4
+    assert ck.read("t").reshape(-1).tolist() == list(range(16))
+    local = torch.zeros(16, 1)  # and into a plain tensor, in one process
+    gc.load({"t": local}, tmp_path)
+    assert torch.equal(local.view(-1), torch.arange(16, dtype=torch.float32))
+
+
+def test_every_goodput_error_is_dcps_checkpoint_exception(tmp_path: Path) -> None:
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    assert gc.CheckpointException is CheckpointException is dcp.CheckpointException
+    assert issubclass(gc.CheckpointError, CheckpointException) and issubclass(gc.SaveError, CheckpointException)
+    assert issubclass(gc.CheckpointError, Exception)  # DCP's is a BaseException; goodput's stays an Exception
+    with pytest.raises(dcp.CheckpointException, match="is not a committed checkpoint") as e:
+        gc.load({"w": torch.zeros(2)}, tmp_path)
+    assert isinstance(e.value, gc.CheckpointError) and e.value.failures == {}
+    gc.save({"w": torch.zeros(2)}, tmp_path)
+    with pytest.raises(CheckpointException, match="Checkpoint already exists"):
+        gc.save({"w": torch.zeros(2)}, storage_writer=gc.FileSystemWriter(tmp_path, overwrite=False))

@@ -36,3 +36,54 @@ def test_async_save_works_twice_in_one_process(tmp_path) -> None:
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.strip().endswith("step_2")
+
+
+def test_dcps_public_names_resolve_on_goodput_ckpt() -> None:
+    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint.state_dict_saver as dcp_saver
+
+    for name in ("DefaultSavePlanner", "DefaultLoadPlanner", "CheckpointException"):
+        assert getattr(goodput.ckpt, name) is getattr(dcp, name)
+    assert goodput.ckpt.AsyncCheckpointerType is dcp_saver.AsyncCheckpointerType
+    assert goodput.ckpt.AsyncSaveResponse is dcp_saver.AsyncSaveResponse
+    import goodput.ckpt.filesystem as fs
+    import goodput.ckpt.state_dict_loader as loader
+    import goodput.ckpt.state_dict_saver as saver
+
+    assert saver.save is goodput.ckpt.save and saver.async_save is goodput.ckpt.async_save
+    assert saver.save_state_dict is goodput.ckpt.save_state_dict
+    assert saver.AsyncCheckpointerType is dcp_saver.AsyncCheckpointerType
+    assert loader.load is goodput.ckpt.load and loader.load_state_dict is goodput.ckpt.load_state_dict
+    assert fs.FileSystemWriter is goodput.ckpt.FileSystemWriter and fs.FileSystemReader is goodput.ckpt.FileSystemReader
+    assert goodput.ckpt.state_dict_saver is saver  # reached as an attribute, as DCP's submodules are
+
+
+def test_dir_and_all_list_the_api() -> None:
+    for name in ("save", "load", "async_save", "export", "Checkpointer", "CheckpointException", "DefaultSavePlanner"):
+        assert name in goodput.ckpt.__all__ and name in dir(goodput.ckpt)
+    for name in goodput.ckpt.__all__:
+        assert getattr(goodput.ckpt, name) is not None
+
+
+def test_errors_subclass_dcps_exception_without_importing_torch() -> None:
+    """The numpy-only reader never imports torch for it; once DCP is imported, goodput's errors
+    are DCP's CheckpointException, whichever was imported first."""
+    code = textwrap.dedent(
+        """
+        import sys
+        import goodput.ckpt as gc
+        try:
+            gc.open("/nonexistent/x")
+        except gc.CheckpointError:
+            pass
+        assert "torch" not in sys.modules
+        import torch.distributed.checkpoint as dcp
+        try:
+            gc.open("/nonexistent/x")
+        except dcp.CheckpointException as e:
+            print("caught", type(e).__name__)
+        """
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip() == "caught CheckpointError"

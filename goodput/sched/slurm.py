@@ -56,12 +56,14 @@ from .local import (
     ENV_NODES,
     ENV_RESUME,
     ENV_SLOTS,
-    ENV_TOKEN,
+    ENV_TOKEN_FILE,
     ENV_URL,
     PREEMPTED_EXIT,
     SAFE_ID,
+    job_environment,
 )
 from .model import Job, Node, Pool, PoolKind
+from .runas import RunAs
 from .slurm_launch import ENV_GPUS_PER_NODE, ENV_NODE_ADDRS, ENV_STATUS_FILE
 
 log = logging.getLogger("goodput.sched.slurm")
@@ -71,8 +73,6 @@ LIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED"
                   "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"})  # fmt: skip
 LOST_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL", "PREEMPTED"})
 DOWN_NODE_STATES = frozenset({"down", "fail", "failing"})
-# the environment the service passes on to its jobs (plus GOODPUT_*, and what the operator adds)
-PASS_ENV = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "TZ", "OMP_NUM_THREADS")
 COMMENT = re.compile(r"^goodput:([0-9a-f]{12}):([A-Za-z0-9._-]{1,128}):([0-9]{1,9})$")
 META_KEY = "."  # the row of the slurm_runs table that holds this service's instance id
 
@@ -312,8 +312,10 @@ class SlurmExecutor:
     """Runs each gang as one Slurm job; a watcher thread reads Slurm once per pass.
 
     ``on_exit(job_id, epoch, status)`` as the local executor's; ``on_nodes(down, up)`` with the
-    node names Slurm newly reports down or back (the caller takes its own lock for both).
-    ``user_for(job)`` names the Unix user a job runs as (None: the service's own user).
+    node names Slurm reports down or back (all of them at the first pass, then changes; the caller
+    takes its own lock for both). ``run_as(job)`` is the identity a job runs as (None: the service's
+    own; may raise, which fails the run), ``env_for(job)`` its spec's environment; the rest of a
+    job's environment is the local executor's (``local.job_environment``), with its token in a file.
     """
 
     def __init__(
@@ -327,29 +329,30 @@ class SlurmExecutor:
         token_for: Callable[[Job], str] | None = None,
         on_exit: Callable[[str, int, str], None] | None = None,
         on_nodes: Callable[[list[str], list[str]], None] | None = None,
-        user_for: Callable[[Job], str | None] | None = None,
+        run_as: Callable[[Job], RunAs | None] | None = None,
+        env_for: Callable[[Job], dict[str, str]] | None = None,
         python: str = "",
-        job_env: dict[str, str] | None = None,
         poll_s: float = 0.5,
     ) -> None:
         self.dir = Path(state_dir) / "slurm"
         self.dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.dir, 0o755)  # each run's own folder below is its user's, 0700
+        os.chmod(self.dir, 0o711)  # traversable, not listable: each run's own folder below is its user's, 0700
         self.partition = partition
         self.url = url
         self.slurm = slurm or Slurm()
         self.token_for = token_for
         self.on_exit = on_exit
         self.on_nodes = on_nodes
-        self.user_for = user_for
+        self.run_as = run_as
+        self.env_for = env_for
         self.python = python or sys.executable
-        self.job_env = dict(job_env or {})
         self.poll_s = poll_s
         self.table = RunTable(store)
         self.instance = self.table.instance()
         self.runs: dict[str, SlurmRun] = {}
         self.nodes: dict[str, SlurmNode] = {}
         self.down: set[str] = set()  # nodes we reported down to the core
+        self._first_nodes = True
         self.view = View()
         self.failures: list[str] = []  # Slurm commands that failed (kept short): what /healthz may show
         self._unreleased: list[str] = []
@@ -382,16 +385,12 @@ class SlurmExecutor:
             run = self._current(job)
             if run is None or run.slurm_id < 0:
                 return
-            seen = self.view.jobs.get(run.slurm_id, {})
-            if not run.released or seen.get("job_state") in ("PENDING", "CONFIGURING") or not seen:
-                # Slurm has not started it (or our view has not seen it yet): a signal would be refused,
-                # so it is sent as soon as the job runs, and a job that never ran is simply cancelled
-                run.notified = sig
+            state = str(self.view.jobs.get(run.slurm_id, {}).get("job_state", ""))
+            if not run.released or state == "PENDING":
+                self._cancel(run)  # it never ran: nothing to checkpoint, and a signal would be refused
+            elif not self._signal(run, sig):
+                run.notified = sig  # not running yet (or slurmctld away): sent by the first pass that can
                 self.table.save(run)
-                if not run.released or seen.get("job_state") == "PENDING":
-                    self._cancel(run)
-                    return
-            self._signal(run, sig)
 
     def kill(self, job: Job) -> None:
         with self._lock:
@@ -490,10 +489,11 @@ class SlurmExecutor:
                     continue
                 state = str(j.get("job_state", ""))
                 if state in LIVE:
-                    if run.notified and state == "RUNNING":
-                        sig, run.notified = run.notified, ""
+                    if run.notified and state == "PENDING":
+                        self._cancel(run)
+                    elif run.notified and state == "RUNNING" and self._signal(run, run.notified):
+                        run.notified = ""
                         self.table.save(run)
-                        self._signal(run, sig)
                     continue
                 done.append((run, status_of(state, j.get("exit_code"), killed=run.killed)))
             self._cancel_strays(view)
@@ -515,13 +515,14 @@ class SlurmExecutor:
             return
         down, up = [], []
         with self._lock:
+            first, self._first_nodes = self._first_nodes, False
             for n in nodes:
                 self.nodes[n.name] = n
                 is_down = n.state in DOWN_NODE_STATES
-                if is_down and n.name not in self.down:
+                if is_down and (first or n.name not in self.down):
                     self.down.add(n.name)
                     down.append(n.name)
-                elif not is_down and n.name in self.down and "NOT_RESPONDING" not in n.flags:
+                elif not is_down and (first or n.name in self.down) and "NOT_RESPONDING" not in n.flags:
                     self.down.discard(n.name)
                     up.append(n.name)
         if (down or up) and self.on_nodes is not None:
@@ -534,41 +535,41 @@ class SlurmExecutor:
             raise ValueError(f"job id {job.id!r} is not a safe file name")
         if not job.command:
             raise ValueError(f"job {job.id!r}: command is empty")
-        user = (self.user_for(job) if self.user_for is not None else None) or ""
-        pw = pwd.getpwnam(user) if user else pwd.getpwuid(os.getuid())
+        who = self.run_as(job) if self.run_as is not None else None  # may refuse: the run fails, saying why
         run_dir = self.dir / f"{job.id}.{job.epoch}"
-        if run_dir.exists():
-            shutil.rmtree(run_dir)
+        if run_dir.is_symlink() or run_dir.exists():
+            shutil.rmtree(run_dir) if not run_dir.is_symlink() else run_dir.unlink()
         run_dir.mkdir(mode=0o700)
+        os.chmod(run_dir, 0o700)
         script = run_dir / "batch.sh"
         argv = [self.python, "-m", "goodput.sched.slurm_launch", "batch", "--", *job.command]
         script.write_text("#!/bin/sh\nexec " + shlex.join(argv) + "\n", encoding="utf-8")
+        token = run_dir / "token"
+        token.write_text(self.token_for(job) if self.token_for is not None else "", encoding="ascii")
         log_file = run_dir / "log"
         log_file.touch()
-        if user:
-            for p in (run_dir, log_file, script):
-                os.chown(p, pw.pw_uid, pw.pw_gid)
+        for p in (script, token, log_file):
+            os.chmod(p, 0o600)
+        if who is not None:
+            for p in (run_dir, log_file, script, token):
+                os.chown(p, who.uid, who.gid)
         gpn = job.gpus_per_node
         gpus = [self.nodes[n].gpus if n in self.nodes else gpn for n in nodes]
-        env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
-        env.update(self.job_env)
-        env.update(
-            {
-                ENV_JOB_ID: job.id,
-                ENV_EPOCH: str(job.epoch),
-                ENV_URL: self.url,
-                ENV_TOKEN: self.token_for(job) if self.token_for is not None else "",
-                ENV_CKPT_ROOT: job.ckpt_root,
-                ENV_RESUME: repr(float(resume_from_s)),
-                ENV_NODES: ",".join(nodes),
-                ENV_SLOTS: str(len(nodes) * gpn),
-                ENV_GPUS_PER_NODE: str(gpn),
-                ENV_STATUS_FILE: str(run_dir / "status.json"),
-                ENV_NODE_ADDRS: ",".join(f"{n}={self.nodes[n].addr}" for n in nodes if n in self.nodes),
-                "HOME": pw.pw_dir if os.path.isdir(pw.pw_dir) else str(run_dir),
-                "USER": pw.pw_name,
-            }
-        )
+        own = {
+            ENV_JOB_ID: job.id,
+            ENV_EPOCH: str(job.epoch),
+            ENV_URL: self.url,
+            ENV_TOKEN_FILE: str(token),
+            ENV_CKPT_ROOT: job.ckpt_root,
+            ENV_RESUME: repr(float(resume_from_s)),
+            ENV_NODES: ",".join(nodes),
+            ENV_SLOTS: str(len(nodes) * gpn),
+            ENV_GPUS_PER_NODE: str(gpn),
+            ENV_STATUS_FILE: str(run_dir / "status.json"),
+            ENV_NODE_ADDRS: ",".join(f"{n}={self.nodes[n].addr}" for n in nodes if n in self.nodes),
+        }
+        spec_env = self.env_for(job) if self.env_for is not None else {}
+        env = job_environment(dict(os.environ), spec_env, own, who)
         grace = max(1, int(job.ckpt.grace_s))
         cmd = [
             "sbatch", "--parsable", "--hold", f"--partition={self.partition}",
@@ -581,14 +582,15 @@ class SlurmExecutor:
             cmd.append(f"--gres=gpu:{gpn}")
         else:
             cmd.append("--exclusive")
-        if user:
-            cmd += [f"--uid={pw.pw_uid}", f"--gid={pw.pw_gid}"]
+        if who is not None:
+            cmd += [f"--uid={who.uid}", f"--gid={who.gid}"]
         cmd.append(str(script))
         out = self.slurm.run(cmd, env=self.slurm.env(env)).strip()
         m = re.match(r"^([0-9]+)", out)
         if m is None:
             raise SlurmError(f"sbatch answered {out!r}, not a job id")
-        run = SlurmRun(job.id, job.epoch, int(m.group(1)), list(nodes), pw.pw_name, str(run_dir), submitted=time.time())
+        user = who.user if who is not None else pwd.getpwuid(os.geteuid()).pw_name
+        run = SlurmRun(job.id, job.epoch, int(m.group(1)), list(nodes), user, str(run_dir), submitted=time.time())
         try:
             self.table.save(run)  # before it may run
         except Exception:
@@ -607,11 +609,14 @@ class SlurmExecutor:
         run.released = True
         self.table.save(run)
 
-    def _signal(self, run: SlurmRun, sig: str) -> None:
+    def _signal(self, run: SlurmRun, sig: str) -> bool:
+        """``sig`` to the run's batch step; False if Slurm refused (the core's deadline still kills it)."""
         try:
             self.slurm.run(["scancel", "--batch", f"--signal={sig}", str(run.slurm_id)])
         except SlurmError as e:
-            self._note(f"signal {sig} to {run.slurm_id}: {e}")  # the core's deadline kills it if it never left
+            self._note(f"signal {sig} to {run.slurm_id}: {e}")
+            return False
+        return True
 
     def _cancel(self, run: SlurmRun, *, save: bool = True) -> None:
         run.killed = True
@@ -702,12 +707,13 @@ def service_executor(
     poll_s: float = 0.5,
     slurm_conf: str = "",
     python: str = "",
-    job_env: dict[str, str] | None = None,
     allow_root_jobs: bool = False,
 ) -> tuple[list[Pool], list[Node], SlurmExecutor]:
     """The pools, nodes and executor of a live service over Slurm partition ``partition``
     (``goodput sched serve --executor slurm --partition P``); ``svc`` is the service being built
-    (its ``lock``, ``wake``, ``sched``, ``store``, ``state_dir`` and ``_job_token`` are used)."""
+    (its ``lock``, ``wake``, ``sched``, ``store``, ``state_dir``, ``users``, ``envs`` and ``_job_token``
+    are used). ``allow_root_jobs`` is the service's own setting, which its ``users`` map applies."""
+    del allow_root_jobs
     slurm = Slurm(conf=slurm_conf)
     pools, nodes, seen = discover(slurm, partition)
 
@@ -721,17 +727,11 @@ def service_executor(
             node_changes(svc.sched, down, up)
         svc.wake.set()
 
-    def user_for(job: Job) -> str | None:
-        users = getattr(svc, "users", None)  # the service's own tenant -> user map, where it has one
-        if users is None:
-            from .runas import UserMap, configured_from
+    def run_as(job: Job) -> RunAs | None:
+        return svc.users.for_tenant(job.tenant)  # the service's tenant -> Unix user map (goodput.sched.runas)
 
-            gov = getattr(getattr(svc, "sched", None), "governance", None)
-            named = {t: s.user for t, s in (getattr(gov, "tenants", None) or {}).items()} if gov else {}
-            stored = svc.store.tenant_users() if hasattr(svc.store, "tenant_users") else {}
-            users = UserMap(configured_from(named, stored), allow_root=allow_root_jobs)
-        ra = users.for_tenant(job.tenant)
-        return None if ra is None else ra.user
+    def env_for(job: Job) -> dict[str, str]:
+        return dict(getattr(svc, "envs", {}).get(job.id, {}))
 
     ex = SlurmExecutor(
         svc.state_dir,
@@ -742,9 +742,9 @@ def service_executor(
         token_for=svc._job_token,
         on_exit=on_exit,
         on_nodes=on_nodes,
-        user_for=user_for,
+        run_as=run_as,
+        env_for=env_for,
         python=python,
-        job_env=job_env,
         poll_s=poll_s,
     )
     ex.nodes.update(seen)

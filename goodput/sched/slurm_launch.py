@@ -79,6 +79,10 @@ def batch(cmd: list[str]) -> int:
 
     for sig in (signal.SIGUSR1, signal.SIGTERM):
         signal.signal(sig, forward)
+    root = os.environ.get("GOODPUT_CKPT_ROOT", "")
+    if root:  # made by the job's own user, as the local executor's supervisor does
+        with contextlib.suppress(OSError):
+            os.makedirs(root, exist_ok=True)
     addr = _addr()
     env = dict(os.environ)
     env["MASTER_ADDR"] = addr

@@ -19,7 +19,8 @@ def demo(
     part: str = typer.Option(
         "all",
         help="all | train (kill and resume) | reshard (4 ranks to 3 and 1) | sched (the scheduler) "
-        "| live (the live service preempts a real job and resumes it).",
+        "| live (the live service preempts a real job and resumes it) "
+        "| slurm (goodput drives a local Slurm cluster: a gang preempts two jobs).",
     ),
     mtbf: str = typer.Option("3.09h", help="Job MTBI for the recommended interval."),
     sched_live: bool = typer.Option(
@@ -37,6 +38,10 @@ def demo(
         from goodput.demo.sched import run_sched_demo
 
         raise typer.Exit(run_sched_demo(workdir or None))
+    if part == "slurm":
+        from goodput.demo.slurm import run_slurm_demo
+
+        raise typer.Exit(run_slurm_demo(workdir or None))
     if part == "live":
         from goodput.demo.live import run_live_demo
 

@@ -12,15 +12,16 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-SUBMITTED = "submitted"
-STARTED = "started"  # + pool, nodes (names), resume_from_s, epoch, gpus_per_node
-PREEMPT_REQUESTED = "preempt_requested"  # + victim_of, lost_s, deadline_s, checkpoint (bool), candidates
+SUBMITTED = "submitted"  # + tenant, priority, nodes, gpus_per_node, submit_s, limit_s
+STARTED = "started"  # + pool, nodes (names), resume_from_s, epoch, gpus_per_node, backfill (true when backfilled)
+# + reason, preemptor (job id or null), victim_of (kept), lost_s, deadline_s, checkpoint (bool), candidates
+PREEMPT_REQUESTED = "preempt_requested"
 CHECKPOINT_COMMITTED = "checkpoint_committed"  # + progress_s, epoch
 EXITED = "exited"  # + status ("finished" | "preempted" | "failed" | "killed" | "lost"), epoch
 RELEASED = "released"  # + nodes, gpus: the job's GPUs are free for others
 REQUEUED = "requeued"  # + reason (preempted | infrastructure | failure), resume_from_s
 FINISHED = "finished"
-FAILED = "failed"
+FAILED = "failed"  # + failures, reason (failure | time_limit | infrastructure)
 NODE_LOST = "node_lost"  # node events carry ``node`` instead of ``job``
 # beyond the contract's list, in the same shape (outside tools ignore what they do not know)
 CANCELLED = "cancelled"
@@ -28,6 +29,7 @@ COMMIT_REJECTED = "commit_rejected"  # + epoch, reason: a stale or foreign repor
 NODE_RECLAIM_NOTICE = "node_reclaim_notice"  # + deadline_s
 NODE_UP = "node_up"
 RESIZED = "resized"  # + nodes, gpus_per_node: a pending job's gang shape for its next run
+RESERVED = "reserved"  # + reserved_t, pool, nodes: the head's reservation, whenever it is set or moves
 
 CONTRACT = frozenset(
     {

@@ -39,6 +39,14 @@ class Health(str, Enum):
     LOST = "lost"  # gone; its GPUs count for nothing
 
 
+# why a running job is asked to leave (``preempt_requested``'s ``reason``); never a job id
+PREEMPT_REASONS = ("priority", "quota", "reclaim", "drain", "node_loss", "cancel", "time_limit")
+EVICTION_REASONS = frozenset({"priority", "quota"})  # what min_run_s and max_preemptions guard against
+INFRA_REASONS = frozenset({"drain", "node_loss"})  # requeued as an infrastructure loss
+# why a job ended ``failed`` (``failed``'s ``reason``)
+FAIL_REASONS = ("failure", "time_limit", "infrastructure")
+
+
 class RequeueReason(str, Enum):
     PREEMPTED = "preempted"
     INFRASTRUCTURE = "infrastructure"
@@ -101,7 +109,13 @@ class Job:
     placement: tuple[str, ...] = ()
     run_limit_s: float = 0.0  # the current run's declared hold: restart + remaining limit, at its start
     deadline_s: float = math.inf  # hard kill time while preempting
-    victim_of: str = ""  # who the preemption makes room for (job id, "reclaim", "node_loss", "cancel")
+    victim_of: str = ""  # the preemptor's id, else the reason word (kept for tools that read it)
+    preempt_reason: str = ""  # why the current preemption (one of PREEMPT_REASONS): never read from an id
+    preemptor: str = ""  # the job the current preemption makes room for ("" for none)
+    evictions: int = 0  # preemptions for priority or quota: what max_preemptions bounds
+    leave_crashes: int = 0  # non-zero exits while asked to leave: with infra_losses, the infrastructure budget
+    killed_at: float = -1.0  # when the current run's kill was sent (unkillable_s counts from it)
+    fail_reason: str = ""  # why it ended failed (one of FAIL_REASONS)
     ckpt_requested: bool = False  # the notice asked for a checkpoint of the current step
     end_s: float = -1.0
     # where the job will go once its victims are gone (pending only)
@@ -159,6 +173,23 @@ class Tenant:
     quota_gpus: int = 0  # 0: no cap on GPUs held at once
     usage_gpus: int = 0  # GPUs held now (running and draining)
     used_gpu_s: float = 0.0  # cumulative, for reports
+    decayed_gpu_s: float = 0.0  # GPU-seconds held, decayed with the usage half-life, as of decayed_at
+    decayed_at: float = 0.0
 
     def share(self) -> float:
         return self.usage_gpus / self.weight if self.weight > 0 else math.inf
+
+    def decayed(self, now: float, half_life_s: float) -> float:
+        """GPU-seconds held, each decayed by half every ``half_life_s`` (Slurm's multifactor usage),
+        the GPUs held since ``decayed_at`` included."""
+        dt = now - self.decayed_at
+        if dt <= 0:
+            return self.decayed_gpu_s
+        keep = 0.5 ** (dt / half_life_s)
+        return self.decayed_gpu_s * keep + self.usage_gpus * half_life_s / math.log(2.0) * (1.0 - keep)
+
+    def fold(self, now: float, half_life_s: float) -> None:
+        """Bring the decayed usage to ``now`` (before the GPUs held change)."""
+        if now > self.decayed_at:
+            self.decayed_gpu_s = self.decayed(now, half_life_s)
+            self.decayed_at = now

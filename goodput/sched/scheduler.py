@@ -31,7 +31,7 @@ from .capacity import Capacity
 from .eviction import EXACT_MAX, Candidate, VictimOrder, exact_fit, greedy_fit
 from .executor import Clock, Executor
 from .governance import Governance
-from .model import TERMINAL, Health, Job, JobState, Node, Pool, Tenant
+from .model import EVICTION_REASONS, INFRA_REASONS, TERMINAL, Health, Job, JobState, Node, Pool, Tenant
 from .placement import pools_for
 from .policy import Policy
 from .queue import Class, PendingQueue
@@ -81,6 +81,11 @@ class Scheduler:
         self.cap = Capacity(pools, nodes if nodes is not None else Capacity.build_nodes(pools))
         self.jobs: dict[str, Job] = {}
         self.tenants: dict[str, Tenant] = {t.name: t for t in tenants}
+        for spec in self.gov.tenants.values():  # the operator's word wins over a stored record
+            t = self.tenants.get(spec.name)
+            if t is None:
+                t = self.tenants[spec.name] = Tenant(spec.name)
+            t.weight, t.quota_gpus = spec.weight, spec.quota_gpus or 0
         self.queue = PendingQueue()
         self.log = log if log is not None else ev.EventLog()
         self.store = store
@@ -100,6 +105,10 @@ class Scheduler:
         self._touched_tenants: set[str] = set()
         self._unflushed: list[dict[str, Any]] = []
         self.reservation: Reservation | None = None
+        # the head's reservation binds every pass until the head starts (or a higher-priority head
+        # takes its place): the next pass begins with it, before any other job is looked at
+        self._head_res: Reservation | None = None
+        self._pass_res: Reservation | None = None  # the reservation in force during this pass
         self.passes = 0
         self.terminal = 0  # jobs finished, failed or cancelled
         # a preemption that failed short of d nodes stays failed until at least d node-releases
@@ -176,6 +185,14 @@ class Scheduler:
             "health_gen": self._health_gen,
             "freed": self._freed,
             "reservation_cache": cache,
+            "head_reservation": None
+            if self._head_res is None
+            else {
+                "job": self._head_res.job,
+                "pool": self._head_res.pool,
+                "t": self._head_res.t,
+                "nodes": sorted(self._head_res.nodes, key=self.cap.index.__getitem__),
+            },
         }
 
     def _load_meta(self, meta: dict[str, Any]) -> None:
@@ -185,6 +202,11 @@ class Scheduler:
         for pool, n in (meta.get("freed") or {}).items():
             if pool in self._freed:
                 self._freed[pool] = int(n)
+        head = meta.get("head_reservation")
+        if isinstance(head, dict) and head.get("pool") in self.cap.pools:
+            names = [n for n in head.get("nodes", ()) if n in self.cap.nodes]
+            self._head_res = Reservation(str(head["job"]), head["pool"], float(head["t"]), frozenset(names))
+            self.reservation = self._head_res
         cache = meta.get("reservation_cache")
         if isinstance(cache, dict):
             r = cache.get("reservation")
@@ -245,6 +267,10 @@ class Scheduler:
                 s._index_run(job)
                 if job.state is JobState.PREEMPTING and math.isfinite(job.deadline_s):
                     s._timer(job.deadline_s, "deadline", job)
+                if job.state is JobState.RUNNING and job.limit_s > 0:
+                    s._timer(job.started_s + job.run_limit_s + s.gov.limits.over_time_limit_s, "limit", job)
+                if job.state is JobState.PREEMPTING and job.substate == "killed" and job.killed_at >= 0:
+                    s._timer(job.killed_at + s.gov.limits.unkillable_s, "unkillable", job)
         s._dirty = bool(snap.meta.get("dirty", True))  # as persisted: re-queuing the jobs above marked it
         return s
 
@@ -272,8 +298,21 @@ class Scheduler:
             # nothing runs below the lowest priority: a search there never happens
             self.cap.set_thresholds(sorted(self._priorities)[1:])
 
+    def _hold(self, job: Job) -> float:
+        """The longest this job's next run may hold its GPUs: its declared limit (restart plus the
+        work left), then ``over_time_limit_s`` and its grace before the time limit's kill. What a
+        reservation and backfill reckon with, so that a backfilled job can never delay a head.
+        With time limits not enforced (``over_time_limit_s`` infinite) the declaration alone."""
+        return job.backfill_limit() + self._margin(job)
+
+    def _margin(self, job: Job) -> float:
+        lim = self.gov.limits
+        if not math.isfinite(lim.over_time_limit_s) or job.limit_s <= 0:
+            return 0.0
+        return lim.over_time_limit_s + min(job.ckpt.grace_s, lim.max_grace_s)
+
     def _enqueue(self, job: Job) -> None:
-        limit = job.backfill_limit()
+        limit = self._hold(job)
         self.queue.push(job.id, job.priority, job.tenant, self._classes[job.id], job.submit_s, job.seq, limit)
         self._dirty = True
 
@@ -284,13 +323,47 @@ class Scheduler:
             self._running[job.pool].setdefault(job.priority, {})[job.id] = None
             if not evictable_counted:
                 self.cap.add_evictable(job.placement, job.priority, job.gpus_per_node)
-            self._order_add(job)
+            if self._victim_ok(job, self.clock.now()):
+                self._order_add(job)
+            elif job.evictions < self.gov.limits.max_preemptions:
+                self._timer(job.started_s + self.gov.limits.min_run_s, "mature", job)
             held = self._held[job.pool]
             held[job.priority] = held.get(job.priority, 0) + job.gpus
-            end = job.started_s + job.run_limit_s
+            end = job.started_s + job.run_limit_s + self._margin(job)
         else:
             end = job.deadline_s if math.isfinite(job.deadline_s) else self.clock.now() + STOP_S
         self._set_end(job, end)
+
+    def _victim_ok(self, job: Job, now: float) -> bool:
+        """May a priority or quota preemption take this running job? Not before it has run
+        ``min_run_s`` in this run, and never once it was evicted ``max_preemptions`` times."""
+        lim = self.gov.limits
+        return job.evictions < lim.max_preemptions and now - job.started_s >= lim.min_run_s
+
+    def _mature(self, job: Job) -> None:
+        """A run reached ``min_run_s``: from now on a victim search may draw it."""
+        if job.id in self._order or not self._victim_ok(job, self.clock.now()):
+            return
+        self._order_add(job)
+        # a search that failed before may succeed now: count its nodes as releases for the memo
+        self._unheld[job.pool] += len(job.placement)
+        self._mutations += 1
+        if len(self.queue):
+            self._dirty = True
+
+    def _time_limit(self, job: Job, now: float) -> None:
+        """The run reached its time limit plus ``over_time_limit_s``: asked to checkpoint (when the
+        write fits its grace) and stop, killed at the grace's end; gone, it fails with reason
+        ``time_limit``."""
+        if job.limit_s <= 0 or now < job.started_s + job.run_limit_s + self.gov.limits.over_time_limit_s:
+            return
+        grace = min(job.ckpt.grace_s, self.gov.limits.max_grace_s)
+        ask = self.policy.ask_checkpoint and job.ckpt.fits_grace(grace)
+        self._preempt(job, "time_limit", "", now + grace, checkpoint=ask, candidates=None)
+        self._dirty = True
+
+    def _seq_of(self, job_id: str) -> int:
+        return self.jobs[job_id].seq
 
     def _unindex_candidate(self, job: Job) -> None:
         level = self._running[job.pool].get(job.priority)
@@ -317,7 +390,8 @@ class Scheduler:
     def _tenant(self, name: str) -> Tenant:
         t = self.tenants.get(name)
         if t is None:
-            t = self.tenants[name] = Tenant(name)
+            spec = self.gov.tenant(name)
+            t = self.tenants[name] = Tenant(name, weight=spec.weight, quota_gpus=spec.quota_gpus or 0)
             self._touched_tenants.add(name)
         return t
 
@@ -358,6 +432,7 @@ class Scheduler:
             nodes=job.nodes,
             gpus_per_node=job.gpus_per_node,
             submit_s=job.submit_s,
+            limit_s=job.limit_s,
         )
         if job.eligible_s > self.clock.now():
             job.substate = "backoff"
@@ -416,36 +491,64 @@ class Scheduler:
             self._move(job, "finish")
             self._emit(ev.FINISHED, job=job_id)
         elif was is JobState.PREEMPTING:
-            if job.victim_of == "cancel":
-                self._move(job, "gone_cancelled")
-                self._emit(ev.CANCELLED, job=job_id)
-            else:
-                self._move(job, "gone", "queued")
-                infra = job.victim_of == "node_loss"
-                if infra:
-                    job.infra_losses += 1
-                else:
-                    job.preemptions += 1
-                self._requeue(job, "infrastructure" if infra else "preempted")
+            self._gone(job, crashed=status == "failed")
         elif status == "preempted":
             self._move(job, "left", "queued")
             job.preemptions += 1
             self._requeue(job, "preempted")
         elif status == "lost":
-            self._move(job, "lost", "queued")
             job.infra_losses += 1
-            self._requeue(job, "infrastructure")
+            self._infra_requeue(job, "lost")
         else:
             job.failures += 1
             if job.failures > job.retry.max_failures:
-                self._move(job, "fail_final")
-                self._emit(ev.FAILED, job=job_id, failures=job.failures)
+                self._fail(job, "fail_final", "failure")
             else:
                 self._move(job, "fail_retry", "backoff")
                 job.eligible_s = now + job.retry.delay(job.failures)
                 self._requeue(job, "failure")
         self._touch(job)
         self._flush()
+
+    def _gone(self, job: Job, *, crashed: bool) -> None:
+        """A job asked to leave is gone (its GPUs released already): where it goes depends only on
+        why it was asked (``preempt_reason``), never on who asked."""
+        reason = job.preempt_reason
+        if reason == "cancel":
+            self._move(job, "gone_cancelled")
+            self._emit(ev.CANCELLED, job=job.id)
+        elif reason == "time_limit":
+            self._fail(job, "timeout", "time_limit")
+        elif reason in INFRA_REASONS:
+            job.infra_losses += 1
+            self._infra_requeue(job, "gone")
+        else:
+            job.preemptions += 1
+            if crashed:  # a crash while leaving: requeued behind a backoff, on the infrastructure budget
+                job.leave_crashes += 1
+                self._infra_requeue(job, "gone", requeue_reason="preempted")
+            else:
+                self._move(job, "gone", "queued")
+                self._requeue(job, "preempted")
+
+    def _infra_requeue(self, job: Job, trigger: str, requeue_reason: str = "infrastructure") -> None:
+        """Requeue after an infrastructure loss (or a crash while leaving) behind a backoff, or fail
+        the job once its own budget, ``max_infra_losses``, is spent."""
+        lim = self.gov.limits
+        n = job.infra_losses + job.leave_crashes
+        if n > lim.max_infra_losses:
+            self._fail(job, "infra_final", "infrastructure")
+            return
+        self._move(job, trigger, "backoff")
+        job.eligible_s = self.clock.now() + lim.infra_delay(n)
+        self._requeue(job, requeue_reason)
+
+    def _fail(self, job: Job, trigger: str, reason: str) -> None:
+        self._move(job, trigger)
+        job.fail_reason = reason
+        job.deadline_s = math.inf
+        job.placement = ()
+        self._emit(ev.FAILED, job=job.id, failures=job.failures, reason=reason)
 
     def _move(self, job: Job, trigger: str, substate: str = "") -> None:
         apply(job, trigger, substate)
@@ -455,6 +558,9 @@ class Scheduler:
     def _requeue(self, job: Job, reason: str) -> None:
         job.deadline_s = math.inf
         job.victim_of = ""
+        job.preempt_reason = ""
+        job.preemptor = ""
+        job.killed_at = -1.0
         job.ckpt_requested = False
         job.placement = ()
         self._emit(ev.REQUEUED, job=job.id, reason=reason, resume_from_s=job.committed_s)
@@ -462,6 +568,7 @@ class Scheduler:
             job.substate = "backoff"
             self._timer(job.eligible_s, "eligible", job)
         else:
+            job.substate = "queued"
             self._enqueue(job)
 
     def node_lost(self, names: Iterable[str]) -> None:
@@ -475,19 +582,24 @@ class Scheduler:
             self._touched_nodes.add(name)
             self._emit(ev.NODE_LOST, node=name)
             self._drop_claims_on(name)
-            for jid in sorted(node.alloc):
+            for jid in sorted(node.alloc, key=self._seq_of):
                 job = self.jobs[jid]
                 if job.state is JobState.RUNNING:
-                    self._preempt(job, "node_loss", self.clock.now(), checkpoint=False, candidates=None)
+                    self._preempt(job, "node_loss", "", self.clock.now(), checkpoint=False, candidates=None)
                 if job.state is JobState.PREEMPTING and job.substate != "killed":
-                    if job.victim_of not in ("cancel",):
+                    if job.preempt_reason not in ("cancel", "time_limit"):
+                        job.preempt_reason = "node_loss"
                         job.victim_of = "node_loss"
                     self._kill(job)
         self._dirty = True
         self._flush()
 
     def reclaim_notice(self, names: Iterable[str], deadline_s: float, *, why: str = "reclaim") -> None:
-        """Nodes will go at ``deadline_s`` (a spot reclaim, or a drain with ``why="node_loss"``)."""
+        """Nodes will go at ``deadline_s``: a spot reclaim (``why="reclaim"``) or a drain (``"drain"``;
+        ``"node_loss"``, a node announced to die, is a drain too)."""
+        if why not in ("reclaim", "drain", "node_loss"):
+            raise SchedulerError(f"unknown reason {why!r} for a reclaim notice (reclaim, drain)")
+        reason = "reclaim" if why == "reclaim" else "drain"
         now = self.clock.now()
         for name in names:
             node = self._node(name)
@@ -498,11 +610,11 @@ class Scheduler:
             self._touched_nodes.add(name)
             self._emit(ev.NODE_RECLAIM_NOTICE, node=name, deadline_s=deadline_s)
             self._drop_claims_on(name)
-            for jid in sorted(node.alloc):
+            for jid in sorted(node.alloc, key=self._seq_of):
                 job = self.jobs[jid]
                 if job.state is JobState.RUNNING:
                     ask = self.policy.ask_checkpoint and job.ckpt.fits_grace(deadline_s - now)
-                    self._preempt(job, why, deadline_s, checkpoint=ask, candidates=None)
+                    self._preempt(job, reason, "", deadline_s, checkpoint=ask, candidates=None)
                 elif job.state is JobState.PREEMPTING and deadline_s < job.deadline_s:
                     job.deadline_s = deadline_s
                     self._set_end(job, deadline_s)
@@ -570,9 +682,10 @@ class Scheduler:
             self._emit(ev.CANCELLED, job=job.id)
             self._dirty = True  # its claim or the reservation it was the head of may have held others off
         elif job.state is JobState.RUNNING:
-            self._preempt(job, "cancel", self.clock.now() + job.ckpt.grace_s, checkpoint=False, candidates=None)
+            self._preempt(job, "cancel", "", self.clock.now() + job.ckpt.grace_s, checkpoint=False, candidates=None)
         else:
             job.victim_of = "cancel"
+            job.preempt_reason = "cancel"
         self._dirty = True  # a leaving or vanished job can change a reservation, a claim or a victim search
         self._touch(job)
         self._flush()
@@ -588,6 +701,17 @@ class Scheduler:
             if kind == "deadline" and job.state is JobState.PREEMPTING and job.substate != "killed":
                 if job.deadline_s <= now:
                     self._kill(job)
+            elif kind == "limit" and job.state is JobState.RUNNING:
+                self._time_limit(job, now)
+            elif kind == "mature" and job.state is JobState.RUNNING:
+                self._mature(job)
+            elif (
+                kind == "unkillable"
+                and job.state is JobState.PREEMPTING
+                and job.substate == "killed"
+                and job.killed_at + self.gov.limits.unkillable_s <= now
+            ):
+                self._unkillable(job)
             elif (
                 kind == "eligible"
                 and job.state is JobState.PENDING
@@ -609,6 +733,8 @@ class Scheduler:
                 and (
                     (kind == "deadline" and job.state is JobState.PREEMPTING and job.substate != "killed")
                     or (kind == "eligible" and job.state is JobState.PENDING and job.substate == "backoff")
+                    or (kind in ("limit", "mature") and job.state is JobState.RUNNING)
+                    or (kind == "unkillable" and job.state is JobState.PREEMPTING and job.substate == "killed")
                 )
             )
             if live:
@@ -640,6 +766,8 @@ class Scheduler:
         # for the rest of the pass (nothing in a pass frees GPUs for a job that failed to place)
         held_off_classes: set[tuple[int, Class]] = set()
         reservation: Reservation | None = None
+        self._pass_res = None
+        head = self._held_head()
         halted = False
         pools = list(self.cap.pools)
         for prio in self.queue.priorities():
@@ -649,16 +777,29 @@ class Scheduler:
                 self.policy.preemption and any(g for p in pools for q, g in self._held[p].items() if q < prio)
             ):
                 break  # nothing is free and nothing below can be evicted: no job here or below can start
+            if head is not None and reservation is None and prio <= head.priority:
+                # the held head goes first at its level: no job of its priority, whatever its tenant
+                # or its name, is looked at before the reservation is in force again
+                hcls = self._classes[head.id]
+                if self._try_place(head, hcls, None, now):
+                    started += 1
+                elif self.policy.preemption and self._preempt_for(head, hcls, now, None):
+                    started += head.state is JobState.RUNNING
+                else:
+                    reservation = self._reserve(head, hcls, now)
+                    self._set_pass_reservation(reservation)
+                    blocked.add(hcls)
+                    if not self.policy.backfill:
+                        halted = True
+                        break
+                head = None
             level = self.queue.tenants(prio)
             open_heads: dict[str, list[tuple[tuple[float, int, str], Class]]] = {}
-            heap = [(self.tenants[t].share(), t) for t in level]
+            shares = self._shares(level, now)
+            heap = [(shares[t], self._tenant_first(t, prio, level), t) for t in level]
             heapq.heapify(heap)
             while heap and not halted:
-                share, tn = heapq.heappop(heap)
-                tenant = self.tenants[tn]
-                if share != tenant.share():
-                    heapq.heappush(heap, (tenant.share(), tn))
-                    continue
+                share, _, tn = heapq.heappop(heap)  # shares hold still within a pass (usage is history)
                 # the tenant's open classes, by their heads' queue order: built once per level
                 heads = open_heads.get(tn)
                 if heads is None:
@@ -694,15 +835,11 @@ class Scheduler:
                     continue
                 (_, _, jid), cls = best
                 job = self.jobs[jid]
-                if tenant.quota_gpus and tenant.usage_gpus + job.gpus > tenant.quota_gpus:
-                    quota_blocked.add((tn, cls))
-                    heapq.heappush(heap, (tenant.share(), tn))
-                    continue
                 # placing and evicting already failed for the class at this priority in this pass
                 again = (
                     reservation is not None
                     and long_failed.get((prio, cls)) == self._mutations
-                    and now + job.backfill_limit() > reservation.t
+                    and now + self._hold(job) > reservation.t
                 )
                 if not again and self._try_place(job, cls, reservation, now):
                     started += 1
@@ -711,17 +848,14 @@ class Scheduler:
                         started += job.state is JobState.RUNNING
                     else:
                         reservation = self._reserve(job, cls, now)
-                        if reservation is not None:
-                            self.cap.watch(reservation.nodes)
-                            if self.on_reservation is not None:
-                                self.on_reservation(reservation)
+                        self._set_pass_reservation(reservation)
                         blocked.add(cls)
                         if not self.policy.backfill:
                             halted = True
                 else:
                     if not again and self.policy.preemption and self._preempt_for(job, cls, now, reservation):
                         started += job.state is JobState.RUNNING
-                    elif reservation.pool not in cls[2] or now + job.backfill_limit() <= reservation.t:
+                    elif reservation.pool not in cls[2] or now + self._hold(job) <= reservation.t:
                         blocked.add(cls)  # nothing was held off the reservation for it: it fits nowhere
                     else:
                         # every job of the class at this priority that runs past the reserved start
@@ -737,15 +871,70 @@ class Scheduler:
                             shortest = self.queue.class_shortest(prio, cls)
                             if shortest is None or now + shortest > reservation.t:
                                 held_off_classes.add((prio, cls))  # no tenant's is short enough
-                heapq.heappush(heap, (tenant.share(), tn))
-        self.reservation = reservation
+                if heads:  # the tenant's next job in queue order decides its place among equal shares
+                    (h_submit, h_seq, _), _ = heads[0]
+                    heapq.heappush(heap, (share, (h_submit, h_seq), tn))
+        self._note_reservation(reservation)
         self._flush()
         return started
+
+    def _held_head(self) -> Job | None:
+        """The head whose reservation the last pass made, if it still waits in the queue."""
+        r = self._head_res
+        if r is None:
+            return None
+        job = self.jobs.get(r.job)
+        if job is None or job.state is not JobState.PENDING or job.id not in self.queue:
+            return None
+        return job
+
+    def _set_pass_reservation(self, r: Reservation | None) -> None:
+        self._pass_res = r
+        if r is not None:
+            self.cap.watch(r.nodes)
+            if self.on_reservation is not None:
+                self.on_reservation(r)
+
+    def _note_reservation(self, r: Reservation | None) -> None:
+        """Keep the pass's reservation for the next passes; log it whenever it is set or moves."""
+        old = self._head_res
+        self.reservation = r
+        self._head_res = r
+        self._pass_res = None
+        if r is not None and (old is None or old.job != r.job or old.t != r.t or old.nodes != r.nodes):
+            self._emit(
+                ev.RESERVED,
+                job=r.job,
+                reserved_t=r.t,
+                pool=r.pool,
+                nodes=sorted(r.nodes, key=self.cap.index.__getitem__),
+            )
+
+    def _tenant_first(self, tn: str, prio: int, level: dict[str, set[Class]]) -> tuple[float, int]:
+        """The tenant's earliest queued job at this priority (original submit time, submission
+        order): what breaks a fair-share tie, never the tenant's name."""
+        best = (math.inf, 0)
+        for cls in level.get(tn, ()):
+            h = self.queue.head((prio, tn, cls))
+            if h is not None and (h[0], h[1]) < best:
+                best = (h[0], h[1])
+        return best
+
+    def _shares(self, level: dict[str, set[Class]], now: float) -> dict[str, float]:
+        """Fair share at one priority: each tenant's usage decayed with ``usage_half_life_s``
+        (Slurm's multifactor), divided by its weight; lower goes first."""
+        half = self.gov.limits.usage_half_life_s
+        out: dict[str, float] = {}
+        for tn in level:
+            t = self.tenants[tn]
+            w = t.weight
+            out[tn] = t.decayed(now, half) / w if w > 0 else math.inf
+        return out
 
     def _try_place(self, job: Job, cls: Class, reservation: Reservation | None, now: float) -> bool:
         for pool in cls[2]:
             exclude: frozenset[str] = frozenset()
-            if reservation is not None and reservation.pool == pool and now + job.backfill_limit() > reservation.t:
+            if reservation is not None and reservation.pool == pool and now + self._hold(job) > reservation.t:
                 exclude = reservation.nodes
                 # how many nodes fit outside the reservation, counted once per start in a pass
                 key = (pool, job.gpus_per_node, reservation)
@@ -756,7 +945,7 @@ class Scheduler:
                     continue
             nodes = self.cap.find(pool, job.nodes, job.gpus_per_node, exclude)
             if nodes is not None:
-                self._start(job, pool, nodes)
+                self._start(job, pool, nodes, backfill=reservation is not None)
                 return True
         return False
 
@@ -771,18 +960,20 @@ class Scheduler:
         for pool in cls[2]:
             nodes = self.cap.find(pool, job.nodes, job.gpus_per_node)
             if nodes is not None:
-                self._start(job, pool, nodes)
+                self._start(job, pool, nodes, backfill=True)
                 return 1
         return -1  # short enough, but no room anywhere
 
-    def _start(self, job: Job, pool: str, nodes: tuple[str, ...]) -> None:
+    def _start(self, job: Job, pool: str, nodes: tuple[str, ...], *, backfill: bool = False) -> None:
+        """Bind the gang and start it; ``backfill``: it starts while a head's reservation is in
+        force (around it, or done before its time), which its ``started`` record says."""
         now = self.clock.now()
         self._starts += 1
         self._mutations += 1
         self.queue.remove(job.id)
         limit = job.backfill_limit()
         held = self._reservation_cache[1] if self._reservation_cache is not None else None
-        if held is not None and now + limit > held.t and not held.nodes.isdisjoint(nodes):
+        if held is not None and now + limit + self._margin(job) > held.t and not held.nodes.isdisjoint(nodes):
             self._reservation_cache = None  # it did not go around the reservation: that one no longer holds
         self._move(job, "start", "running")
         job.epoch += 1
@@ -796,10 +987,14 @@ class Scheduler:
         self.cap.bind(job.id, nodes, job.gpus_per_node, evictable_priority=job.priority)
         self._touched_nodes.update(nodes)
         tenant = self._tenant(job.tenant)
+        tenant.fold(now, self.gov.limits.usage_half_life_s)
         tenant.usage_gpus += job.gpus
         self._touched_tenants.add(tenant.name)
         self._index_run(job, evictable_counted=True)
+        if job.limit_s > 0:
+            self._timer(now + limit + self.gov.limits.over_time_limit_s, "limit", job)
         self._touch(job)
+        extra: dict[str, Any] = {"backfill": True} if backfill else {}
         self._emit(
             ev.STARTED,
             job=job.id,
@@ -808,6 +1003,7 @@ class Scheduler:
             nodes=list(nodes),
             gpus_per_node=job.gpus_per_node,
             resume_from_s=job.committed_s,
+            **extra,
         )
         self.executor.start(job, nodes, job.committed_s)
 
@@ -823,11 +1019,12 @@ class Scheduler:
                 node.draining = max(0, node.draining - job.gpus_per_node)
         self.cap.unbind(job.id, job.placement)
         self._freed[job.pool] += len(job.placement)
-        if job.state is JobState.RUNNING and not self._unevictable(job):
+        if job.state is JobState.RUNNING and not self._unevictable(job) and self._victim_ok(job, self.clock.now()):
             low = self._freed_evictable[job.pool]
             low[job.priority] = low.get(job.priority, 0) + len(job.placement)
         self._touched_nodes.update(job.placement)
         tenant = self._tenant(job.tenant)
+        tenant.fold(self.clock.now(), self.gov.limits.usage_half_life_s)
         tenant.usage_gpus -= job.gpus
         tenant.used_gpu_s += job.gpus * max(0.0, self.clock.now() - job.started_s)
         self._touched_tenants.add(tenant.name)
@@ -835,7 +1032,7 @@ class Scheduler:
         job.placement = ()
         self._touch(job)
         self._dirty = True
-        claimant = self.jobs.get(job.victim_of)
+        claimant = self.jobs.get(job.preemptor) if job.preemptor else None
         if claimant is not None and claimant.id in self._claimants:
             self._try_claim(claimant)
 
@@ -918,6 +1115,7 @@ class Scheduler:
             self._dirty = True  # the search is only put off: the next pass must come
             return False
         prio = job.priority
+        reason = "priority"
         for pool in cls[2]:
             below = self._pass_below.get((pool, prio))
             if below is None:
@@ -976,7 +1174,9 @@ class Scheduler:
             self.queue.remove(job.id)
             if self.policy.release == "decision":
                 for c in victims:
-                    self._preempt(self.jobs[c.job], job.id, now + self.jobs[c.job].ckpt.grace_s, c.checkpoint, logged)
+                    self._preempt(
+                        self.jobs[c.job], reason, job.id, now + self.jobs[c.job].ckpt.grace_s, c.checkpoint, logged
+                    )
                     self._release(self.jobs[c.job])
                 self._start(job, pool, tuple(sorted(target, key=self.cap.index.__getitem__)))
                 return True
@@ -989,7 +1189,9 @@ class Scheduler:
             self._claimants[job.id] = None
             self._touch(job)
             for c in victims:
-                self._preempt(self.jobs[c.job], job.id, now + self.jobs[c.job].ckpt.grace_s, c.checkpoint, logged)
+                self._preempt(
+                    self.jobs[c.job], reason, job.id, now + self.jobs[c.job].ckpt.grace_s, c.checkpoint, logged
+                )
             self._try_claim(job)
             return True
         return False
@@ -1067,8 +1269,11 @@ class Scheduler:
             return victims, free, seen, reach
         return None, free, seen, reach
 
-    def _preempt(self, job: Job, victim_of: str, deadline_s: float, checkpoint: bool, candidates) -> None:
+    def _preempt(self, job: Job, reason: str, preemptor: str, deadline_s: float, checkpoint: bool, candidates) -> None:
+        """Ask a running job to leave by ``deadline_s``; ``reason`` says why (never a job id) and
+        ``preemptor`` which job it makes room for ('' for none)."""
         now = self.clock.now()
+        victim_of = preemptor or reason
         lost = self._sunk_restart(job, now) if checkpoint else self._uncommitted(job, now)
         self._mutations += 1
         self._unindex_candidate(job)
@@ -1076,6 +1281,10 @@ class Scheduler:
         self._health_gen += 1  # its declared end becomes its deadline: a cached reservation may move
         job.deadline_s = deadline_s
         job.victim_of = victim_of
+        job.preempt_reason = reason
+        job.preemptor = preemptor
+        if reason in EVICTION_REASONS:
+            job.evictions += 1
         job.ckpt_requested = checkpoint
         for name in job.placement:
             self.cap.nodes[name].draining += job.gpus_per_node
@@ -1090,6 +1299,8 @@ class Scheduler:
             job=job.id,
             epoch=job.epoch,
             victim_of=victim_of,
+            reason=reason,
+            preemptor=preemptor or None,
             lost_s=lost,
             deadline_s=deadline_s,
             checkpoint=checkpoint,
@@ -1100,8 +1311,31 @@ class Scheduler:
 
     def _kill(self, job: Job) -> None:
         job.substate = "killed"
+        job.killed_at = self.clock.now()
         self._touch(job)
+        self._timer(job.killed_at + self.gov.limits.unkillable_s, "unkillable", job)
         self.executor.kill(job)
+
+    def _unkillable(self, job: Job) -> None:
+        """A kill whose exit never came (a hung process, an unreachable host): its nodes are taken
+        out as Slurm drains a node on UnkillableStepTimeout, and the job is released and goes on as
+        an infrastructure loss (a cancelled one ends cancelled, one at its time limit failed)."""
+        names = [n for n in job.placement if self.cap.nodes[n].health is not Health.LOST]
+        self._emit(ev.EXITED, job=job.id, epoch=job.epoch, status="lost", reason="unkillable")
+        self._unindex_candidate(job)
+        if names:
+            self.node_lost(names)  # other jobs there are killed too: their nodes are gone
+        self._release(job)
+        job.end_s = self.clock.now()
+        if job.preempt_reason == "cancel":
+            self._move(job, "gone_cancelled")
+            self._emit(ev.CANCELLED, job=job.id)
+        elif job.preempt_reason == "time_limit":
+            self._fail(job, "timeout", "time_limit")
+        else:
+            job.infra_losses += 1
+            self._infra_requeue(job, "unkillable")
+        self._touch(job)
 
     def _try_claim(self, job: Job) -> int:
         """Start a claimant once every node it claimed has room (its victims are gone)."""

@@ -191,7 +191,9 @@ class World:
         if run is None or run.exited or run.epoch != job.epoch or run.stop_t >= 0:
             return
         now = self.clock.now()
-        run.cause = {"node_loss": "infra", "cancel": "cancel"}.get(job.victim_of, "preempt")
+        run.cause = {"node_loss": "infra", "drain": "infra", "cancel": "cancel", "time_limit": "failure"}.get(
+            job.preempt_reason, "preempt"
+        )
         run.stop_t = now
         run.token += 1
         p = run.progress_at(now)
@@ -207,7 +209,7 @@ class World:
             return
         now = self.clock.now()
         if not run.cause:
-            run.cause = "infra" if job.victim_of == "node_loss" else "failure"
+            run.cause = "infra" if job.preempt_reason in ("node_loss", "drain") else "failure"
         if run.stop_t < 0:
             run.stop_t = now
         run.token += 1
@@ -295,7 +297,7 @@ class World:
                 woken.update(w)
         self._charge(run, now, status)
         self.sched.report_exit(run.job, run.epoch, status)
-        for jid in sorted(woken):
+        for jid in sorted(woken, key=self._seq_of):
             other = self.runs.get(jid)
             if other is None or other.exited or other.avail_t >= 0:
                 continue
@@ -330,6 +332,10 @@ class World:
             acct.spot_gpu_s = held_h * 3600.0
         self.ledger.charge(run.job, run.tenant, acct)
 
+    def _seq_of(self, job_id: str) -> int:
+        """Submission order: what orders jobs in the world, so that nothing depends on their ids."""
+        return self.specs[job_id].seq
+
     def _pick(self, ev: ClusterEvent) -> list[str]:
         names = [n for n in self.cluster.node_names(ev.pool) if self.alive[n]]
         if not names:
@@ -346,7 +352,7 @@ class World:
         if not names:
             return
         if ev.kind == "job_failure":
-            victims = sorted(self.on_node[names[0]])
+            victims = sorted(self.on_node[names[0]], key=self._seq_of)
             if victims:
                 run = self.runs[victims[0]]
                 if not run.exited:
@@ -368,7 +374,7 @@ class World:
         for n in gone:
             self.alive[n] = False
             self.alive_gpus -= self.capacity[n]
-            for jid in sorted(self.on_node[n]):
+            for jid in sorted(self.on_node[n], key=self._seq_of):
                 run = self.runs[jid]
                 if not run.exited:
                     run.cause = "infra" if run.cause in ("", "failure") else run.cause
@@ -441,7 +447,7 @@ def _simulate(
     cycle_s: float,
     t0: float,
 ) -> SimResult:
-    jobs = sorted((fresh(j) for j in jobs), key=lambda j: (j.submit_s, j.seq, j.id))
+    jobs = sorted((fresh(j) for j in jobs), key=lambda j: (j.submit_s, j.seq))  # stable: ties keep input order
     world = World(cluster, jobs)
     log = EventLog()
     sched = Scheduler(

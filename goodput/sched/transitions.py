@@ -46,7 +46,8 @@ EDGES: tuple[Edge, ...] = (
         R,
         "preempt",
         X,
-        "asked to leave (priority, reclaim, drain, cancel): its GPUs stay bound and draining until it is gone",
+        "asked to leave (priority, quota, reclaim, drain, node_loss, cancel, time_limit): its GPUs stay bound "
+        "and draining until it is gone",
     ),
     Edge(
         R,
@@ -60,14 +61,16 @@ EDGES: tuple[Edge, ...] = (
         "lost",
         P,
         "its processes vanished with no exit status and no kill of ours (their host or container went): "
-        "released now that they are gone, requeued as an infrastructure loss, the retry budget untouched",
+        "released now that they are gone, requeued as an infrastructure loss behind a backoff (its own budget, "
+        "max_infra_losses), the retry budget untouched",
     ),
     Edge(
         X,
         "gone",
         P,
         "observed gone (any exit but 0, or killed at its deadline): only now are its GPUs released; "
-        "requeued with its original submit time; a non-zero exit here is the leaving, never a failure",
+        "requeued with its original submit time; a non-zero exit here is the leaving, never a failure "
+        "(after a node loss, a drain or a crash while leaving: behind a backoff, on the infrastructure budget)",
     ),
     Edge(
         X,
@@ -82,6 +85,33 @@ EDGES: tuple[Edge, ...] = (
         "it finished its work while being asked to leave: done, not preempted",
     ),
     Edge(P, "cancel", C, "cancelled while queued: nothing to release"),
+    Edge(
+        X,
+        "timeout",
+        FAIL,
+        "stopped at its time limit (limit_s + over_time_limit_s, then its grace) and observed gone: failed "
+        "with reason time_limit (Slurm's TIMEOUT), its committed checkpoint kept",
+    ),
+    Edge(
+        X,
+        "unkillable",
+        P,
+        "killed, and no exit arrived within unkillable_s: its nodes are taken out (node_lost), its GPUs released, "
+        "requeued as an infrastructure loss behind a backoff",
+    ),
+    Edge(
+        R,
+        "infra_final",
+        FAIL,
+        "vanished (lost) with its infrastructure budget (max_infra_losses) spent: failed with reason infrastructure",
+    ),
+    Edge(
+        X,
+        "infra_final",
+        FAIL,
+        "gone after a node loss, a drain or a crash while leaving, with its infrastructure budget spent: "
+        "failed with reason infrastructure",
+    ),
 )
 
 _TABLE: dict[tuple[JobState, str], Edge] = {(e.src, e.trigger): e for e in EDGES}

@@ -8,14 +8,21 @@ inside and past their restart), and jobs that committed or not.
 
 from __future__ import annotations
 
+import math
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from goodput.sched.eviction import VictimOrder
 from goodput.sched.executor import ManualClock, RecordingExecutor
+from goodput.sched.governance import Governance, Limits
 from goodput.sched.model import Checkpointing, Job, JobState, Pool, PoolKind
 from goodput.sched.policy import POLICIES
 from goodput.sched.scheduler import Scheduler
+
+# the churn guards and time limits off (a reservation reckons with declared limits alone): these
+# tests pin other rules; tests/sched/test_policy_rules.py tests those
+OPEN = Governance(limits=Limits(min_run_s=0.0, max_preemptions=10**6, over_time_limit_s=math.inf))
 
 spec = st.fixed_dictionaries(
     {
@@ -49,7 +56,7 @@ def _check_order(s: Scheduler, pool: str, prios: set[int], now: float) -> None:
 def test_draw_order_is_the_price_order_at_any_instant(specs, policy, later) -> None:
     clock = ManualClock(0.0)
     pools = [Pool("od", PoolKind.ON_DEMAND, 16, 8)]
-    s = Scheduler(pools, clock=clock, executor=RecordingExecutor(), policy=POLICIES[policy])
+    s = Scheduler(pools, clock=clock, executor=RecordingExecutor(), policy=POLICIES[policy], governance=OPEN)
     events = sorted(enumerate(specs), key=lambda e: e[1]["start_at"])
     for i, sp in events:
         clock.t = sp["start_at"]

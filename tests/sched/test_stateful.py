@@ -36,6 +36,7 @@ from goodput.sched.capacity import Capacity
 from goodput.sched.checker import check
 from goodput.sched.eviction import VictimOrder
 from goodput.sched.executor import ManualClock, RecordingExecutor
+from goodput.sched.governance import Governance, Limits
 from goodput.sched.model import Checkpointing, Health, Job, JobState, Pool, PoolKind, RetryPolicy
 from goodput.sched.placement import pools_for
 from goodput.sched.policy import POLICIES, Policy
@@ -56,6 +57,14 @@ if "scheduler" in native.status().compiled:
     # copy.deepcopy of a probe: a compiled instance has __getstate__/__setstate__ but no bare __new__
     for _cls in (Scheduler, Capacity, VictimOrder):
         copyreg.pickle(_cls, lambda o: (_blank, (type(o),), o.__getstate__()))
+
+# the oracle below models the rules before governance: churn guards, time limits and the
+# infrastructure backoff off (tests/sched/test_policy_rules.py tests those)
+OPEN = Governance(
+    limits=Limits(
+        min_run_s=0.0, max_preemptions=10**6, over_time_limit_s=math.inf, infra_backoff_s=0.0, max_infra_losses=10**6
+    )
+)
 
 POOLS = [
     Pool("od", PoolKind.ON_DEMAND, 3, 8, 4.0),
@@ -490,7 +499,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.reservation_at: tuple[int, Any] | None = None
 
     def make_scheduler(self) -> Scheduler:
-        return Scheduler(POOLS, clock=self.clock, executor=self.ex, policy=self.policy)
+        return Scheduler(POOLS, clock=self.clock, executor=self.ex, policy=self.policy, governance=OPEN)
 
     def spy(self, s: Scheduler) -> None:
         """Observe when a pass makes its reservation (nothing is logged for it)."""
@@ -848,7 +857,9 @@ class RestartMachine(SchedulerMachine):
         self.url = f"sqlite:///{self.tmp}/store.db"
         self.store = open_store(self.url)
         self.ex2 = RecordingExecutor()
-        self.s2 = Scheduler(POOLS, clock=self.clock, executor=self.ex2, policy=self.policy, store=self.store)
+        self.s2 = Scheduler(
+            POOLS, clock=self.clock, executor=self.ex2, policy=self.policy, store=self.store, governance=OPEN
+        )
         self.s2.save_all()
         self.restarts = 0
 
@@ -869,7 +880,9 @@ class RestartMachine(SchedulerMachine):
     def kill_and_restart(self) -> None:
         self.store.close()  # the process is gone; a new one opens the store
         self.store = open_store(self.url)
-        self.s2 = Scheduler.restore(self.store, POOLS, clock=self.clock, executor=self.ex2, policy=self.policy)
+        self.s2 = Scheduler.restore(
+            self.store, POOLS, clock=self.clock, executor=self.ex2, policy=self.policy, governance=OPEN
+        )
         self.restarts += 1
 
     @invariant()

@@ -18,7 +18,8 @@ from goodput.ckpt.storage import display, storage_for
 from goodput.plan.units import UnitError, fmt_bytes, parse_size
 
 app = typer.Typer(no_args_is_help=True)
-console = Console()
+# piped or redirected, tables are as wide as their content: a name is never cut to "app.model.la…"
+console = Console() if sys.stdout.isatty() else Console(width=1 << 16)
 err = Console(stderr=True)
 
 
@@ -58,7 +59,11 @@ def ls(
             f"[red]error:[/red] cannot read checkpoint root {display(root)!r}: {getattr(e, 'strerror', None) or e}"
         )
         raise typer.Exit(2) from None
-    found = list_checkpoints(root)
+    try:
+        found = list_checkpoints(root)
+    except CheckpointError as e:  # the storage failed while listing: never "no checkpoint"
+        err.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
     rows = [
         {
             "path": display(p),
@@ -119,7 +124,7 @@ def inspect(path: Path, as_json: bool = typer.Option(False, "--json")) -> None:
             }
         )
     out = {
-        "path": str(path),
+        "path": display(path),
         "step": ck.step,
         "save_id": ck.manifest.save_id,
         "world_size": ck.manifest.world_size,
@@ -137,7 +142,7 @@ def inspect(path: Path, as_json: bool = typer.Option(False, "--json")) -> None:
     )
     t = Table()
     for c in ("tensor", "dtype", "shape", "size", "chunks", "layout"):
-        t.add_column(c)
+        t.add_column(c, overflow="fold")  # wrapped on a narrow terminal, never cut
     for x in tensors:
         layout = ", ".join(f"r{c['rank']}{c['region']}" for c in x["chunks"][:4])
         if len(x["chunks"]) > 4:
@@ -155,19 +160,39 @@ def inspect(path: Path, as_json: bool = typer.Option(False, "--json")) -> None:
 
 
 @app.command()
-def verify(path: Path) -> None:
-    """Check every chunk and block checksum, file sizes, and that chunks tile each tensor."""
+def verify(path: Path, as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout.")) -> None:
+    """Check every chunk and block checksum, file sizes, and that chunks tile each tensor.
+
+    --json prints {"ok", "path", "bytes", "chunks", "tensors", "sealed"} or {"ok": false,
+    "path", "error"}; the exit status is 0 or 1 either way."""
     try:
         ck = Checkpoint(path)
         total = int(ck.metadata.cols["length"].sum())
         with Progress(
             TextColumn("verify"), BarColumn(), DownloadColumn(binary_units=True), TransferSpeedColumn(), TimeRemainingColumn(),
-            console=err, transient=not sys.stderr.isatty(),
+            console=err, transient=not sys.stderr.isatty(), disable=as_json,
         ) as prog:  # fmt: skip
             task = prog.add_task("verify", total=total)
             checked = ck.verify(progress=lambda n: prog.advance(task, n))
     except CheckpointError as e:
+        if as_json:
+            print(json.dumps({"ok": False, "path": display(path), "error": str(e)}))
+            raise typer.Exit(1) from None
         _fail(e)
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "ok": True,
+                    "path": display(path),
+                    "bytes": checked,
+                    "chunks": ck.metadata.num_chunks,
+                    "tensors": len(ck.metadata.tensors),
+                    "sealed": ck.sealed,
+                }
+            )
+        )
+        return
     seal = "manifest sealed" if ck.sealed else "[yellow]manifest has no checksum (written by an older goodput)[/yellow]"
     console.print(
         f"[green]ok[/green]: {display(path)} ({fmt_bytes(checked)} in {ck.metadata.num_chunks} chunks, {len(ck.metadata.tensors)} tensors; {seal})"

@@ -9,8 +9,10 @@ is absent; no browser is ever downloaded.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -47,6 +49,30 @@ if not (os.path.exists(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
     pytest.skip(f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium)", allow_module_level=True)
 expect = sync_api.expect
 
+from goodput.sched.service import Service as ServiceImpl  # noqa: E402 - after the skips
+
+
+# the app `goodput sched serve` runs (create_app), with the operator's limit on preempting young runs
+# (min_run_s, 600 s by default) set to 0 so that a test's priority preemption happens at once
+LAUNCH = """
+import inspect, sys, uvicorn
+from goodput.sched.service import Service, create_app, local_pools
+db, port, nodes, state = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+kw = {}
+params = inspect.signature(Service).parameters
+if "allow_root_jobs" in params:  # the test's jobs run as the test's own user
+    kw["allow_root_jobs"] = True
+if "governance" in params:
+    from goodput.sched.governance import Governance
+    kw["governance"] = Governance.from_obj(None, {"min_run_s": 0})
+svc = Service(db, local_pools(nodes, 1), state_dir=state, url=f"http://127.0.0.1:{port}", tick_s=0.2, **kw)
+svc.start()
+try:
+    uvicorn.run(create_app(svc), host="127.0.0.1", port=port, log_level="warning")
+finally:
+    svc.close()
+"""
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -63,8 +89,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 class Service:
     """`goodput sched serve` as a child process on a free loopback port."""
 
-    def __init__(self, tmp: Path, nodes: int = 1) -> None:
+    def __init__(self, tmp: Path, nodes: int = 1, cli: bool = False) -> None:
         self.tmp = tmp
+        self.cli = cli
         self.db = f"sqlite:///{tmp / 'sched.db'}"
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -78,13 +105,15 @@ class Service:
 
     def start(self) -> Service:
         with open(self.tmp / "serve.log", "ab") as log:
-            self.proc = subprocess.Popen(
-                [PY, "-c", "from goodput.cli.main import app; app()", "sched", "serve", "--db", self.db]
-                + ["--port", str(self.port), "--nodes", str(self.nodes), "--gpus-per-node", "1"]
-                + ["--state-dir", str(self.tmp / "state"), "--tick-s", "0.2"],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+            if self.cli:
+                cmd = [PY, "-c", "from goodput.cli.main import app; app()", "sched", "serve", "--db", self.db]
+                cmd += ["--port", str(self.port), "--nodes", str(self.nodes), "--gpus-per-node", "1"]
+                cmd += ["--state-dir", str(self.tmp / "state"), "--tick-s", "0.2"]
+                if "allow_root_jobs" in inspect.signature(ServiceImpl).parameters:
+                    cmd += ["--allow-root-jobs"]  # the test's jobs run as the test's own user
+            else:
+                cmd = [PY, "-c", LAUNCH, self.db, str(self.port), str(self.nodes), str(self.tmp / "state")]
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -117,7 +146,17 @@ class Service:
                 raw = r.read()
                 return r.status, json.loads(raw) if "json" in r.headers.get("content-type", "") else raw.decode()
         except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"null")
+            raw = e.read()
+            try:
+                return e.code, json.loads(raw or b"null")
+            except ValueError:
+                return e.code, f"{raw[:500]!r}; service log: {self.log_tail()}"
+
+    def log_tail(self) -> str:
+        try:
+            return (self.tmp / "serve.log").read_text(errors="replace")[-3000:]
+        except OSError:
+            return ""
 
     def submit(self, token: str, name: str, command: list[str], **kw: object) -> str:
         body = {"name": name, "command": command, "limit_s": 600, "ckpt_interval_s": 0, "grace_s": 5, **kw}
@@ -140,8 +179,8 @@ class Service:
 def service(tmp_path):
     made: list[Service] = []
 
-    def make(nodes: int = 1) -> Service:
-        s = Service(tmp_path, nodes)
+    def make(nodes: int = 1, cli: bool = False) -> Service:
+        s = Service(tmp_path, nodes, cli)
         made.append(s)
         return s
 
@@ -198,7 +237,7 @@ def _login(page, svc: Service, token: str) -> None:  # noqa: ANN001
 
 
 def test_no_token_gets_only_the_login_form(service, page_of):
-    svc = service(nodes=2).start()
+    svc = service(nodes=2, cli=True).start()  # `goodput sched serve` itself serves the page
     alice = svc.token("alice")
     svc.submit(alice, "private-run", SLEEPER)
     page = page_of()
@@ -289,9 +328,9 @@ def test_a_second_tenant_sees_neither_names_nor_logs_of_the_first(service, page_
     alice, bob = svc.token("alice"), svc.token("bob")
     secret = svc.submit(alice, "alice-secret-model", SLEEPER)
     svc.wait(secret, alice, lambda j: j["state"] == "running")
-    queued = svc.submit(alice, "alice-queued-thing", SLEEPER, nodes=2)
     mine = svc.submit(bob, "bob-run", SLEEPER)
     svc.wait(mine, bob, lambda j: j["state"] == "running")
+    queued = svc.submit(alice, "alice-queued-thing", SLEEPER, nodes=2)
     # the server cuts the JSON: neither alice's job ids (they carry the names) nor her tenant name
     code, ov = svc.call("GET", "/ui/api/overview", bob)
     raw = json.dumps(ov)
@@ -307,7 +346,7 @@ def test_a_second_tenant_sees_neither_names_nor_logs_of_the_first(service, page_
     _login(page, svc, bob)
     expect(page.locator("#running")).to_contain_text("bob-run")
     expect(page.locator("#queue")).to_contain_text("1 more pending job(s) of other tenants")
-    assert page.locator(".cell.other").count() == 1
+    assert page.locator("#cluster .nodes .cell.other").count() == 1
     html = page.content()
     for word in ("alice-secret-model", "alice-queued-thing", secret):
         assert word not in html, word
@@ -344,14 +383,39 @@ def _check_static(page, path: Path, policies: bool) -> None:  # noqa: ANN001
     expect(page.locator("#job-history")).to_contain_text("preempt_requested")
 
 
+def _small_world(tmp: Path) -> tuple[Path, Path]:
+    """A workload where long low-priority gangs fill the on-demand nodes and later high-priority ones
+    preempt them (after the default 600 s a run is protected), and a spot node is reclaimed."""
+    rows = ["id,tenant,submit_s,nodes,gpus_per_node,priority,duration_s,limit_s,ckpt_interval_s,ckpt_write_s,restart_s,grace_s,spot"]
+    for i in range(8):
+        interval = 300 if i < 6 else 0  # two never checkpoint: they lose everything since their start
+        rows.append(f"lo{i},{'ab'[i % 2]},{i * 5},1,8,0,6000,7000,{interval},10,60,30,0")
+    rows.append("hi0,c,1200,2,8,5,1000,1200,300,10,60,30,0")
+    rows.append("hi1,a,2000,1,8,5,500,600,0,0,30,30,0")
+    for i in range(10):
+        rows.append(f"sm{i},c,{100 * i},1,1,0,900,1000,120,5,10,30,1")
+    (tmp / "w.csv").write_text("\n".join(rows) + "\n")
+    cluster = {
+        "pools": [
+            {"name": "od", "kind": "on-demand", "nodes": 6, "gpus_per_node": 8, "price_per_gpu_hour": 4.0},
+            {"name": "spot", "kind": "spot", "nodes": 2, "gpus_per_node": 8, "price_per_gpu_hour": 1.6,
+             "reclaim_per_node_hour": 0.3},
+        ],
+        "events": [{"t": 700, "kind": "reclaim", "pool": "spot", "nodes": 1, "notice_s": 120, "return_s": 3600}],
+    }  # fmt: skip
+    (tmp / "c.json").write_text(json.dumps(cluster))
+    return tmp / "w.csv", tmp / "c.json"
+
+
 def test_the_static_simulator_report_opens_with_the_same_charts(tmp_path, page_of):
     ui = tmp_path / "ui"
-    r = _cli("sched", "sim", "--jobs", "300", "--nodes", "16", "--policy", "goodput", "--policy", "kueue-victims",
-             "--workers", "1", "--ui", str(ui))  # fmt: skip
+    w, c = _small_world(tmp_path)
+    r = _cli("sched", "sim", "--workload", str(w), "--cluster", str(c), "--policy", "goodput",
+             "--policy", "kueue-victims", "--workers", "1", "--ui", str(ui))  # fmt: skip
     assert r.returncode == 0, r.stderr
     index = ui / "index.html"
     text = index.read_text()
-    assert "https://" not in text.replace("https://www.chartjs.org", "")  # nothing to fetch at run time
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", text)  # nothing to fetch (and page_of watches)
     page = page_of()
     _check_static(page, index, policies=True)
     page.goto(index.as_uri())
@@ -359,13 +423,13 @@ def test_the_static_simulator_report_opens_with_the_same_charts(tmp_path, page_o
     _shot(page, "sim-report")
     # the same views from a bare event log: goodput sched report E.jsonl --html OUT
     out = tmp_path / "report.html"
-    r = _cli("sched", "report", str(ui / "events.jsonl"), "--html", str(out))
+    r = _cli("sched", "report", str(ui / "events.jsonl"), "--html", str(out), "--cluster", str(c))
     assert r.returncode == 0, r.stderr
     _check_static(page_of(), out, policies=False)
 
 
 def test_files_are_shipped_and_served_without_a_token(service):
-    svc = service(nodes=1).start()
+    svc = service(nodes=1, cli=True).start()
     code, body = svc.call("GET", "/ui/static/chart.umd.min.js", None)
     assert code == 200 and "Chart.js" in str(body)[:200]
     assert svc.call("GET", "/ui/static/chart.js.LICENSE.md", None)[0] == 200

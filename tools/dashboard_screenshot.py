@@ -12,6 +12,7 @@ never a downloaded browser) and writes the screenshot. About a minute on 2 cores
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -136,10 +137,8 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
         for rec in (tmp / "state" / "runs").glob("*.json"):
-            try:
+            with contextlib.suppress(OSError, ValueError, KeyError):
                 os.killpg(json.loads(rec.read_text())["pgid"], signal.SIGKILL)
-            except (OSError, ValueError, KeyError):
-                pass
         log.close()
 
 

@@ -51,7 +51,6 @@ expect = sync_api.expect
 
 from goodput.sched.service import Service as ServiceImpl  # noqa: E402 - after the skips
 
-
 # the app `goodput sched serve` runs (create_app), with the operator's limit on preempting young runs
 # (min_run_s, 600 s by default) set to 0 so that a test's priority preemption happens at once
 LAUNCH = """
@@ -386,7 +385,9 @@ def _check_static(page, path: Path, policies: bool) -> None:  # noqa: ANN001
 def _small_world(tmp: Path) -> tuple[Path, Path]:
     """A workload where long low-priority gangs fill the on-demand nodes and later high-priority ones
     preempt them (after the default 600 s a run is protected), and a spot node is reclaimed."""
-    rows = ["id,tenant,submit_s,nodes,gpus_per_node,priority,duration_s,limit_s,ckpt_interval_s,ckpt_write_s,restart_s,grace_s,spot"]
+    rows = [
+        "id,tenant,submit_s,nodes,gpus_per_node,priority,duration_s,limit_s,ckpt_interval_s,ckpt_write_s,restart_s,grace_s,spot"
+    ]
     for i in range(8):
         interval = 300 if i < 6 else 0  # two never checkpoint: they lose everything since their start
         rows.append(f"lo{i},{'ab'[i % 2]},{i * 5},1,8,0,6000,7000,{interval},10,60,30,0")

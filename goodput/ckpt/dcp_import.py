@@ -7,9 +7,11 @@ that is DCP's problem, and we only do it here to convert away from it. **Only im
 you trust**: unpickling a hostile ``.metadata`` runs arbitrary code, and no option of ours can
 prevent that. The non-tensor entries are safer: they are loaded with ``torch.load(...,
 weights_only=True)`` (DCP's default planner uses ``weights_only=False``; we override it), which
-refuses anything but plain Python containers, numbers, strings and torch types. Entries that do
-not load that way, or are not JSON-able values, are skipped with a :class:`DCPImportWarning` and
-listed in :attr:`ImportResult.skipped`.
+refuses anything but plain Python containers, numbers, strings, bytes, ``io.BytesIO`` and torch
+types. ``bytes`` values (torchtitan's pickled dataloader state) and ``io.BytesIO`` values are kept
+as opaque bytes, never unpickled. An entry that does not load that way, or that goodput cannot
+store, fails the import naming it, unless ``allow_skipped=True`` (``--allow-skipped``): then it is
+left out with a :class:`DCPImportWarning` and listed in :attr:`ImportResult.skipped`.
 
 Tensor names are DCP's fully qualified names (``model.layers.0.weight``), which is exactly how
 goodput names the leaves of a state dict, so ``goodput.ckpt.open(dest).read(fqn)`` and a
@@ -57,7 +59,7 @@ import torch
 from .dtypes import dtype as dtype_info
 from .format import MANIFEST, CheckpointError, encode_value
 from .state import torch_dtype_name
-from .storage import make_dirs
+from .storage import PosixStorage, display, storage_for
 
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint.filesystem._metadata_fn
 
@@ -76,7 +78,7 @@ class DCPImportWarning(UserWarning):
 
 @dataclass
 class ImportResult:
-    path: Path  # the goodput checkpoint written
+    path: Path  # the goodput checkpoint written (``Path("s3:/b/k")`` for ``s3://b/k``: see ``display``)
     tensors: int  # tensors converted
     bytes: int  # their bytes
     values: int = 0  # non-tensor values converted
@@ -134,7 +136,10 @@ def _safe_planner(values: dict[str, Any], failed: dict[str, str]) -> Any:
         def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
             fqn = read_item.dest_index.fqn
             try:
-                values[fqn] = torch.load(value, weights_only=True, map_location="cpu")
+                # DCP torch.saves every non-tensor entry; an io.BytesIO value comes back as one
+                # (never unpickled further: goodput keeps it as opaque bytes)
+                with torch.serialization.safe_globals([io.BytesIO]):
+                    values[fqn] = torch.load(value, weights_only=True, map_location="cpu")
             except Exception as e:
                 first = str(e).strip().splitlines()[0] if str(e).strip() else ""
                 failed[fqn] = f"not loadable with weights_only=True ({type(e).__name__}: {first})"
@@ -228,6 +233,29 @@ def _check_not_distributed() -> None:
         )
 
 
+def _check_destination(src: Path, dst: Path, overwrite: bool) -> bool:
+    """Refuse a destination that is the source, not a directory, or not empty (on the storage it
+    names: a directory, or an ``s3://`` prefix). Returns whether it is a local directory that does
+    not exist yet (a failed import removes it again)."""
+    storage = storage_for(dst)
+    local = isinstance(storage, PosixStorage)
+    if local and dst.resolve() == src.resolve():
+        raise DCPImportError(f"the destination {str(dst)!r} is the DCP checkpoint itself; choose another directory")
+    if local and dst.exists() and not dst.is_dir():
+        raise DCPImportError(f"the destination {str(dst)!r} exists and is not a directory")
+    try:
+        held = storage.list(dst)
+    except FileNotFoundError:
+        held = []
+    except OSError as e:
+        raise DCPImportError(f"the destination {display(dst)!r} cannot be listed: {e}") from None
+    if held and not overwrite:
+        raise DCPImportError(
+            f"the destination {display(dst)!r} is not empty (pass overwrite=True / --overwrite to replace it)"
+        )
+    return local and not dst.exists()
+
+
 def import_dcp(
     dcp_dir: str | os.PathLike,
     dest: str | os.PathLike,
@@ -236,15 +264,19 @@ def import_dcp(
     progress: Progress | None = None,
     overwrite: bool = False,
     scratch_dir: str | os.PathLike | None = None,
+    allow_skipped: bool = False,
 ) -> ImportResult:
     """Convert the DCP checkpoint in ``dcp_dir`` into a goodput checkpoint at ``dest``.
 
     Every tensor entry becomes a goodput tensor of the same name (DCP's fqn), dtype, shape and
     bytes; non-tensor entries become goodput values when they are JSON-able (see the module
-    docstring for what is skipped and why, and for the memory behaviour). ``dest`` must be
-    empty or absent unless ``overwrite`` (then a goodput checkpoint already there is replaced
-    atomically and other files are left alone); the goodput save is atomic, so a failed import
-    commits nothing. The manifest's ``user`` field records ``{"imported_from": "dcp", "source": ...}``.
+    docstring for what is skipped and why, and for the memory behaviour). An entry that cannot
+    be converted fails the import, naming it, unless ``allow_skipped`` (then it is left out,
+    warned about and listed in :attr:`ImportResult.skipped`). ``dest`` (a directory or an
+    ``s3://`` prefix) must be empty or absent unless ``overwrite`` (then a goodput checkpoint
+    already there is replaced atomically and other files are left alone); the goodput save is
+    atomic, so a failed import commits nothing. The manifest's ``user`` field records
+    ``{"imported_from": "dcp", "source": ...}``.
     """
     from .saver import save
 
@@ -255,14 +287,7 @@ def import_dcp(
     dst = Path(dest)
     md = read_dcp_metadata(src)
     _check_not_distributed()
-    if dst.resolve() == src.resolve():
-        raise DCPImportError(f"the destination {str(dst)!r} is the DCP checkpoint itself; choose another directory")
-    if dst.exists() and not dst.is_dir():
-        raise DCPImportError(f"the destination {str(dst)!r} exists and is not a directory")
-    if dst.is_dir() and any(dst.iterdir()) and not overwrite:
-        raise DCPImportError(
-            f"the destination {str(dst)!r} is not empty (pass overwrite=True / --overwrite to replace it)"
-        )
+    created = _check_destination(src, dst, overwrite)
 
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
 
@@ -304,22 +329,26 @@ def import_dcp(
                 skipped[k] = "DCP did not return it"
                 continue
             v = loaded[k]
+            if isinstance(v, io.BytesIO):  # saved as goodput's opaque bytes, refilled into a BytesIO
+                values[k] = v
+                continue
             try:
                 encode_value(v, k)
-            except TypeError:
-                skipped[k] = f"a {type(v).__name__}, not a JSON-able value"
+            except TypeError as e:
+                skipped[k] = f"a {type(v).__name__}, which goodput cannot store ({e})"
                 continue
             if isinstance(v, dict) and not v:
                 skipped[k] = "an empty dict (goodput stores a dict as its leaves, so it would vanish)"
                 continue
             values[k] = v
     if skipped:
-        warnings.warn(
-            f"{len(skipped)} DCP entries were not converted: "
-            + "; ".join(f"{k!r}: {why}" for k, why in skipped.items()),
-            DCPImportWarning,
-            stacklevel=2,
-        )
+        listed = "; ".join(f"{k!r}: {why}" for k, why in skipped.items())
+        if not allow_skipped:
+            raise DCPImportError(
+                f"{len(skipped)} DCP entries cannot be converted: {listed}. Nothing was written; pass "
+                "allow_skipped=True (--allow-skipped) to import without them"
+            )
+        warnings.warn(f"{len(skipped)} DCP entries were not converted: {listed}", DCPImportWarning, stacklevel=2)
 
     # ---- tensors, in batches ----------------------------------------------------------------
     total = sum(s.nbytes for s in specs)
@@ -327,13 +356,15 @@ def import_dcp(
     batches = _batches(specs, max_batch_bytes)
     if progress:
         progress("total", total)
-    created = not dst.exists()
-    make_dirs(dst)
+    storage = storage_for(dst)
+    local = isinstance(storage, PosixStorage)
     scratch: _Scratch | None = None
     state: dict[str, Any] = {}
     try:
+        storage.prepare(dst)
         if spill:
-            scratch = _Scratch(Path(scratch_dir) if scratch_dir is not None else dst, specs)
+            where = scratch_dir if scratch_dir is not None else dst if local else tempfile.gettempdir()
+            scratch = _Scratch(Path(where), specs)
         for batch in batches:
             targets: dict[str, torch.Tensor] = {}
             for s in batch:
@@ -360,7 +391,7 @@ def import_dcp(
     except BaseException:
         if created:
             with contextlib.suppress(OSError):
-                dst.rmdir()  # only if the failed import left it empty
+                dst.rmdir()  # a local directory the import made, only if it is still empty
         raise
     finally:
         state.clear()

@@ -210,7 +210,9 @@ def _parse_bytes(text: str) -> int:
 @app.command("import-dcp")
 def import_dcp_cmd(
     dcp_dir: Path = typer.Argument(..., help="Directory written by torch.distributed.checkpoint (holds .metadata)."),
-    dest: Path = typer.Argument(..., help="Directory for the goodput checkpoint (absent or empty)."),
+    dest: Path = typer.Argument(
+        ..., help="Directory or s3://bucket/prefix for the goodput checkpoint (absent or empty)."
+    ),
     max_batch_bytes: str = typer.Option(
         "1GiB",
         "--max-batch-bytes",
@@ -220,6 +222,11 @@ def import_dcp_cmd(
         False,
         "--overwrite",
         help="Allow a non-empty DEST: a goodput checkpoint there is replaced atomically; other files are left alone.",
+    ),
+    allow_skipped: bool = typer.Option(
+        False,
+        "--allow-skipped",
+        help="Import even if some entries cannot be converted (they are listed); without it that fails, writing nothing.",
     ),
 ) -> None:
     """Convert a DCP checkpoint into a goodput checkpoint (same tensor names, dtypes and bytes).
@@ -250,7 +257,14 @@ def import_dcp_cmd(
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DCPImportWarning)  # reported below, once
-            res = import_dcp(dcp_dir, dest, max_batch_bytes=budget, progress=progress, overwrite=overwrite)
+            res = import_dcp(
+                dcp_dir,
+                dest,
+                max_batch_bytes=budget,
+                progress=progress,
+                overwrite=overwrite,
+                allow_skipped=allow_skipped,
+            )
     except (CheckpointError, OSError) as e:
         prog.stop()
         _fail(e)
@@ -260,7 +274,7 @@ def import_dcp_cmd(
         err.print(f"[yellow]skipped[/yellow] {k}: {why}")
     how = "through a scratch file" if res.spilled else "in memory"
     console.print(
-        f"[green]ok[/green]: {dest} ({res.tensors} tensors, {fmt_bytes(res.bytes)}, {res.values} values, "
+        f"[green]ok[/green]: {display(res.path)} ({res.tensors} tensors, {fmt_bytes(res.bytes)}, {res.values} values, "
         f"{len(res.skipped)} skipped; {res.batches} batches {how}; {res.seconds:.1f}s)"
     )
 

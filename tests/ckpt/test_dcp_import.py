@@ -3,6 +3,7 @@ and compared bitwise (via the numpy reader and via goodput.ckpt.load)."""
 
 from __future__ import annotations
 
+import io
 import os
 import warnings
 from pathlib import Path
@@ -149,11 +150,27 @@ class Opaque:
         self.x = x
 
 
-def test_non_json_values_are_skipped_with_warning(tmp_path: Path) -> None:
+def test_bytes_and_bytesio_values_are_kept_as_opaque_bytes(tmp_path: Path) -> None:
+    src = tmp_path / "dcp"
+    pickled = b"\x80\x04\x95 torchtitan's dataloader state"  # bytes, never unpickled by goodput
+    _dcp_save({"w": torch.arange(4.0), "loader": pickled, "blob": io.BytesIO(b"raw blob")}, src)
+    res = import_dcp(src, tmp_path / "gp")
+    assert res.skipped == {} and res.values == 2
+    ck = gc.open(tmp_path / "gp")
+    assert ck.values == {"loader": pickled}
+    target = {"w": torch.zeros(4), "loader": b"", "blob": io.BytesIO()}
+    gc.load(target, tmp_path / "gp")
+    assert target["loader"] == pickled and target["blob"].getvalue() == b"raw blob"
+
+
+def test_an_unconvertible_entry_fails_the_import_unless_allowed(tmp_path: Path) -> None:
     src = tmp_path / "dcp"
     _dcp_save({"w": torch.arange(4.0), "ok": {"a": 1, "b": (2, 3)}, "opaque": Opaque(3)}, src)
+    with pytest.raises(DCPImportError, match=r"1 DCP entries cannot be converted: 'opaque'.*allow_skipped=True"):
+        import_dcp(src, tmp_path / "gp")
+    assert not (tmp_path / "gp").exists()  # nothing written
     with pytest.warns(DCPImportWarning, match="opaque"):
-        res = import_dcp(src, tmp_path / "gp")
+        res = import_dcp(src, tmp_path / "gp", allow_skipped=True)
     assert list(res.skipped) == ["opaque"]
     assert "weights_only" in res.skipped["opaque"]
     ck = gc.open(tmp_path / "gp")
@@ -260,10 +277,13 @@ def test_cli_import_dcp(dcp_dir: Path, tmp_path: Path) -> None:
     assert r.exit_code != 0 and "cannot read 'lots' as a size" in _flat(r.output)
 
 
-def test_cli_reports_skipped(tmp_path: Path) -> None:
+def test_cli_fails_on_skipped_entries_unless_allowed(tmp_path: Path) -> None:
     src = tmp_path / "dcp"
     _dcp_save({"w": torch.ones(2), "opaque": Opaque(1)}, src)
     r = CliRunner().invoke(app, ["ckpt", "import-dcp", str(src), str(tmp_path / "gp")])
+    assert r.exit_code == 1 and "'opaque'" in _flat(r.output) and "--allow-skipped" in _flat(r.output), r.output
+    assert not (tmp_path / "gp").exists()
+    r = CliRunner().invoke(app, ["ckpt", "import-dcp", str(src), str(tmp_path / "gp"), "--allow-skipped"])
     assert r.exit_code == 0, r.output
     assert "skipped" in r.output and "opaque" in r.output
 

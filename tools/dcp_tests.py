@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Run PyTorch DCP's own test files under DCP and under goodput.ckpt, with only DCP's entry points swapped.
+#!/usr/bin/env python3
+"""Run PyTorch DCP's own test files under DCP and under goodput.ckpt, with the import swapped as a user would.
 
     .venv/bin/python tools/dcp_tests.py /tmp/dcp-tests/upstream --json /tmp/dcp-tests/result.json
 
@@ -9,25 +10,26 @@ harness writes goes under ``--scratch`` (default ``/tmp/dcp-tests/run``), never 
 
 - ``dcp/``      byte-identical copies of the upstream files, run as they are (DCP);
 - ``goodput/``  the swapped copies, plus ``<file>.swap.diff`` showing every changed line;
-- ``shim/``     ``goodput_dcp_swap``, the package the swapped imports point to (generated);
 - ``hooks/``    ``sitecustomize.py`` (lets GPU-gated tests run on CPU) and the pytest result plugin;
-- ``results/``  one JSON line per pytest event, per side and file; ``swap.log`` (which name resolved
-  to what, and every call served by a DCP fallback).
+- ``results/``  one JSON line per pytest event, per side and file.
 
-The swap (the only difference between the two runs) rewrites import statements, nothing else:
+The swap is the README's one-import change, literally: ``torch.distributed.checkpoint`` becomes
+``goodput.ckpt`` in import statements, and so do its modules that goodput mirrors under the same name
+(``state_dict_saver``, ``state_dict_loader``, ``filesystem``):
 
-- ``import torch.distributed.checkpoint as X``                  -> ``import goodput_dcp_swap as X``
-- ``import torch.distributed.checkpoint.state_dict_saver as X`` -> ``import goodput_dcp_swap.state_dict_saver as X``
-  (likewise ``state_dict_loader`` and ``filesystem``)
-- ``from <one of those modules> import ...``  -> the same names from the matching ``goodput_dcp_swap`` module,
-  only where the statement imports at least one entry point.
+- ``import torch.distributed.checkpoint as X``                 -> ``import goodput.ckpt as X``
+- ``import torch.distributed.checkpoint.state_dict_saver as X`` -> ``import goodput.ckpt.state_dict_saver as X``
+- ``from torch.distributed.checkpoint[.<those>] import a, b``   -> ``from goodput.ckpt[.<those>] import a, b``
 
-Each ``goodput_dcp_swap`` module is a proxy of its DCP module: the entry points ``save``, ``load``,
-``async_save``, ``save_state_dict``, ``load_state_dict``, ``FileSystemWriter`` and ``FileSystemReader``
-resolve to ``goodput.ckpt``'s object of that name when goodput has one, and otherwise to DCP's (a
-*fallback*, recorded: each call of a fallback is logged with the running test). Every other name
-(planners, ``Metadata``, ``CheckpointException``, ``AsyncCheckpointerType``...) is DCP's own object.
-DCP's test helpers, planners, ``state_dict`` utilities and private helpers are untouched.
+Every name the test then reaches through those (``X.save``, ``X.DefaultSavePlanner``,
+``X.CheckpointException``, ``saver.AsyncCheckpointerType``...) is whatever goodput.ckpt gives: nothing
+is routed to DCP behind goodput's back, and a name goodput lacks fails the test. The only exception is
+a name listed in ``KEPT_FROM_DCP`` (DCP's private helpers and storage-layer classes, which goodput
+does not have and a user would not import from goodput): its import stays DCP's, and every test whose
+body uses such a name is left out of the goal automatically, with the name as its reason. Modules
+goodput has no counterpart of (``state_dict``, ``stateful``, ``staging``, ``planner``, ``metadata``,
+``utils``, ``_extension``...) are not touched: they are DCP's model-state utilities and types, which a
+user keeps.
 
 The environment (both runs, the same): ``sitecustomize.py`` on ``PYTHONPATH`` (so the ranks the tests
 spawn get it too) changes two of torch's *test helpers*, nothing in DCP: every
@@ -42,8 +44,7 @@ pip-installed into ``<scratch>/deps`` if the interpreter lacks them.
 
 By default goodput runs only the tests that passed under DCP (the goal is about those), and DCP
 results are reused from an earlier run of the same file bytes, torch and hooks unless ``--rerun-dcp``;
-``--report-only`` prints the table again from the last results. A goodput pass that needed a DCP
-fallback is marked ``*`` and is not counted towards the goal.
+``--report-only`` prints the table again from the last results.
 """
 
 from __future__ import annotations
@@ -57,30 +58,27 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ENTRY_POINTS = (
-    "save",
-    "load",
-    "async_save",
-    "save_state_dict",
-    "load_state_dict",
-    "FileSystemWriter",
-    "FileSystemReader",
-)
 DCP = "torch.distributed.checkpoint"
-SHIM = "goodput_dcp_swap"
-# the DCP modules whose entry points are swapped -> the proxy module that replaces them in imports
+GOODPUT = "goodput.ckpt"
+# DCP's module -> goodput's module of the same name: the literal swap
 SWAP_MODULES = {
-    DCP: SHIM,
-    f"{DCP}.state_dict_saver": f"{SHIM}.state_dict_saver",
-    f"{DCP}.state_dict_loader": f"{SHIM}.state_dict_loader",
-    f"{DCP}.filesystem": f"{SHIM}.filesystem",
+    DCP: GOODPUT,
+    f"{DCP}.state_dict_saver": f"{GOODPUT}.state_dict_saver",
+    f"{DCP}.state_dict_loader": f"{GOODPUT}.state_dict_loader",
+    f"{DCP}.filesystem": f"{GOODPUT}.filesystem",
+}
+# names imported from a swapped module that stay DCP's (goodput has no such name and a user would not
+# ask goodput for it); a test whose body uses one is left out of the goal, naming it
+KEPT_FROM_DCP = {
+    "_load_state_dict_from_keys": "DCP's private helper _load_state_dict_from_keys (reads with DCP's own reader)",
+    "_StorageWriterTransforms": "DCP's private _StorageWriterTransforms (its file system's stream transforms)",
+    "FileSystem": "DCP's storage layer class FileSystem (goodput's format has no such layer)",
 }
 
 # Tests of DCP's internals (planner classes, storage-writer/reader extensions and transforms): not part
@@ -107,9 +105,9 @@ INTERNALS = [
         "DCP's filesystem internals (_StorageWriterTransforms, FileSystem.create_stream, flush counts per file)",
     ),
     (
-        r"TestCheckpointableReshard::test_uneven_reshard_with_checkpointable_api",
-        "a torch.Tensor subclass implementing DCP's planner protocol (__create_write_items__, "
-        "__create_chunk_list__, __get_tensor_shard__ with WriteItem/MetadataIndex)",
+        # in the other recent version of test_file_system_checkpoint_cpu.py (see docs/DCP.md)
+        r"TestThreadCountAutoTuning::",
+        "DCP's FileSystemWriter thread-count tuning (max_threads=, its planner's create_local_plan)",
     ),
 ]
 
@@ -227,106 +225,6 @@ def pytest_runtest_logreport(report):
     _w(rec)
 '''
 
-SHIM_SWAP = '''\
-"""Generated by tools/dcp_tests.py. How goodput_dcp_swap resolves DCP's entry points.
-
-An entry point is goodput.ckpt's object of that name when goodput has one; otherwise DCP's own,
-wrapped only to record each call (a fallback) in $GOODPUT_SWAP_LOG with the running test.
-GOODPUT_SWAP_FALLBACK=0: no fallback, a missing name raises when used.
-"""
-import functools
-import importlib
-import json
-import os
-
-ENTRY_POINTS = %(entry_points)r
-_LOG = os.environ.get("GOODPUT_SWAP_LOG")
-_cache = {}
-
-
-def _log(rec):
-    if not _LOG:
-        return
-    rec["pid"] = os.getpid()
-    rec["test"] = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
-    with open(_LOG, "a") as f:
-        f.write(json.dumps(rec) + "\\n")
-
-
-def swapped(dcp_module):
-    return [n for n in ENTRY_POINTS if hasattr(dcp_module, n)]
-
-
-def resolve(name, dcp_module):
-    key = name  # one object per name: DCP's torch.distributed.checkpoint.save is state_dict_saver.save, etc.
-    if key not in _cache:
-        import goodput.ckpt as gc
-
-        try:
-            obj, source = getattr(gc, name), "goodput"
-        except AttributeError:
-            source = "dcp"
-            if os.environ.get("GOODPUT_SWAP_FALLBACK", "1") == "0":
-                obj = _missing(name)
-            else:
-                obj = _fallback(name, getattr(dcp_module, name))
-        _log({"event": "resolve", "name": name, "module": dcp_module.__name__, "source": source})
-        _cache[key] = obj
-    return _cache[key]
-
-
-def _missing(name):
-    def missing(*a, **k):
-        raise NotImplementedError(f"goodput.ckpt has no {name}")
-
-    return missing
-
-
-def _fallback(name, obj):
-    if isinstance(obj, type):
-        def __init__(self, *a, **k):
-            _log({"event": "fallback", "name": name})
-            obj.__init__(self, *a, **k)
-
-        # a subclass (isinstance checks still pass), importable as goodput_dcp_swap._swap.<name> for pickle
-        return type(name, (obj,), {"__init__": __init__, "__module__": __name__, "__qualname__": name,
-                                   "__doc__": obj.__doc__})
-
-    @functools.wraps(obj)
-    def fallback(*a, **k):
-        _log({"event": "fallback", "name": name})
-        return obj(*a, **k)
-
-    return fallback
-
-
-def __getattr__(name):  # for pickle of a fallback class, in any process
-    if name in ENTRY_POINTS:
-        mod = importlib.import_module("torch.distributed.checkpoint.filesystem")
-        return resolve(name, mod)
-    raise AttributeError(name)
-'''
-
-SHIM_MODULE = '''\
-"""Generated by tools/dcp_tests.py: %(dcp)s, with only its entry points (%(names)s)
-resolved by goodput_dcp_swap._swap (goodput.ckpt's when it has them). Every other name is DCP's own."""
-import %(dcp)s as _dcp
-from %(swap)s import resolve as _resolve, swapped as _swapped
-
-_SWAPPED = frozenset(_swapped(_dcp))
-
-
-def __getattr__(name):
-    if name in _SWAPPED:
-        return _resolve(name, _dcp)
-    return getattr(_dcp, name)
-
-
-def __dir__():
-    return sorted(set(dir(_dcp)))
-'''
-
-
 # ---- the swap ---------------------------------------------------------------------------------------
 
 
@@ -334,75 +232,109 @@ class SwapError(Exception):
     pass
 
 
-def swap_source(src: str, filename: str = "<test>") -> tuple[str, list[str], list[str]]:
-    """The test file with its DCP entry-point imports pointed at goodput_dcp_swap.
+def swap_source(src: str, filename: str = "<test>") -> tuple[str, list[str], list[str], list[str]]:
+    """The test file with ``torch.distributed.checkpoint`` (and its mirrored modules) replaced by
+    ``goodput.ckpt`` in its import statements.
 
-    Returns (new source, one line per rewritten statement, warnings about entry points reached in a
-    form that is not rewritten, e.g. ``torch.distributed.checkpoint.save(...)`` through a plain import).
+    Returns (new source, one line per rewritten statement, warnings about DCP reached in a form that
+    is not rewritten, the names kept from DCP under ``KEPT_FROM_DCP``).
     """
-    import torch.distributed.checkpoint as _dcp  # noqa: F401  (the submodules below must be importable)
-
     tree = ast.parse(src, filename)
     lines = src.splitlines(keepends=True)
     edits: list[tuple[int, int, int, int, str]] = []  # (line0, col0, line1, col1, new text)
     notes: list[str] = []
     warnings: list[str] = []
-
-    def exports_entry(module: str) -> bool:
-        import importlib
-
-        return any(hasattr(importlib.import_module(module), n) for n in ENTRY_POINTS)
+    kept: list[str] = []
 
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             hits = [a for a in node.names if a.name in SWAP_MODULES]
             if not hits:
                 continue
-            for a in hits:
-                if a.asname is None:
-                    warnings.append(
-                        f"line {node.lineno}: 'import {a.name}' without 'as' is not rewritten; "
-                        f"entry points reached as {a.name}.<name> stay DCP's"
-                    )
-            if len(node.names) != 1 or node.names[0].asname is None:
-                if len(node.names) != 1:
-                    raise SwapError(f"{filename}:{node.lineno}: multi-module import of DCP is not handled")
-                continue
+            if len(node.names) != 1:
+                raise SwapError(f"{filename}:{node.lineno}: multi-module import of DCP is not handled")
             a = node.names[0]
+            if a.asname is None:
+                warnings.append(f"line {node.lineno}: 'import {a.name}' without 'as' is not rewritten (it stays DCP)")
+                continue
             new = f"import {SWAP_MODULES[a.name]} as {a.asname}"
             edits.append((node.lineno, node.col_offset, node.end_lineno, node.end_col_offset, new))
             notes.append(f"line {node.lineno}: import {a.name} as {a.asname}  ->  {new}")
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             mod = node.module or ""
-            names = [a.name for a in node.names]
-            if mod in SWAP_MODULES and any(n in ENTRY_POINTS for n in names):
-                seg = ast.get_source_segment(src, node)
-                assert seg is not None
-                new = re.sub(rf"^from\s+{re.escape(mod)}\b", f"from {SWAP_MODULES[mod]}", seg, count=1)
-                if new == seg:
-                    raise SwapError(f"{filename}:{node.lineno}: cannot rewrite {seg!r}")
+            if mod in SWAP_MODULES:
+                mine = [a for a in node.names if a.name not in KEPT_FROM_DCP]
+                theirs = [a for a in node.names if a.name in KEPT_FROM_DCP]
+                if any(a.name == "*" for a in node.names):
+                    raise SwapError(f"{filename}:{node.lineno}: 'from {mod} import *' is not handled")
+
+                def names(xs: list[ast.alias]) -> str:
+                    return ", ".join(a.name if a.asname is None else f"{a.name} as {a.asname}" for a in xs)
+
+                parts = []
+                if mine:
+                    parts.append(f"from {SWAP_MODULES[mod]} import ({names(mine)})")
+                if theirs:
+                    parts.append(f"from {mod} import ({names(theirs)})  # kept: DCP's own, see KEPT_FROM_DCP")
+                    kept += [a.asname or a.name for a in theirs]
+                indent = " " * node.col_offset
+                new = ("\n" + indent).join(parts)
                 edits.append((node.lineno, node.col_offset, node.end_lineno, node.end_col_offset, new))
-                swapped = [n for n in names if n in ENTRY_POINTS]
                 notes.append(
-                    f"line {node.lineno}: from {mod} import ... ({', '.join(swapped)})  ->  from {SWAP_MODULES[mod]}"
+                    f"line {node.lineno}: from {mod} import {names(node.names)}  ->  "
+                    + (f"from {SWAP_MODULES[mod]} import {names(mine)}" if mine else "")
+                    + (f"{'; ' if mine else ''}kept from DCP: {names(theirs)}" if theirs else "")
                 )
-            elif mod == "torch.distributed" and "checkpoint" in names:
+            elif mod == "torch.distributed" and any(a.name == "checkpoint" for a in node.names):
                 warnings.append(f"line {node.lineno}: 'from torch.distributed import checkpoint' is not rewritten")
-            elif mod.startswith(DCP + ".") and mod not in SWAP_MODULES and exports_entry(mod):
-                hit = [n for n in names if n in ENTRY_POINTS]
-                if hit:
-                    warnings.append(f"line {node.lineno}: {', '.join(hit)} from {mod} are not rewritten")
-        elif isinstance(node, ast.Attribute) and node.attr in ENTRY_POINTS:
-            chain = _dotted(node.value)
-            if chain and (chain == DCP or chain.endswith(".checkpoint")):
-                warnings.append(f"line {node.lineno}: {chain}.{node.attr} is reached through an unrewritten name")
+        elif isinstance(node, ast.Attribute) and _dotted(node.value) == DCP:
+            warnings.append(f"line {node.lineno}: {DCP}.{node.attr} is reached through an unrewritten name")
 
     # apply bottom-up so that offsets stay valid
     for l0, c0, l1, c1, new in sorted(edits, reverse=True):
         head = lines[l0 - 1][:c0]
         tail = lines[l1 - 1][c1:]
         lines[l0 - 1 : l1] = [head + new + tail]
-    return "".join(lines), notes, warnings
+    return "".join(lines), notes, warnings, sorted(set(kept))
+
+
+def kept_name_users(src: str, kept: list[str]) -> dict[str, list[str]]:
+    """``"Class::test_fn"`` (or ``"test_fn"``) -> the kept DCP names its body uses."""
+    if not kept:
+        return {}
+    tree = ast.parse(src)
+    out: dict[str, list[str]] = {}
+
+    def used(fn: ast.AST) -> list[str]:
+        return sorted({n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id in kept})
+
+    for node in tree.body:
+        fns = []
+        if isinstance(node, ast.ClassDef):
+            fns = [
+                (f"{node.name}::{f.name}", f)
+                for f in node.body
+                if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            ]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            fns = [(node.name, node)]
+        for key, fn in fns:
+            if fn.name.startswith("test"):
+                names = used(fn)
+                if names:
+                    out[key] = names
+    return out
+
+
+def kept_reason(test_id: str, users: dict[str, list[str]]) -> str | None:
+    """The kept-name reason for a collected test id (parametrized ids carry a suffix)."""
+    tail = test_id.split("::", 1)[1] if "::" in test_id else test_id
+    for key, names in users.items():
+        cls, _, fn = key.rpartition("::")
+        t_cls, _, t_fn = tail.rpartition("::")
+        if cls == t_cls and (t_fn == fn or t_fn.startswith(fn + "_")):
+            return "uses " + "; ".join(KEPT_FROM_DCP[n] for n in names)
+    return None
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -414,22 +346,6 @@ def _dotted(node: ast.AST) -> str | None:
         parts.append(node.id)
         return ".".join(reversed(parts))
     return None
-
-
-def write_shim(root: Path) -> None:
-    pkg = root / SHIM
-    if pkg.exists():
-        shutil.rmtree(pkg)
-    pkg.mkdir(parents=True)
-    (pkg / "_swap.py").write_text(SHIM_SWAP % {"entry_points": ENTRY_POINTS})
-    import importlib
-
-    for dcp_mod, shim_mod in SWAP_MODULES.items():
-        m = importlib.import_module(dcp_mod)
-        names = ", ".join(n for n in ENTRY_POINTS if hasattr(m, n))
-        text = SHIM_MODULE % {"dcp": dcp_mod, "names": names, "swap": f"{SHIM}._swap"}
-        target = pkg / "__init__.py" if shim_mod == SHIM else pkg / (shim_mod.rsplit(".", 1)[1] + ".py")
-        target.write_text(text)
 
 
 # ---- running ----------------------------------------------------------------------------------------
@@ -652,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("paths", nargs="*", default=["/tmp/dcp-tests/upstream"], help="upstream test files or directories")
-    ap.add_argument("--scratch", default="/tmp/dcp-tests/run", help="where copies, shim and results go")
+    ap.add_argument("--scratch", default="/tmp/dcp-tests/run", help="where copies and results go")
     ap.add_argument(
         "--json",
         nargs="?",
@@ -668,9 +584,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--file-timeout", type=float, default=600, help="seconds per file and side (default 600)")
     ap.add_argument("--test-timeout", type=int, default=90, help="DISTRIBUTED_TESTS_DEFAULT_TIMEOUT (default 90)")
-    ap.add_argument(
-        "--no-fallback", action="store_true", help="a DCP entry point goodput lacks raises instead of falling back"
-    )
     ap.add_argument(
         "--no-cpu-gate-patch", action="store_true", help="leave skip_if_lt_x_gpu as it is (GPU-gated tests skip)"
     )
@@ -702,17 +615,13 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Path(args.scratch).resolve()
     if scratch == repo or repo in scratch.parents:
         ap.error("--scratch must be outside the repository")
-    for d in ("dcp", "goodput", "shim", "hooks", "results/dcp", "results/goodput"):
+    for d in ("dcp", "goodput", "hooks", "results/dcp", "results/goodput"):
         (scratch / d).mkdir(parents=True, exist_ok=True)
 
     hooks = scratch / "hooks"
     (hooks / "sitecustomize.py").write_text(HOOK_SITECUSTOMIZE)
     (hooks / "dcp_results_plugin.py").write_text(HOOK_PLUGIN)
-    write_shim(scratch / "shim")
     deps = ensure_test_deps(scratch)
-    swap_log = scratch / "results" / "swap.log"
-    if args.side != "dcp" and swap_log.exists() and not args.report_only:
-        swap_log.unlink()
 
     base_path = [str(hooks), str(deps)]
     env = dict(os.environ)
@@ -724,12 +633,7 @@ def main(argv: list[str] | None = None) -> int:
         OMP_NUM_THREADS="1",
     )
     env_dcp = dict(env, PYTHONPATH=os.pathsep.join(base_path + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    env_gp = dict(
-        env,
-        PYTHONPATH=os.pathsep.join(base_path + [str(scratch / "shim"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-        GOODPUT_SWAP_LOG=str(swap_log),
-        GOODPUT_SWAP_FALLBACK="0" if args.no_fallback else "1",
-    )
+    env_gp = env_dcp  # the same environment: only the swapped imports differ
 
     runs, per_file = [], {}
     for src, rel in files:
@@ -745,7 +649,8 @@ def main(argv: list[str] | None = None) -> int:
         dcp_copy.parent.mkdir(parents=True, exist_ok=True)
         gp_copy.parent.mkdir(parents=True, exist_ok=True)
         dcp_copy.write_bytes(data)
-        new, notes, warns = swap_source(data.decode(), str(rel))
+        new, notes, warns, kept = swap_source(data.decode(), str(rel))
+        users = kept_name_users(data.decode(), kept)
         gp_copy.write_text(new)
         diff = "".join(
             difflib.unified_diff(data.decode().splitlines(True), new.splitlines(True), f"dcp/{rel}", f"goodput/{rel}")
@@ -755,7 +660,13 @@ def main(argv: list[str] | None = None) -> int:
         res_dcp = scratch / "results" / "dcp" / f"{stem}.jsonl"
         res_gp = scratch / "results" / "goodput" / f"{stem}.jsonl"
         stamp = res_dcp.with_suffix(".sha")
-        per_file[key] = {"sha256_16": digest, "swap": notes, "swap_warnings": warns}
+        per_file[key] = {
+            "sha256_16": digest,
+            "swap": notes,
+            "swap_warnings": warns,
+            "kept_from_dcp": kept,
+            "tests_using_kept_names": users,
+        }
         print(
             f"== {rel}  ({len(notes)} import(s) swapped{', ' + str(len(warns)) + ' warning(s)' if warns else ''})",
             file=sys.stderr,
@@ -838,29 +749,14 @@ def main(argv: list[str] | None = None) -> int:
                     "cause": cause_of(gt.get("error_full") or gt["outcome"])
                     if gt["outcome"] not in ("passed", "not run")
                     else None,
-                    "internal": internal_reason(tid),
+                    "internal": internal_reason(tid)
+                    or kept_reason(tid, per_file.get(str(rel), {}).get("tests_using_kept_names", {})),
                 }
             )
-    fallbacks: dict[str, set[str]] = collections.defaultdict(set)
-    resolution: dict[str, str] = {}
-    if swap_log.exists():
-        for line in swap_log.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if rec["event"] == "resolve":
-                resolution[f"{rec['module']}.{rec['name']}"] = rec["source"]
-            elif rec["event"] == "fallback" and rec.get("test"):
-                fallbacks[rec["test"]].add(rec["name"])
-    for t in tests:
-        t["dcp_fallbacks"] = sorted(fallbacks.get(t["id"], ()))
-
     dcp_pass = [t for t in tests if t["dcp"] == "passed"]
     goal = [t for t in dcp_pass if not t["internal"]]
     gp_pass = [t for t in dcp_pass if t["goodput"] == "passed"]
-    gp_pure = [t for t in gp_pass if not t["dcp_fallbacks"]]
-    goal_pass = [t for t in goal if t["goodput"] == "passed" and not t["dcp_fallbacks"]]
+    goal_pass = [t for t in goal if t["goodput"] == "passed"]
     causes: dict[str, list[dict]] = collections.defaultdict(list)
     for t in dcp_pass:
         if t["goodput"] != "passed":
@@ -870,8 +766,6 @@ def main(argv: list[str] | None = None) -> int:
         "dcp": dict(collections.Counter(t["dcp"] for t in tests)),
         "dcp_passed": len(dcp_pass),
         "goodput_passed_of_dcp_passed": len(gp_pass),
-        "goodput_passed_without_dcp_fallback": len(gp_pure),
-        "goodput_passed_using_dcp_fallback": len(gp_pass) - len(gp_pure),
         "dcp_internals_among_dcp_passed": len(dcp_pass) - len(goal),
         "goal_tests": len(goal),
         "goal_passed": len(goal_pass),
@@ -885,7 +779,6 @@ def main(argv: list[str] | None = None) -> int:
         "goodput_ckpt_sha256_16": sorted(set(gp_code.values())),
         "goodput_ckpt_sha256_16_by_file": gp_code,
         "scratch": str(scratch),
-        "resolution": resolution,
         "summary": summary,
         "causes": [
             {
@@ -966,34 +859,26 @@ def _print_table(tests: list[dict], out: dict) -> None:
     print()
     print(f"{'test':<{w}}  {'dcp':<4}  {'goodput':<7}  first line of the goodput failure / note")
     for t in tests:
-        g = short[t["goodput"]] + ("*" if t["goodput"] == "passed" and t["dcp_fallbacks"] else "")
+        g = short[t["goodput"]]
         note = ""
         if t["goodput"] not in ("passed", "not run"):
             note = t["goodput_error"] or ""
         elif t["dcp"] != "passed":
             note = f"(dcp: {t['dcp_error'] or t['dcp']})"
         if t["internal"]:
-            note = "[DCP internal] " + note
-        if t["dcp_fallbacks"]:
-            note += f" [DCP fallback: {', '.join(t['dcp_fallbacks'])}]"
+            note = f"[not in the goal: {t['internal']}] " + note
         print(f"{t['id']:<{w}}  {short[t['dcp']]:<4}  {g:<7}  {note}")
     s = out["summary"]
     print()
     print(f"collected {s['collected']}; under DCP: {s['dcp']}")
     print(f"passed under DCP: {s['dcp_passed']}")
     print(
-        f"  of those, passed under goodput: {s['goodput_passed_of_dcp_passed']} "
-        f"({s['goodput_passed_without_dcp_fallback']} without any DCP fallback, {s['goodput_passed_using_dcp_fallback']} using one: '*')"
+        f"  of those, passed under goodput (import goodput.ckpt as dcp, nothing else): {s['goodput_passed_of_dcp_passed']}"
     )
     print(
-        f"  DCP internals among them: {s['dcp_internals_among_dcp_passed']}; "
-        f"goal: {s['goal_passed']} / {s['goal_tests']} pass under goodput without a DCP fallback"
+        f"  left out of the goal (DCP's private API, each with its reason): {s['dcp_internals_among_dcp_passed']}; "
+        f"goal: {s['goal_passed']} / {s['goal_tests']} pass under goodput"
     )
-    if out["resolution"]:
-        print(
-            "entry points: "
-            + ", ".join(f"{k.removeprefix(DCP + '.')}={v}" for k, v in sorted(out["resolution"].items()))
-        )
     if out["causes"]:
         print("\ngoodput failures among DCP passes, by first line:")
         for c in out["causes"]:

@@ -312,17 +312,47 @@ def serve_cmd(
     job_python: str = typer.Option(
         "", "--job-python", help="--executor slurm: the Python each job's batch step runs (default: this one)."
     ),
+    allow_root_jobs: bool = typer.Option(
+        False,
+        "--allow-root-jobs",
+        help="Run as root, let tenants without a Unix user (or mapped to root) run jobs as root: single-user "
+        "machines only (docs/SCHED.md, Security model).",
+    ),
+    rate_limit: float = typer.Option(100.0, "--rate-limit", help="Requests a second per token (0: no limit)."),
 ) -> None:
     """Run the live scheduler: an HTTP API (OpenAPI at /openapi.json) that runs jobs as local process groups
     (or as Slurm jobs: --executor slurm --partition P)."""
     from goodput.sched.service import serve
+    from goodput.sched.store import StoreError
 
     opts = _slurm_options(cluster, executor, partition, slurm_conf, job_python)
     pools = _pools(cluster, nodes, gpus_per_node) if opts is None else []
-    serve(
-        db, pools, host=host, port=port, state_dir=state_dir, tick_s=tick_s,
-        executor="slurm" if opts is not None else "local", executor_options=opts,
-    )  # fmt: skip
+    gov = _governance(cluster)
+    if opts is not None:
+        opts["allow_root_jobs"] = allow_root_jobs
+    notes = Console(stderr=True)
+    try:
+        serve(
+            db, pools, host=host, port=port, state_dir=state_dir, tick_s=tick_s,
+            executor="slurm" if opts is not None else "local", executor_options=opts,
+            governance=gov, allow_root_jobs=allow_root_jobs, rate_per_s=rate_limit,
+            on_start=lambda lines: [notes.print(f"goodput sched serve: {x}") for x in lines],
+        )  # fmt: skip
+    except (StoreError, ValueError, OSError) as e:
+        _fail(str(e))
+
+
+def _governance(cluster: str):  # noqa: ANN202
+    """The cluster JSON's tenants (users, checkpoint prefixes, priority caps) and limits, or the defaults."""
+    from goodput.sched import workload as W
+    from goodput.sched.governance import Governance
+
+    if not cluster:
+        return Governance()
+    try:
+        return W.read_cluster_json(cluster).governance
+    except (W.WorkloadError, OSError, ValueError) as e:
+        _fail(str(e))
 
 
 def _slurm_options(cluster: str, executor: str, partition: str, conf: str, python: str) -> dict | None:
@@ -361,18 +391,94 @@ def token_add(
     tenant: str = typer.Argument(..., help="Tenant the token acts for."),
     db: str = typer.Option(..., "--db", help="The service's store URL."),
     admin: bool = typer.Option(False, "--admin", help="An admin token (all jobs, nodes, drain)."),
+    user: str = typer.Option("", "--user", help="The Unix user this tenant's jobs run as (kept for the tenant)."),
+    expires: str = typer.Option("", "--expires", help="Lifetime: 3600s, 90m, 12h, 30d (default: until revoked)."),
 ) -> None:
     """Create a token; it is printed once, alone on the last line, and only its hash is stored."""
+    import time
+
+    from goodput.sched.runas import RunAsError, resolve
     from goodput.sched.service import new_token
-    from goodput.sched.store import open_store
+    from goodput.sched.store import StoreError, open_store
+
+    until = time.time() + _duration(expires) if expires else None
+    try:
+        if user:
+            resolve(user)  # a user this machine knows, now
+        with open_store(db) as store:
+            if user:
+                store.set_tenant_user(tenant, user)
+            tok = new_token(store, tenant, "admin" if admin else "tenant", expires=until)
+    except (ValueError, StoreError, RunAsError) as e:
+        _fail(str(e))
+    extra = (" (admin)" if admin else "") + (f", jobs run as {user!r}" if user else "")
+    extra += f", expires {time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(until))}" if until else ""
+    Console(stderr=True).print(f"token for tenant {tenant!r}{extra}; it is not shown again:")
+    print(tok)
+
+
+def _duration(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    num, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
+    try:
+        v = float(num) * units[unit]
+    except ValueError:
+        _fail(f"--expires {text!r}: expected a number with s, m, h or d (e.g. 12h)")
+    if not math.isfinite(v) or v <= 0 or v > 10 * 365 * 86400:
+        _fail(f"--expires {text!r}: must be positive and at most 10 years")
+    return v
+
+
+@token_app.command("ls")
+def token_ls(
+    db: str = typer.Option(..., "--db", help="The service's store URL."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """The tokens (never their secrets): tenant, role, prefix, created, expires, revoked; and tenants' users."""
+    import time
+
+    from rich.table import Table
+
+    from goodput.sched.store import StoreError, open_store
 
     try:
         with open_store(db) as store:
-            tok = new_token(store, tenant, "admin" if admin else "tenant")
-    except ValueError as e:
+            rows = [r for r in store.tokens() if r["role"] != "job"]
+            users = store.tenant_users()
+    except (ValueError, StoreError) as e:
         _fail(str(e))
-    Console(stderr=True).print(f"token for tenant {tenant!r}{' (admin)' if admin else ''}; it is not shown again:")
-    print(tok)
+    for r in rows:
+        r["user"] = users.get(r["tenant"])
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+
+    def when(t: float | None) -> str:
+        return "" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+    t = Table("prefix", "tenant", "role", "user", "created", "expires", "revoked")
+    for r in rows:
+        t.add_row(r["prefix"] or "?", r["tenant"], r["role"], r["user"] or "", when(r["created"]),
+                  when(r["expires"]), when(r["revoked"]))  # fmt: skip
+    _console().print(t)
+
+
+@token_app.command("revoke")
+def token_revoke(
+    name: str = typer.Argument(..., help="A tenant (all its tokens) or a token's prefix as `token ls` shows it."),
+    db: str = typer.Option(..., "--db", help="The service's store URL."),
+) -> None:
+    """Revoke tokens: a running service refuses them within a second."""
+    from goodput.sched.store import StoreError, open_store
+
+    try:
+        with open_store(db) as store:
+            n = store.revoke_tokens(name)
+    except (ValueError, StoreError) as e:
+        _fail(str(e))
+    if n == 0:
+        _fail(f"no live token matches {name!r}", 1)
+    print(f"revoked {n} token{'s' if n != 1 else ''}")
 
 
 def _call(url: str, method: str, path: str, body: dict | None = None, *, stream: bool = False):  # noqa: ANN202

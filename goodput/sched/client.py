@@ -31,7 +31,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from .local import ENV_EPOCH, ENV_JOB_ID, ENV_RESUME, ENV_TOKEN, ENV_URL
+from .local import ENV_EPOCH, ENV_JOB_ID, ENV_RESUME, ENV_TOKEN, ENV_TOKEN_FILE, ENV_URL
 
 
 class ReportError(RuntimeError):
@@ -88,9 +88,18 @@ class CommitReporter:
             resume = float(e.get(ENV_RESUME, "0") or 0)
         except ValueError as err:
             raise ReportError(f"{ENV_EPOCH}/{ENV_RESUME} are not numbers: {err}") from None
+        token = e.get(ENV_TOKEN, "")
+        if not token and e.get(ENV_TOKEN_FILE):
+            # the run's token is a file only its user can read (never in the environment, where
+            # /proc/PID/environ and every child process would see it)
+            try:
+                with open(e[ENV_TOKEN_FILE], encoding="ascii") as f:
+                    token = f.read(512).strip()
+            except (OSError, ValueError) as err:
+                raise ReportError(f"cannot read the job token from {e[ENV_TOKEN_FILE]!r}: {err}") from None
         return cls(
             url=e[ENV_URL].rstrip("/"),
-            token=e.get(ENV_TOKEN, ""),
+            token=token,
             job_id=e[ENV_JOB_ID],
             epoch=epoch,
             resume_from_s=resume,

@@ -18,18 +18,33 @@ supervisor is the child subreaper, waits for every process of the run (the slots
 after that) and reads a launcher that died on SIGUSR1 while each of its workers left with 75 as a
 preemption (:func:`exit_status`).
 
+Isolation. The supervisor runs as the service's user (it must write the status file the job may
+not forge, and signal and reap every process of the run); it starts the command as the run's
+:class:`goodput.sched.runas.RunAs` (uid, gid, supplementary groups, umask 077) in a working
+directory of its own (``STATE/work/<job>.<epoch>``, 0700, owned by that user, removed when the run
+is reported), with an environment built from an allowlist of the service's variables plus the
+spec's ``env`` plus the run's own ``GOODPUT_*`` values, never the service's whole environment. The
+run's job token is a file in that directory, readable by that user only. The supervisor itself
+starts from a clean environment (``python -I``): nothing of a tenant's reaches the process that
+keeps the service's privileges.
+
 Exit statuses reported to the scheduler: 0 → ``finished``; 75 (``goodput.ckpt.PREEMPTED_EXIT``) →
-``preempted``; the group killed by us → ``killed``; any other status → ``failed``; a group that
-vanished without a status file and without our kill (its slot was lost: something outside killed it)
-→ ``lost``, which the core accounts as an infrastructure loss (``running --lost--> pending``).
+``preempted``; the group killed by us → ``killed``; any other status, a command killed by a signal
+we did not send included (the OOM killer's SIGKILL) → ``failed`` (its signal in the status file and
+the job's log); a group that vanished without a status file and without our kill (its slot was lost:
+something outside killed the supervisor too) → ``lost``, which the core accounts as an
+infrastructure loss (``running --lost--> pending``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
+import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -41,6 +56,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .model import Job
+from .runas import RunAs
+
+log = logging.getLogger("goodput.sched.local")
 
 PREEMPTED_EXIT = 75  # goodput.ckpt.PREEMPTED_EXIT, repeated so the executor never imports torch
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -49,13 +67,59 @@ SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 ENV_JOB_ID = "GOODPUT_JOB_ID"
 ENV_EPOCH = "GOODPUT_JOB_EPOCH"
 ENV_URL = "GOODPUT_SCHED_URL"
-ENV_TOKEN = "GOODPUT_JOB_TOKEN"
+ENV_TOKEN = "GOODPUT_JOB_TOKEN"  # read by CommitReporter when set; the executor hands the token as a file
+ENV_TOKEN_FILE = "GOODPUT_JOB_TOKEN_FILE"
 ENV_CKPT_ROOT = "GOODPUT_CKPT_ROOT"
 ENV_RESUME = "GOODPUT_RESUME_FROM_S"
 ENV_NOTICE = "GOODPUT_NOTICE_FILE"
 ENV_NODES = "GOODPUT_NODES"
 ENV_SLOTS = "GOODPUT_SLOTS"
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+# what a job inherits of the service's environment (everything else it gets from its spec and its run)
+ENV_ALLOW = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM")
+ENV_ALLOW_PREFIX = ("LC_",)
+JOB_UMASK = 0o077
+
+
+def job_environment(base: dict[str, str], spec_env: dict[str, str], own: dict[str, str], who: RunAs | None) -> dict:
+    """A run's environment: the allowlisted variables of ``base`` (the service's), the user's identity
+    (HOME, USER, LOGNAME), the spec's ``env``, then the run's own values, which nothing overrides."""
+    env = {k: v for k, v in base.items() if k in ENV_ALLOW or k.startswith(ENV_ALLOW_PREFIX)}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    if who is not None:
+        env.update(HOME=who.home, USER=who.user, LOGNAME=who.user)
+    env.update(spec_env)
+    env.update(own)
+    return env
+
+
+def _private_dir(path: Path, mode: int = 0o700) -> None:
+    """``path`` as a directory of ours with ``mode`` exactly (the umask does not decide it)."""
+    path.mkdir(parents=True, exist_ok=True)
+    st = path.stat()
+    if st.st_uid == os.geteuid() and (st.st_mode & 0o777) != mode:
+        os.chmod(path, mode)
+
+
+def _write_in(dfd: int, name: str, data: bytes, *, mode: int = 0o600, owner: tuple[int, int] | None = None) -> None:
+    """Write ``name`` in the directory open as ``dfd`` atomically, never following a link a job may
+    have planted there: a fresh temporary file (O_EXCL | O_NOFOLLOW), then a rename over ``name``."""
+    tmp = f".{name}.{secrets.token_hex(6)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+        if owner is not None:
+            os.fchown(fd, *owner)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+    try:
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dfd)
+        raise
 
 
 @dataclass
@@ -73,6 +137,8 @@ class Run:
     status_file: str
     notice_file: str
     killed: bool = False  # we sent SIGKILL: its exit is "killed", never a lost slot
+    workdir: str = ""  # its working directory (owned by the user it runs as)
+    uid: int = -1  # the user it runs as (-1: as the service)
     popen: subprocess.Popen | None = field(default=None, repr=False, compare=False)
 
 
@@ -90,7 +156,10 @@ def free_port() -> int:
 
 def _write_atomic(path: Path, obj: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(obj, f)
         f.flush()
         os.fsync(f.fileno())
@@ -110,8 +179,11 @@ class LocalExecutor:
     """Runs gangs as local process groups; a watcher thread reports their exits.
 
     ``on_exit(job_id, epoch, status)`` is called from the watcher thread, ``status`` one of
-    finished, preempted, failed, killed, lost (``Scheduler.report_exit``'s words); the caller takes its own lock there (the service does). ``token_for(job)`` mints the
-    run's own bearer token for commit reports.
+    finished, preempted, failed, killed, lost (``Scheduler.report_exit``'s words); the caller takes its
+    own lock there (the service does); if it raises, the exit is reported again at a later poll.
+    ``token_for(job)`` mints the run's own bearer token for commit reports; ``run_as(job)`` says
+    whom to run it as (None: as this process; a :class:`RunAsError` fails the start);
+    ``env_for(job)`` gives its spec's environment variables.
     """
 
     def __init__(
@@ -123,12 +195,23 @@ class LocalExecutor:
         token_for: Callable[[Job], str] | None = None,
         on_exit: Callable[[str, int, str], None] | None = None,
         poll_s: float = 0.1,
+        run_as: Callable[[Job], RunAs | None] | None = None,
+        env_for: Callable[[Job], dict[str, str]] | None = None,
     ) -> None:
-        self.dir = Path(state_dir)
+        self.dir = Path(state_dir).absolute()
         self.runs_dir = self.dir / "runs"
         self.logs_dir = self.dir / "logs"
-        self.runs_dir.mkdir(parents=True, exist_ok=True)
-        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        self.work_dir = self.dir / "work"
+        # the state directory is traversable (a job reaches its own working directory and its tenant's
+        # default checkpoint prefix under it) but not listable; runs and logs are the service's alone
+        _private_dir(self.dir, 0o711)
+        _private_dir(self.runs_dir)
+        _private_dir(self.logs_dir)
+        _private_dir(self.work_dir, 0o711)
+        self.run_as = run_as
+        self.env_for = env_for
+        self.last_exit: dict[str, dict] = {}  # job id -> its last run's exit (rc, signal), for the views
+        self._retry_at: dict[str, tuple[float, float]] = {}  # job id -> (next report attempt, backoff)
         self.url = url
         self.gpus_per_node = dict(gpus_per_node or {})
         self.token_for = token_for
@@ -157,43 +240,66 @@ class LocalExecutor:
         _check_id(job.id)
         if not job.command:
             raise ValueError(f"job {job.id!r}: command is empty")
+        who = self.run_as(job) if self.run_as is not None else None
         with self._lock:
             old = self.runs.get(job.id)
             if old is not None:  # a run the scheduler no longer counts (an uncommitted start): never two
                 self._killpg(old)
+                if old.popen is not None and old.epoch == job.epoch:  # same file names: let it finish first
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        old.popen.wait(timeout=10)
             devices = self._devices(nodes, job.gpus_per_node)
             name = f"{job.id}.{job.epoch}"
-            log = self.logs_dir / f"{name}.log"
+            logf = self.logs_dir / f"{name}.log"
             status = self.runs_dir / f"{name}.status"
-            notice = self.runs_dir / f"{name}.notice"
-            for p in (status, notice):
+            spec_file = self.runs_dir / f"{name}.spec"
+            for p in (status, spec_file):
                 with contextlib.suppress(FileNotFoundError):
                     p.unlink()
-            env = dict(os.environ)
-            env.update(
-                {
-                    ENV_JOB_ID: job.id,
-                    ENV_EPOCH: str(job.epoch),
-                    ENV_URL: self.url,
-                    ENV_TOKEN: self.token_for(job) if self.token_for is not None else "",
-                    ENV_CKPT_ROOT: job.ckpt_root,
-                    ENV_RESUME: repr(float(resume_from_s)),
-                    ENV_NOTICE: str(notice),
-                    ENV_NODES: ",".join(nodes),
-                    "CUDA_VISIBLE_DEVICES": ",".join(str(d) for n in nodes for d in devices[n]),
-                }
-            )
-            env.update(launch_env(len(nodes) * job.gpus_per_node, free_port()))
-            argv = [sys.executable, "-m", "goodput.sched.local", "--status", str(status), "--", *job.command]
-            with open(log, "ab") as out:
+            workdir = self._make_workdir(name, who, self.token_for(job) if self.token_for is not None else "")
+            notice = workdir / "notice.json"
+            own = {
+                ENV_JOB_ID: job.id,
+                ENV_EPOCH: str(job.epoch),
+                ENV_URL: self.url,
+                ENV_TOKEN_FILE: str(workdir / "token"),
+                ENV_CKPT_ROOT: job.ckpt_root,
+                ENV_RESUME: repr(float(resume_from_s)),
+                ENV_NOTICE: str(notice),
+                ENV_NODES: ",".join(nodes),
+                "CUDA_VISIBLE_DEVICES": ",".join(str(d) for n in nodes for d in devices[n]),
+            }
+            own.update(launch_env(len(nodes) * job.gpus_per_node, free_port()))
+            spec_env = self.env_for(job) if self.env_for is not None else {}
+            env = job_environment(dict(os.environ), spec_env, own, who)
+            sup = {
+                "env": env,
+                "cwd": str(workdir),
+                "umask": JOB_UMASK,
+                "mkdir": [job.ckpt_root] if job.ckpt_root else [],
+                "user": who.to_obj() if who is not None else None,
+            }
+            fd = os.open(spec_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(sup, f)
+            # -I: the supervisor keeps the service's privileges, so no PYTHON* variable, user site or
+            # working directory of anyone else's decides what it imports; it starts from a bare environment
+            argv = [sys.executable, "-I", "-m", "goodput.sched.local", "--status", str(status)]
+            argv += ["--spec", str(spec_file), "--", *job.command]
+            bare = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"}
+            out = os.open(logf, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
                 p = subprocess.Popen(
                     argv,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
-                    env=env,
+                    env=bare,
+                    cwd=str(self.dir),
                     start_new_session=True,
                 )
+            finally:
+                os.close(out)
             run = Run(
                 job=job.id,
                 epoch=job.epoch,
@@ -202,23 +308,43 @@ class LocalExecutor:
                 create_time=_proc_create_time(p.pid) or 0.0,
                 nodes=list(nodes),
                 devices=devices,
-                log=str(log),
+                log=str(logf),
                 status_file=str(status),
                 notice_file=str(notice),
+                workdir=str(workdir),
+                uid=who.uid if who is not None else -1,
                 popen=p,
             )
             self.runs[job.id] = run
             self._save(run)
+
+    def _make_workdir(self, name: str, who: RunAs | None, token: str) -> Path:
+        """``STATE/work/<name>``, fresh: 0700 and owned by the user the run is for, holding its token
+        file (0600, that user's). Made as the service, in a directory only the service can write, the
+        files before the directory is handed over, so no link planted by a job is ever followed."""
+        path = self.work_dir / name
+        if os.path.lexists(path):  # a start of this epoch that never committed, or a crash mid-start
+            shutil.rmtree(path, ignore_errors=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        os.mkdir(path, 0o700)
+        dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            owner = (who.uid, who.gid) if who is not None else None
+            _write_in(dfd, "token", token.encode(), mode=0o600, owner=owner)
+            if owner is not None:
+                os.fchown(dfd, *owner)
+            os.fchmod(dfd, 0o700)
+        finally:
+            os.close(dfd)
+        return path
 
     def notify(self, job: Job, *, checkpoint: bool, deadline_s: float) -> None:
         with self._lock:
             run = self._current(job)
             if run is None:
                 return
-            with contextlib.suppress(OSError):
-                _write_atomic(
-                    Path(run.notice_file), {"checkpoint": checkpoint, "deadline_s": deadline_s, "epoch": run.epoch}
-                )
+            self._write_notice(run, {"checkpoint": checkpoint, "deadline_s": deadline_s, "epoch": run.epoch})
             # both mean "checkpoint and leave" to goodput.ckpt.Checkpointer; SIGTERM is the plain stop.
             # A launcher's group gets SIGUSR1 either way: torchrun has no handler and dies at once, so its
             # workers are reparented to the supervisor, which reads their exits (75 after a checkpoint: a
@@ -226,6 +352,22 @@ class LocalExecutor:
             # and a cancel under torchrun would read as failed.
             sig = signal.SIGUSR1 if checkpoint else signal.SIGTERM
             self._signal_tree(run, sig, launcher_sig=signal.SIGUSR1)
+
+    def _write_notice(self, run: Run, notice: dict) -> None:
+        """The notice file in the run's working directory (the job's user owns that directory: no link
+        in it is followed); 0644, so the job reads it and cannot forge it in place."""
+        path = Path(run.notice_file)
+        try:
+            if run.workdir:
+                dfd = os.open(run.workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    _write_in(dfd, path.name, json.dumps(notice).encode(), mode=0o644)
+                finally:
+                    os.close(dfd)
+            else:  # a record written before working directories existed
+                _write_atomic(path, notice)
+        except OSError as e:
+            log.warning("job %s: cannot write its notice file %s: %s", run.job, path, e)
 
     def kill(self, job: Job) -> None:
         with self._lock:
@@ -264,6 +406,19 @@ class LocalExecutor:
                     out[run.job] = "orphan killed"
         return out
 
+    def reconcile(self, jobs: dict[str, Job]) -> dict[str, str]:
+        """After the scheduler was rebuilt from its store in this process (a store write failed): kill
+        every run the store does not count (a start whose commit failed), as a restart would."""
+        out: dict[str, str] = {}
+        with self._lock:
+            for run in list(self.runs.values()):
+                job = jobs.get(run.job)
+                live = job is not None and job.epoch == run.epoch and job.state.value in ("running", "preempting")
+                if not live and not run.killed:
+                    self._killpg(run)
+                    out[run.job] = "orphan killed"
+        return out
+
     # ------------------------------------------------------------------ the watcher
 
     def start_watcher(self) -> None:
@@ -280,21 +435,40 @@ class LocalExecutor:
 
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_s):
-            self.poll()
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001 - the watcher must outlive any one bad poll; it is logged
+                log.exception("executor poll failed; retrying")
 
     def poll(self) -> int:
-        """Report every run observed gone; the number reported."""
+        """Report every run observed gone; the number reported. A report that raises (the service's
+        store refused the step) is logged and tried again later, with backoff up to 5 s."""
+        now = time.monotonic()
         with self._lock:
-            done = [r for r in self.runs.values() if not self._alive(r)]
+            done = [
+                r for r in self.runs.values() if self._retry_at.get(r.job, (0.0, 0.0))[0] <= now and not self._alive(r)
+            ]
+        reported = 0
         for run in done:
-            status = self._status(run)
+            status, detail = self._status_detail(run)
             if self.on_exit is not None:
-                self.on_exit(run.job, run.epoch, status)
+                try:
+                    self.on_exit(run.job, run.epoch, status)
+                except Exception:  # noqa: BLE001 - kept, so the exit is reported again
+                    wait = min(5.0, 2 * self._retry_at.get(run.job, (0.0, 0.05))[1])
+                    self._retry_at[run.job] = (time.monotonic() + wait, wait)
+                    log.exception("job %s: reporting its exit (%s) failed; again in %.2f s", run.job, status, wait)
+                    continue
+            self._retry_at.pop(run.job, None)
+            self.last_exit[run.job] = {"epoch": run.epoch, "status": status, **detail}
+            if len(self.last_exit) > 100_000:
+                self.last_exit.pop(next(iter(self.last_exit)))
+            reported += 1
             with self._lock:
                 if self.runs.get(run.job) is run:
                     del self.runs[run.job]
                 self._forget(run)  # after the report: a crash in between re-reports, and the core ignores it
-        return len(done)
+        return reported
 
     # ------------------------------------------------------------------ helpers
 
@@ -318,6 +492,13 @@ class LocalExecutor:
             return False
 
     def _status(self, run: Run) -> str:
+        return self._status_detail(run)[0]
+
+    def _status_detail(self, run: Run) -> tuple[str, dict]:
+        """The run's status for the core, and what the status file says (rc, and the signal that ended
+        the command if one did). A command killed by a signal we did not send (the OOM killer's SIGKILL)
+        is ``failed``, with backoff and the retry budget; ``lost`` is only for a run that vanished with
+        no status written at all (the supervisor went too: the slot, not the job)."""
         rc: int | None = None
         try:
             rc = int(json.loads(Path(run.status_file).read_text(encoding="utf-8"))["rc"])
@@ -325,13 +506,19 @@ class LocalExecutor:
             rc = None
         if rc is None and run.popen is not None and run.popen.returncode not in (None, -signal.SIGKILL):
             rc = run.popen.returncode  # the supervisor itself failed
-        if rc is None or rc == -signal.SIGKILL:
-            return "killed" if run.killed else "lost"
+        detail: dict = {"rc": rc}
+        if rc is not None and rc < 0:
+            with contextlib.suppress(ValueError):
+                detail["signal"] = signal.Signals(-rc).name
+        if rc is None:
+            return ("killed" if run.killed else "lost"), detail
         if rc == 0:
-            return "finished"
+            return "finished", detail
         if rc == PREEMPTED_EXIT:
-            return "preempted"
-        return "failed"
+            return "preempted", detail
+        if rc < 0 and run.killed:
+            return "killed", detail
+        return "failed", detail
 
     def _descendants(self, run: Run) -> list:
         """The run's processes below its supervisor (a launcher's workers may sit in sessions of their own)."""
@@ -403,6 +590,10 @@ class LocalExecutor:
         for p in (self._record_path(run), Path(run.status_file), Path(run.notice_file)):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            Path(run.status_file).with_suffix(".spec").unlink()
+        if run.workdir and Path(run.workdir).parent == self.work_dir:  # its token goes with it
+            shutil.rmtree(run.workdir, ignore_errors=True)
 
 
 def _node_index(name: str) -> int:
@@ -485,10 +676,43 @@ def exit_status(command_rc: int, orphans: list[int]) -> int:
     return command_rc
 
 
+def _as_user(user: dict | None, fn: Callable[[], None]) -> None:
+    """``fn`` with this process's effective ids switched to ``user`` (its file-system checks are then
+    the user's: a directory a tenant names is made only where that tenant could make it), then back."""
+    if user is None or os.geteuid() != 0 or user["uid"] == 0:
+        fn()
+        return
+    groups = os.getgroups()
+    os.setgroups(user["groups"])
+    os.setegid(user["gid"])
+    os.seteuid(user["uid"])
+    try:
+        fn()
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+        os.setgroups(groups)
+
+
 def _supervise(argv: list[str]) -> int:
-    """Lead the group, pass signals by ignoring them here, wait for the whole tree, write the status."""
+    """Lead the group, pass signals by ignoring them here, wait for the whole tree, write the status.
+
+    ``--status FILE [--spec FILE] -- CMD...``: the spec (written by the executor, read and removed
+    here) gives the command's environment, working directory, umask, the user it runs as and the
+    directories to make first as that user (its checkpoint root)."""
+    spec: dict = {}
+    if len(argv) >= 5 and argv[0] == "--status" and argv[2] == "--spec" and argv[4] == "--":
+        try:
+            with open(argv[3], encoding="utf-8") as f:
+                spec = json.load(f)
+            os.unlink(argv[3])
+        except (OSError, ValueError) as e:
+            print(f"goodput.sched.local: cannot read the run's spec {argv[3]!r}: {e}", file=sys.stderr)
+            _write_atomic(Path(argv[1]), {"rc": 127, "command_rc": 127, "orphans": [], "t": time.time()})
+            return 0
+        argv = [argv[0], argv[1], *argv[4:]]
     if len(argv) < 4 or argv[0] != "--status" or argv[2] != "--":
-        print("usage: python -m goodput.sched.local --status FILE -- CMD [ARGS...]", file=sys.stderr)
+        print("usage: python -m goodput.sched.local --status FILE [--spec FILE] -- CMD [ARGS...]", file=sys.stderr)
         return 2
     status, cmd = Path(argv[1]), argv[3:]
     # a Python-level handler (not SIG_IGN): exec resets it to the default in the child, which then
@@ -501,10 +725,21 @@ def _supervise(argv: list[str]) -> int:
         signal.signal(sig, lambda signum, _frame: early.append(signum))
     reaper = _subreaper()
     orphans: list[int] = []
+    user = spec.get("user")
+    for d in spec.get("mkdir", ()):
+        try:
+            _as_user(user, lambda d=d: os.makedirs(d, mode=0o700, exist_ok=True))
+        except OSError as e:
+            print(f"goodput.sched.local: cannot make the directory {d!r}: {e}", file=sys.stderr, flush=True)
+    kw: dict = {}
+    if spec:
+        kw.update(env=spec["env"], cwd=spec["cwd"], umask=int(spec.get("umask", JOB_UMASK)))
+        if user is not None and os.geteuid() == 0:
+            kw.update(user=user["uid"], group=user["gid"], extra_groups=list(user["groups"]))
     try:
-        child = subprocess.Popen(cmd)
-    except OSError as e:
-        print(f"goodput.sched.local: cannot start {cmd[0]!r}: {e}", file=sys.stderr)
+        child = subprocess.Popen(cmd, **kw)
+    except (OSError, subprocess.SubprocessError) as e:
+        print(f"goodput.sched.local: cannot start {cmd[0]!r}: {e}", file=sys.stderr, flush=True)
         crc = 127
     else:
         # once each: a notice that came while the child was being started may also have reached it
@@ -516,6 +751,9 @@ def _supervise(argv: list[str]) -> int:
         if reaper:  # the run is over only when every process of it is: slots are released after that
             orphans = _reap_orphans()
     rc = exit_status(crc, orphans)
+    if crc < 0:
+        with contextlib.suppress(ValueError):
+            print(f"goodput.sched.local: the command was killed by {signal.Signals(-crc).name}", file=sys.stderr)
     _write_atomic(status, {"rc": rc, "command_rc": crc, "orphans": orphans, "t": time.time()})
     return 0
 

@@ -201,6 +201,12 @@ _NODES = _RecordCodec(Node, "nodes", "name")
 _TENANTS = _RecordCodec(Tenant, "tenants", "name")
 
 
+def encode_job(job: Job) -> str:
+    """The job's stored body: what a caller checks before changing anything, so a record the store
+    cannot write (a lone surrogate, an integer past 64 bits) is refused first, not found at the commit."""
+    return _JOBS.encode(job)
+
+
 def _json_default(o: Any) -> Any:
     if isinstance(o, Enum):
         return o.value
@@ -443,9 +449,10 @@ class Store:
         commit_rows = list(staged.commits) if staged is not None else []
         key_rows = list(staged.keys) if staged is not None else []
         env_rows = list(staged.envs) if staged is not None else []
-        if not (
-            job_rows or node_rows or tenant_rows or meta_rows or event_bodies or dels or commit_rows or key_rows
-        ) and not env_rows:
+        if (
+            not (job_rows or node_rows or tenant_rows or meta_rows or event_bodies or dels or commit_rows or key_rows)
+            and not env_rows
+        ):
             return
         with self._use(), self._transaction(write=True) as cur:
             self._upsert(cur, "jobs", ("id", "state", "tenant", "body"), job_rows)
@@ -588,9 +595,7 @@ class Store:
     def token(self, digest: str) -> tuple[str, str, str] | None:
         """(tenant, role, job) of the live token with this hash (not revoked, not expired), or None."""
         with self._use(), self._transaction(write=False) as cur:
-            cur.execute(
-                self._sql("SELECT tenant, role, job, expires, revoked FROM tokens WHERE hash = ?"), (digest,)
-            )
+            cur.execute(self._sql("SELECT tenant, role, job, expires, revoked FROM tokens WHERE hash = ?"), (digest,))
             row = cur.fetchone()
         if row is None or row[4] is not None or (row[3] is not None and float(row[3]) <= time.time()):
             return None
@@ -834,17 +839,21 @@ class PostgresStore(Store):
 
 def _private_file(path: str) -> None:
     """Create ``path`` as 0600 if absent; make one we own 0600: the store holds every tenant's jobs and the
-    token hashes, and no job (another Unix user) may read or write it."""
+    token hashes, and no job (another Unix user) may read or write it. An existing file is never opened
+    here: closing any descriptor of a database file drops every POSIX lock this process holds on it,
+    the locks SQLite's other connections in this process rely on."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
-    except OSError as e:
-        raise StoreError(f"cannot open SQLite store {path!r}: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if st.st_uid == os.geteuid() and st.st_mode & 0o077:
-            os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
+        st = os.stat(path)
+    except FileNotFoundError:
+        try:
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600))
+        except FileExistsError:
+            return
+        except OSError as e:
+            raise StoreError(f"cannot create SQLite store {path!r}: {e.strerror}") from None
+        return
+    if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+        os.chmod(path, 0o600)
 
 
 def _sqlite_path(url: str) -> str:

@@ -39,14 +39,40 @@ def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     )
 
 
+def cluster_json(path: Path, nodes: int, tenants: list[dict] | None = None, **limits: float) -> Path:
+    """A one-pool cluster of ``nodes`` 1-GPU slots (named as ``serve --nodes`` names them), the
+    tenants' users and checkpoint prefixes, and limits that let a young run be preempted."""
+    obj = {
+        "pools": [{"name": "local", "kind": "on-demand", "nodes": nodes, "gpus_per_node": 1, "price_per_gpu_hour": 1}],
+        "tenants": tenants or [],
+        "limits": {"min_run_s": 0, **limits},
+    }
+    path.write_text(json.dumps(obj))
+    return path
+
+
 class Server:
-    def __init__(self, tmp: Path, nodes: int = 1, db: str = "") -> None:
+    """``goodput sched serve`` as a subprocess. By default as the single-user machine these tests run
+    on (``--allow-root-jobs`` when root), the tenants alice, bob and ops with the test's directory as
+    their checkpoint prefix; ``tenants`` replaces them (the isolation tests map them to users)."""
+
+    def __init__(
+        self, tmp: Path, nodes: int = 1, db: str = "", tenants: list[dict] | None = None, extra: tuple = ()
+    ) -> None:
         self.tmp = tmp
         self.db = db or f"sqlite:///{tmp / 'sched.db'}"
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.nodes = nodes
         self.proc: subprocess.Popen | None = None
+        if tenants is None:
+            tenants = [{"name": t, "ckpt_prefix": str(tmp)} for t in ("alice", "bob", "ops")]
+        self.tenants = tenants
+        self.extra = tuple(extra) or (("--allow-root-jobs",) if os.geteuid() == 0 else ())
+        self.cluster = cluster_json(tmp / f"cluster-{self.port}.json", nodes, tenants)
+        self._admin = ""
+        self.env: dict[str, str] | None = None  # the service's environment (default: the test's)
+        self.state = tmp / "state"
 
     def token(self, tenant: str, *extra: str) -> str:
         r = _cli("sched", "token", "add", tenant, "--db", self.db, *extra)
@@ -60,20 +86,27 @@ class Server:
         while time.monotonic() < deadline:
             try:
                 with urllib.request.urlopen(self.url + "/healthz", timeout=2) as r:
-                    self.health = json.loads(r.read())
-                    return self
+                    assert json.loads(r.read()) == {"ok": True}  # up or down, nothing more without a token
+                    break
             except OSError:
                 assert self.proc.poll() is None, (self.tmp / "serve.log").read_text()
                 time.sleep(0.1)
-        raise AssertionError("service did not come up")
+        else:
+            raise AssertionError("service did not come up")
+        if not self._admin:
+            self._admin = self.token("ops-admin", "--admin")
+        code, self.health = self.get("/service", self._admin)  # restored, adopted: for the operator only
+        assert code == 200, self.health
+        return self
 
     def _spawn(self, log) -> subprocess.Popen:  # noqa: ANN001
         return subprocess.Popen(
             [PY, "-c", "from goodput.cli.main import app; app()", "sched", "serve", "--db", self.db]
-            + ["--port", str(self.port), "--nodes", str(self.nodes), "--gpus-per-node", "1"]
-            + ["--state-dir", str(self.tmp / "state"), "--tick-s", "0.2"],
+            + ["--port", str(self.port), "--cluster", str(self.cluster)]
+            + ["--state-dir", str(self.state), "--tick-s", "0.2", *self.extra],
             stdout=log,
             stderr=subprocess.STDOUT,
+            env=self.env,
         )
 
     def kill9(self) -> None:
@@ -117,8 +150,8 @@ class Server:
 def server(tmp_path):
     servers: list[Server] = []
 
-    def make(nodes: int = 1, db: str = "") -> Server:
-        s = Server(tmp_path, nodes, db)
+    def make(nodes: int = 1, db: str = "", **kw) -> Server:  # noqa: ANN003
+        s = Server(tmp_path, nodes, db, **kw)
         servers.append(s)
         return s
 
@@ -156,8 +189,8 @@ def db(request, tmp_path):
 
 def _restart(server, old: Server) -> Server:  # noqa: ANN001
     """A new service process on the old one's store, state dir and port (the jobs know it by its URL)."""
-    s2 = server(nodes=old.nodes, db=old.db)
-    s2.port, s2.url = old.port, old.url
+    s2 = server(nodes=old.nodes, db=old.db, tenants=old.tenants, extra=old.extra)
+    s2.port, s2.url, s2.cluster, s2._admin = old.port, old.url, old.cluster, old._admin
     return s2.start()
 
 
@@ -271,25 +304,36 @@ def test_auth_and_validation(server, tmp_path):
         code, err = s.post("/jobs", _spec(tmp_path / "y", 5, **bad), alice)
         assert code == 422, (bad, err)
         assert any(field in d["loc"] for d in err["detail"]), (bad, err)
-    # a stale epoch, and a job token reporting for another job, are rejected
+    # only job tokens report commits: a tenant's own token (or an admin's) may not
     s.wait_job(jid, alice, lambda j: j["state"] == "running")
-    code, ans = s.post(f"/jobs/{jid}/commits", {"epoch": 7, "progress_s": 1.0}, alice)
-    assert code == 409 and "stale epoch" in ans["reason"]
-    # a fast-tier commit is shown, never counted: it does not survive the loss of a node
-    code, ans = s.post(f"/jobs/{jid}/commits", {"epoch": 1, "progress_s": 1e6, "tier": "fast"}, alice)
-    assert code == 200 and ans["accepted"], ans
-    ck = s.get(f"/jobs/{jid}", alice)[1]["checkpoint"]
-    assert ck["last_fast_report"]["progress_s"] == 1e6 and ck["committed_s"] < 1e6
-    code, err = s.post(f"/jobs/{jid}/commits", {"epoch": 1, "progress_s": 1.0, "tier": "nvme"}, alice)
-    assert code == 422 and any("tier" in d["loc"] for d in err["detail"])
+    code, ans = s.post(f"/jobs/{jid}/commits", {"epoch": 1, "progress_s": 1.0}, alice)
+    assert code == 403 and "job token" in ans["detail"], ans
+    assert s.post(f"/jobs/{jid}/commits", {"epoch": 1, "progress_s": 1.0}, s._admin)[0] == 403
     from goodput.sched.service import new_token
     from goodput.sched.store import open_store
 
-    with open_store(s.db) as store:
+    with open_store(s.db) as store:  # a stored job token (any run of the job): its reports are judged
+        own = new_token(store, "alice", "job", jid)
         other_job = new_token(store, "alice", "job", "other.00000000")
+    time.sleep(1.0)  # the service's token cache refreshes within a second
+    code, ans = s.post(f"/jobs/{jid}/commits", {"epoch": 7, "progress_s": 1.0}, own)
+    assert code == 409 and "stale epoch" in ans["reason"]
+    # a fast-tier commit is shown, never counted: it does not survive the loss of a node
+    code, ans = s.post(f"/jobs/{jid}/commits", {"epoch": 1, "progress_s": 1e6, "tier": "fast"}, own)
+    assert code == 200 and ans["accepted"], ans
+    ck = s.get(f"/jobs/{jid}", alice)[1]["checkpoint"]
+    assert ck["last_fast_report"]["progress_s"] == 1e6 and ck["committed_s"] < 1e6
+    code, err = s.post(f"/jobs/{jid}/commits", {"epoch": 1, "progress_s": 1.0, "tier": "nvme"}, own)
+    assert code == 422 and any("tier" in d["loc"] for d in err["detail"])
     code, ans = s.post(f"/jobs/{jid}/commits", {"epoch": 1, "progress_s": 1.0}, other_job)
     assert code == 403
     assert s.get("/jobs", other_job)[0] == 403  # a job token reports commits, nothing else
+    # a run's own token (an HMAC of job and epoch): the right run only; a forged one is unknown
+    run_tok = (Path(_run_record(tmp_path, jid, 1)["workdir"]) / "token").read_text()
+    assert run_tok.startswith("gpj_") and run_tok.endswith(f".1.{jid}")
+    assert s.post(f"/jobs/{jid}/commits", {"epoch": 2, "progress_s": 1.0}, run_tok)[0] == 403
+    forged = "gpj_" + "A" * 43 + f".1.{jid}"
+    assert s.post(f"/jobs/{jid}/commits", {"epoch": 1, "progress_s": 1.0}, forged)[0] == 401
     code, ans = s.post(f"/jobs/{jid}/cancel", {}, alice)
     assert code == 200
     s.wait_job(jid, alice, lambda j: j["state"] == "cancelled")

@@ -66,6 +66,14 @@ def _storage_path(storage: Any, kind: str) -> str | os.PathLike:
         return storage.path
     path = getattr(storage, "path", None)  # DCP's own FileSystemWriter/Reader carry .path
     module = type(storage).__module__
+    name = type(storage).__name__
+    if module.startswith("torch.distributed.checkpoint") and name == "HuggingFaceStorageReader" and path:
+        return path  # a Hugging Face directory: goodput's load reads it into any layout (goodput.ckpt.hf)
+    if module.startswith("torch.distributed.checkpoint") and name == "HuggingFaceStorageWriter":
+        raise TypeError(
+            f"{kind}=HuggingFaceStorageWriter: goodput saves its own format; write Hugging Face safetensors from a "
+            "goodput checkpoint with goodput.ckpt.export(src, dst) (`goodput ckpt export`)"
+        )
     if (
         path is not None
         and module.startswith("torch.distributed.checkpoint")

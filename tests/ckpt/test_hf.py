@@ -177,3 +177,15 @@ def test_load_of_a_dcp_checkpoint_names_import_dcp(tmp_path: Path) -> None:
         gc.load({"w": torch.zeros(3)}, tmp_path)
     with pytest.raises(gc.CheckpointError, match="goodput ckpt import-dcp"):
         gc.open(tmp_path)
+
+
+def test_dcps_hugging_face_reader_and_writer_call_shapes(tmp_path: Path) -> None:
+    from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
+
+    w = torch.randn(6, 4)
+    save_file({"w": w}, tmp_path / "model.safetensors")
+    t = {"w": torch.zeros(6, 4)}
+    gc.load(t, storage_reader=HuggingFaceStorageReader(str(tmp_path)))
+    assert torch.equal(t["w"], w)
+    with pytest.raises(TypeError, match="goodput.ckpt.export"):
+        gc.save({"w": w}, storage_writer=HuggingFaceStorageWriter(str(tmp_path / "out")))

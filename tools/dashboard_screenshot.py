@@ -2,7 +2,8 @@
 
     .venv/bin/python tools/dashboard_screenshot.py [--out docs/dashboard.png] [--chromium /usr/bin/chromium]
 
-It starts `goodput sched serve` on 127.0.0.1 (4 nodes x 2 slots, SQLite in a temporary directory),
+It starts the service's app (as `goodput sched serve` runs it) on 127.0.0.1 (4 nodes x 2 slots, SQLite
+in a temporary directory, the operator's min_run_s at 0),
 submits jobs of three tenants (two checkpointing example jobs, plain sleepers), lets a high-priority
 job preempt the cheapest victim, drains a node whose job ignores its notice (so its GPUs show
 draining), queues a gang that fits nowhere, then opens /ui in the system Chromium (Playwright;
@@ -42,6 +43,29 @@ SLEEP = [PY, "-c", "import time; time.sleep(900)"]
 STUBBORN = [PY, "-c", "import signal, time; [signal.signal(s, signal.SIG_IGN) for s in (1, 10, 15)]; time.sleep(900)"]
 
 
+# the app `goodput sched serve` runs, on 4 nodes x 2 slots, with the operator's limit on preempting young
+# runs (min_run_s, 600 s by default) at 0 so that the preemption happens within the minute, and the
+# jobs run as this user (a single-user machine)
+LAUNCH = """
+import inspect, sys, uvicorn
+from goodput.sched.service import Service, create_app, local_pools
+db, port, state = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+kw = {}
+params = inspect.signature(Service).parameters
+if "allow_root_jobs" in params:
+    kw["allow_root_jobs"] = True
+if "governance" in params:
+    from goodput.sched.governance import Governance
+    kw["governance"] = Governance.from_obj(None, {"min_run_s": 0})
+svc = Service(db, local_pools(4, 2), state_dir=state, url=f"http://127.0.0.1:{port}", tick_s=0.2, **kw)
+svc.start()
+try:
+    uvicorn.run(create_app(svc), host="127.0.0.1", port=port, log_level="warning")
+finally:
+    svc.close()
+"""
+
+
 def cli(*args: str) -> str:
     r = subprocess.run(
         [PY, "-c", "from goodput.cli.main import app; app()", *args], capture_output=True, text=True, check=True
@@ -56,8 +80,11 @@ def call(url: str, method: str, path: str, token: str, body: dict | None = None)
         method=method,
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
     )
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read())
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        raise SystemExit(f"{method} {path}: HTTP {e.code}: {e.read()[:1000]!r}") from None
 
 
 def main() -> int:
@@ -76,12 +103,7 @@ def main() -> int:
     admin = cli("sched", "token", "add", "ops", "--db", db, "--admin")
     tok = {t: cli("sched", "token", "add", t, "--db", db) for t in ("alice", "bob", "carol")}
     log = open(tmp / "serve.log", "wb")  # noqa: SIM115 - held for the service's life
-    proc = subprocess.Popen(
-        [PY, "-c", "from goodput.cli.main import app; app()", "sched", "serve", "--db", db, "--port", str(port)]
-        + ["--nodes", "4", "--gpus-per-node", "2", "--state-dir", str(tmp / "state"), "--tick-s", "0.2"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    proc = subprocess.Popen([PY, "-c", LAUNCH, db, str(port), str(tmp / "state")], stdout=log, stderr=subprocess.STDOUT)
     try:
         for _ in range(300):
             try:
@@ -104,8 +126,8 @@ def main() -> int:
         ck = {"ckpt_interval_s": 1.0, "ckpt_write_s": 0.5, "restart_s": 5}
         pre = submit("alice", "pretrain-7b", TRAIN, nodes=2, gpus_per_node=2, priority=1, **ck)
         fine = submit("bob", "finetune", TRAIN, priority=0, **ck)
-        submit("bob", "eval-sweep", SLEEP, priority=0)
-        stub = submit("carol", "render", STUBBORN, gpus_per_node=2, priority=0, grace_s=900)
+        submit("bob", "eval-sweep", SLEEP, priority=0, ckpt_interval_s=10)  # never commits: overdue after 10 s
+        stub = submit("carol", "render", STUBBORN, gpus_per_node=2, priority=0)
         for t, j in (("alice", pre), ("bob", fine)):
             wait(t, j, lambda x: x["state"] == "running" and x["checkpoint"]["committed_s"] > 0)
         wait("carol", stub, lambda x: x["state"] == "running")

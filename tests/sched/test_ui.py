@@ -263,7 +263,8 @@ def test_no_token_gets_only_the_login_form(service, page_of):
 def test_page_with_a_token_shows_the_cluster_and_a_job_moves_from_queue_to_running(service, page_of):
     svc = service(nodes=1).start()
     alice = svc.token("alice")
-    first = svc.submit(alice, "holder", SLEEPER)
+    # it declares a checkpoint every second and never commits one: overdue within seconds
+    first = svc.submit(alice, "holder", SLEEPER, ckpt_interval_s=1, ckpt_write_s=0.5)
     svc.wait(first, alice, lambda j: j["state"] == "running")
     page = page_of()
     _login(page, svc, alice)
@@ -273,6 +274,7 @@ def test_page_with_a_token_shows_the_cluster_and_a_job_moves_from_queue_to_runni
     assert page.context.cookies() == []
     expect(page.locator('[data-node="local-00000"]')).to_be_visible()
     expect(page.locator("#running")).to_contain_text("holder")
+    expect(page.locator("#running tr.overdue", has_text="holder")).to_contain_text("overdue", timeout=WAIT_MS)
     page.evaluate("window.__same_document = true")  # gone if the page reloads
     second = svc.submit(alice, "waiter", SLEEPER)
     row = page.locator("#queue tr", has_text="waiter")

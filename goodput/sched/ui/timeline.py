@@ -129,7 +129,9 @@ def _reason_of(rec: dict[str, Any]) -> tuple[str, str]:
     preemptor = rec.get("preemptor")
     if not isinstance(reason, str) or not reason:
         reason = victim_of if victim_of in PRIORITY_VICTIM_OF else ("priority" if victim_of else "unknown")
-    if not isinstance(preemptor, str):
+    if "preemptor" in rec:  # a newer record says it: a job id, or null when no job asked
+        preemptor = preemptor if isinstance(preemptor, str) else ""
+    else:  # an older one: victim_of is the job it makes room for, or what asked
         preemptor = "" if victim_of in PRIORITY_VICTIM_OF else victim_of
     return reason, preemptor
 
@@ -208,7 +210,9 @@ class Timeline:
                 j.limit_s = _num(rec.get("limit_s"))
             j.state, j.substate = "pending", "queued"
         elif kind == "started":
-            nodes = tuple(str(n) for n in rec.get("nodes") or ())
+            if not isinstance(rec.get("nodes"), list):
+                raise ValueError(f"job {jid!r}: started without a list of nodes")
+            nodes = tuple(str(n) for n in rec["nodes"])
             gpn = int(rec.get("gpus_per_node", j.gpus_per_node or 1))
             run = Run(
                 job=jid,

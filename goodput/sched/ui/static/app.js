@@ -186,7 +186,7 @@
     ["checkpoint_stall", "checkpoint stall", "#6d28d9"],
     ["draining", "draining", "#0369a1"],
     ["double_booked", "double-booked", "#be185d"],
-    ["at_risk", "at risk (uncommitted, running)", "#ca8a04"],
+    ["at_risk", "at risk (running)", "#ca8a04"],
     ["idle", "idle", "#9ca3af"]
   ];
 
@@ -396,9 +396,11 @@
       options: { scales: { y: { beginAtZero: true, title: { display: true, text: "GPU-hours" } } } }
     });
     var box = clear(document.getElementById("ledger-tables"));
-    var gp = tot.allocated > 0 ? tot.useful / tot.allocated : null;
-    box.appendChild(el("p", null, "Goodput (useful / allocated): ", el("b", { id: "goodput-value", text: gp === null ? "–" : num(gp, 4) }),
-      " · capacity " + num(led.capacity_gpu_h, 2) + " GPU-h · allocated " + num(tot.allocated, 2) + " GPU-h"));
+    // goodput over the GPU-time whose fate is known: a running job's uncommitted tail is neither yet
+    var settled = (tot.allocated || 0) - (tot.at_risk || 0);
+    var gp = settled > 0 ? tot.useful / settled : null;
+    box.appendChild(el("p", null, "Goodput (useful / allocated, running jobs' uncommitted work left out): ", el("b", { id: "goodput-value", text: gp === null ? "–" : num(gp, 4) }),
+      " · capacity " + num(led.capacity_gpu_h, 2) + " GPU-h · allocated " + num(tot.allocated, 2) + " GPU-h · at risk " + num(tot.at_risk || 0, 3) + " GPU-h"));
     box.appendChild(el("details", { "data-key": "ledger-tables" }, el("summary", { text: "ledger and tenants as tables" }),
       table("badput ledger", ["cause", "GPU-hours"].concat(led.exact ? ["simulator's books"] : []),
         shown.map(function (c) { return { cells: [c[1], num(tot[c[0]], 3)].concat(led.exact ? [num(led.exact[c[0]], 3)] : []) }; }), [false, true, true]),

@@ -250,9 +250,9 @@ def check_cmd(
 
 @app.command("report")
 def report_cmd(
-    events: Path = typer.Argument(..., help="An event log (JSONL), e.g. from `sim --events` or `goodput sched events`."),
+    events: Path = typer.Argument(..., help="An event log (JSONL): `sim --events`, `sched events`."),
     html: Path = typer.Option(..., "--html", help="Write the dashboard of this log here: one self-contained page."),
-    cluster: str = typer.Option("", "--cluster", help="Cluster JSON giving node capacities (default: seen in the log)."),
+    cluster: str = typer.Option("", "--cluster", help="Cluster JSON: node capacities (default: from the log)."),
     nodes: int = typer.Option(0, "--nodes", help="A live service's local slots (as `serve --nodes`), no --cluster."),
     gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="With --nodes, as `serve --gpus-per-node`."),
 ) -> None:

@@ -15,12 +15,15 @@ a thread (``goodput bench async`` measures it), hence the process default.
 Staging: ``staging="eager"`` (default) copies the whole state before ``save`` returns, on every
 usable core. ``staging="lazy"`` returns after planning and copies behind the training loop, during
 the next step's forward and backward, which leave parameters and optimizer state alone (the idea
-of DataStates-LLM's lazy copy). Two things keep a lazy checkpoint exactly the state of its step:
-:meth:`AsyncSaver.protect` makes the optimizer's ``step()`` wait for the copy (copy first), and
-each tensor's version counter, read at the request and again after its copy, fails the save,
-naming the tensor, when it was changed in place before its copy was complete (detect and fail).
-Leaves whose changes cannot be seen that way (numpy arrays, inference-mode tensors) and small
-leaves are copied before ``save`` returns. See docs/ASYNC.md.
+of DataStates-LLM's lazy copy). Three things keep a lazy checkpoint exactly the state of its
+step: until the copy is done, any torch call on the saving thread that may change a tensor's data
+or hand its memory out (in place, ``out=``, ``.data``, ``.numpy()``, ``optimizer.step()``) waits
+for it first (:class:`goodput.ckpt.staging.CopyFirst`); :meth:`AsyncSaver.protect` makes an
+optimizer's ``step()`` wait too, on any thread; and each tensor's version counter, read at the
+request and again after its copy, fails the save, naming the tensor, when another thread changed
+it in place meanwhile (detect and fail). Leaves whose changes cannot be seen that way (numpy
+arrays, inference-mode tensors) and small leaves are copied before ``save`` returns. See
+docs/ASYNC.md, which also says what no guard sees.
 
 Policy when a save is requested while one is in flight: ``if_busy="wait"`` (default) waits for it
 to finish before staging (saves never interleave, and there is only one staging buffer);
@@ -51,7 +54,7 @@ from .dcp_compat import OVERWRITE_REFUSED, check_planner, checkpoint_exists, loc
 from .errors import SaveError
 from .format import DEFAULT_BLOCK
 from .saver import check_block_bytes, prepare
-from .staging import StagingPool, copier, layout, split_lazy, sweep_dead_segments
+from .staging import CopyFirst, StagingPool, copier, layout, split_lazy, sweep_dead_segments
 from .storage import checkpoint_path, display
 from .writer_process import WriterProcess
 
@@ -171,6 +174,7 @@ class AsyncSaver:
         self._thread: threading.Thread | None = None
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._lazy_gate: threading.Event | None = None  # tests: hold the lazy copy back until set
+        self._modes: list[CopyFirst] = []  # copy-first modes pushed by lazy saves, until retired
         atexit.register(self.close)
 
     # ------------------------------------------------------------------ public
@@ -194,6 +198,7 @@ class AsyncSaver:
         then this rank's fast directory, perhaps node-local, and the ranks commit through
         ``control``, which every rank sees; the save resolves once committed on the fast tier.
         ``if_busy``: this call's policy, instead of the saver's (an explicit save waits)."""
+        self.retire()
         policy = if_busy or self.if_busy
         if policy not in ("wait", "skip"):
             raise ValueError(f"if_busy must be 'wait' or 'skip', got {policy!r}")
@@ -247,6 +252,9 @@ class AsyncSaver:
         self.inflight = handle
         if later:
             handle._lazy = _LazyCopy()
+            mode = CopyFirst(handle.wait_staged, handle._lazy.done)
+            mode.push()  # before the copy is handed on: no change on this thread can come first
+            self._modes.append(mode)
             target: Callable[..., None] = self._lazy_background
             args: tuple = (handle, job, size, t0, later, slots, versions, ready, self._lazy_gate)
         else:
@@ -314,10 +322,19 @@ class AsyncSaver:
 
     def wait_staged(self) -> None:
         """:meth:`AsyncSave.wait_staged` of the in-flight save: call it before changing the state
-        by other means than a protected optimizer."""
+        through an alias taken before the save, or from another thread."""
         h = self.inflight
         if h is not None:
             h.wait_staged()
+        self.retire()
+
+    def retire(self) -> None:
+        """Pop this thread's copy-first modes whose copy is done (each costs a Python call per
+        torch call while pushed). The saver does it at its next call; the Checkpointer at every
+        ``maybe_save``; a protected optimizer at its ``step()``."""
+        for m in list(self._modes):
+            if m.retire():
+                self._modes.remove(m)
 
     def _ensure_buffer(self, size: int) -> None:
         if self.mode == "process":
@@ -350,6 +367,8 @@ class AsyncSaver:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.wait(self.timeout + 60)
+        with contextlib.suppress(Exception):
+            self.retire()
         for hk in self._hooks:
             hk.remove()
         self._hooks.clear()

@@ -243,6 +243,7 @@ class Checkpointer:
         to listeners as a :class:`CommitEvent` of kind ``"skipped"`` (with the age of the newest
         commit), and the save is owed: the first call after the write ends saves, due or not.
         So the newest commit is never more than one interval and one write behind."""
+        self.saver.retire()
         due, preempt = self._due(step), self.preempt_requested
         if self.world > 1:
             flags = torch.tensor([int(due), int(preempt)], dtype=torch.int32, device=collective.device(self.group))
@@ -435,18 +436,26 @@ class Checkpointer:
         offers = collective.all_gather_bytes(
             msgspec.msgpack.encode([[s, sid, _created(raw)] for s, (sid, raw) in mine.items()]), self.group
         )
-        plan = None
+        plan: Any = None
+        failure: BaseException | None = None
         if self.rank == 0:
-            # every save of every step any tier holds, newest step first, and within a step the
-            # newest save first (a step number saved again after a fallback restore)
-            saves: dict[tuple[int, str], list] = {}
-            for s, (sid, raw, committed) in durable_state(self.root).items():
-                saves[(s, sid)] = [s, sid, committed, _created(raw)]
-            for raw in offers:
-                for s, sid, created in msgspec.msgpack.decode(raw):
-                    saves.setdefault((int(s), str(sid)), [int(s), str(sid), False, float(created)])
-            plan = [c[:3] for c in sorted(saves.values(), key=lambda c: (c[0], c[3]), reverse=True)]
+            try:
+                # every save of every step any tier holds, newest step first, and within a step
+                # the newest save first (a step number saved again after a fallback restore)
+                saves: dict[tuple[int, str], list] = {}
+                for s, (sid, raw, committed) in durable_state(self.root).items():
+                    saves[(s, sid)] = [s, sid, committed, _created(raw)]
+                for raw in offers:
+                    for s, sid, created in msgspec.msgpack.decode(raw):
+                        saves.setdefault((int(s), str(sid)), [int(s), str(sid), False, float(created)])
+                plan = [c[:3] for c in sorted(saves.values(), key=lambda c: (c[0], c[3]), reverse=True)]
+            except Exception as e:  # every rank raises it, none waits for rank 0
+                failure, plan = e, describe(e)
         plan = collective.broadcast_obj(plan, 0, self.group) if self.world > 1 else plan
+        if failure is not None:
+            raise failure
+        if isinstance(plan, str):
+            raise StorageError(f"restore from {display(self.root)!r}: rank 0 could not list it: {plan}")
         assert plan is not None
         errors: list[str] = []
         for step, save_id, committed in plan:

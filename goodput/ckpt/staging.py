@@ -14,9 +14,22 @@ torch release the interpreter lock while they copy, so the threads really run in
 Torch's own thread count is left alone: it belongs to the training loop.
 
 Lazy staging (:meth:`StagingPool.job` with ``versions``) copies while the training loop goes on.
-It relies on torch's version counter, which every in-place operation bumps and which views and
-``detach()`` share: a leaf whose counter moved since the request was changed before (or while)
-it was copied, and the copy fails rather than hand on a state that never existed.
+Two guards keep its checkpoint the state of its step, and neither can be raced:
+
+- copy first (:class:`CopyFirst`): until the copy is complete, the thread that asked for the save
+  runs every torch call through a torch function mode, and a call that may change a tensor's
+  data (any in-place or ``out=`` operation, ``optimizer.step()``'s foreach and fused kernels,
+  ``__setitem__``, batch norm's running statistics) or that hands its memory to code torch
+  cannot see (``.data``, ``.numpy()``, ``__array__``, ``data_ptr()``, ``untyped_storage()``,
+  DLPack) first waits for the copy, helping with it. The change then happens after the copy,
+  whatever path it takes from there. Calls that only read (a forward and backward pass) go on.
+- detect and fail: torch's version counter, which every in-place operation bumps after it ran
+  and which views and ``detach()`` share, is read at the request and after each leaf's copy; a
+  leaf changed in place by another thread fails the save, naming it.
+
+What neither sees: writes through an alias taken *before* the save (a numpy view, a pointer, a
+``.data`` tensor kept from earlier), and writes from another thread before their op returned.
+Code that does either must call ``handle.wait_staged()`` first or use eager staging.
 """
 
 from __future__ import annotations
@@ -33,6 +46,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.overrides import TorchFunctionMode
 
 from .dtypes import dtype as dtype_info
 from .format import ALIGN  # page-aligned slots: the writer can use O_DIRECT straight from them
@@ -113,7 +127,8 @@ def usable_cpus() -> int:
 def shmem_hugepages() -> str:
     """The kernel's transparent-huge-page policy for shared memory ("never", "advise", ...)."""
     try:
-        text = open(THP_SHMEM).read()  # noqa: SIM115, PTH123 - one short read
+        with open(THP_SHMEM) as f:  # noqa: PTH123 - one short read
+            text = f.read()
     except OSError:
         return "unknown"
     m = re.search(r"\[(\w[\w-]*)\]", text)
@@ -180,6 +195,71 @@ def split_lazy(leaves: list[TensorLeaf]) -> tuple[list[TensorLeaf], list[TensorL
             later.append(lf)
             versions[lf.ident] = v
     return now, later, versions
+
+
+IN_PLACE_DUNDERS = frozenset(
+    {"__setitem__", "__set__", "__iadd__", "__isub__", "__imul__", "__idiv__", "__itruediv__", "__ifloordiv__",
+     "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__"}
+)  # fmt: skip
+# in-place without a trailing underscore: batch norm's running statistics change inside its kernel
+MUTATING_NAMES = frozenset(
+    {"batch_norm", "instance_norm", "native_batch_norm", "_native_batch_norm_legit", "_batch_norm_impl_index",
+     "set_", "share_memory_", "copy_", "resize_", "put_"}
+)  # fmt: skip
+ESCAPING_NAMES = frozenset({"numpy", "__array__", "data_ptr", "untyped_storage", "storage", "_typed_storage",
+                            "__dlpack__", "__array_interface__", "to_dlpack"})  # fmt: skip
+
+
+def _escapes_or_mutates(func: Any, kwargs: dict) -> bool:
+    """Whether a torch call may change a tensor's data, or hand its memory to code torch cannot
+    follow (after which a change is invisible): the calls copy-first staging makes wait."""
+    name = getattr(func, "__name__", "")
+    if name == "__get__":  # a property: only ``.data`` is an alias with a counter of its own
+        return getattr(func, "__self__", None) is torch.Tensor.data
+    if kwargs.get("out") is not None or name in IN_PLACE_DUNDERS or name in MUTATING_NAMES:
+        return True
+    if name in ESCAPING_NAMES:
+        return True
+    schema = getattr(func, "_schema", None)  # torch.ops.* overloads say so themselves
+    if schema is not None:
+        return bool(getattr(schema, "is_mutable", True))
+    base = name.split(".")[0]
+    return base.endswith("_") and not base.endswith("__")
+
+
+class CopyFirst(TorchFunctionMode):
+    """Until ``copy`` is done, a torch call on this thread that may change a tensor's data (or
+    hand its memory out) waits for it first (see the module's doc). Pushed by the lazy save on
+    the thread that asked for it; inert once the copy is done; popped by :meth:`retire` on that
+    thread (the saver's next call, a protected optimizer step, ``wait_staged``)."""
+
+    def __init__(self, wait: Any, done: threading.Event) -> None:
+        super().__init__()
+        self._wait = wait
+        self._done = done
+        self.thread = threading.get_ident()
+        self.waited = 0  # calls that waited for the copy (tests, the bench)
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if not self._done.is_set() and _escapes_or_mutates(func, kwargs):
+            self.waited += 1
+            self._wait()
+        return func(*args, **kwargs)
+
+    def push(self) -> None:
+        self.__enter__()
+
+    def retire(self) -> bool:
+        """Pop this mode if the copy is done and it is on top of this thread's stack; whether it
+        is gone (another mode pushed above it keeps it, inert, until that one is popped)."""
+        if threading.get_ident() != self.thread or not self._done.is_set():
+            return False
+        n = torch._C._len_torch_function_stack()
+        if n and torch._C._get_function_stack_at(n - 1) is self:
+            self.__exit__(None, None, None)
+            return True
+        return False
 
 
 class _Unit:

@@ -41,7 +41,7 @@ import msgspec
 
 from .background import POLL_S, abort_name
 from .commit import previous_files, staged_name
-from .errors import CheckpointError, describe
+from .errors import CheckpointError, StorageError, describe
 from .format import MANIFEST, MAX_MANIFEST_BYTES, STEP_DIR, decode_manifest, decode_metadata
 from .format import metadata_file_name as md_name
 from .storage import Entry, Sink, Source, Storage, display, storage_for
@@ -55,10 +55,15 @@ def drained_name(save_id: str, rank: int) -> str:
     return f".goodput-{save_id}-r{rank:05d}.drained"
 
 
-def _step_dirs(storage: Storage, root: Path) -> list[tuple[int, Path]]:
+def _step_dirs(storage: Storage, root: Path, strict: bool = False) -> list[tuple[int, Path]]:
+    """``strict``: a listing that fails raises :class:`StorageError` (only a missing root is empty)."""
     try:
         entries = storage.list(root)
-    except OSError:
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as e:
+        if strict:
+            raise e if isinstance(e, StorageError) else StorageError(f"{display(root)!r} cannot be listed: {e}") from e
         return []
     return [(int(m.group(1)), root / e.name) for e in entries if (m := STEP_DIR.match(e.name)) and e.kind == "dir"]
 
@@ -77,18 +82,23 @@ def fast_committed(root: Path) -> dict[int, tuple[str, bytes]]:
 
 def durable_state(root: Path) -> dict[int, tuple[str, bytes, bool]]:
     """The durable tier: step -> (save id, manifest bytes, durably committed) of each step that is
-    committed there, or committed on the fast tier and not yet drained (a staged manifest)."""
+    committed there, or committed on the fast tier and not yet drained (a staged manifest).
+    A storage failure raises :class:`StorageError`: it says nothing about what is there."""
     storage = storage_for(root)
     out: dict[int, tuple[str, bytes, bool]] = {}
-    for step, d in _step_dirs(storage, root):
+    for step, d in _step_dirs(storage, root, strict=True):
         try:
             raw = storage.get_if_exists(d, MANIFEST, "manifest", MAX_MANIFEST_BYTES)
             if raw is not None:
                 out[step] = (decode_manifest(raw, str(d / MANIFEST)).save_id, raw, True)
                 continue
             names = [f.name for f in storage.list(d)]
-        except (OSError, CheckpointError):
+        except StorageError:
+            raise
+        except (FileNotFoundError, NotADirectoryError, CheckpointError):
             continue
+        except OSError as e:
+            raise StorageError(f"{display(d)!r} cannot be listed: {e}") from e
         newest = -1.0
         for name in names:
             if not (name.startswith(".goodput-") and name.endswith(".staged")):

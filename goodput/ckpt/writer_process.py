@@ -92,6 +92,11 @@ class WriterProcess:
             self.proc.wait(timeout=10)
         except Exception:  # noqa: BLE001
             self.proc.kill()
+            with contextlib.suppress(Exception):
+                self.proc.wait(timeout=10)
+        with contextlib.suppress(Exception):
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
 
 
 def serve() -> None:

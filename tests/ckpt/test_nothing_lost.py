@@ -1,0 +1,163 @@
+"""Nothing lost in silence (issue 25): explicit saves are never skipped, skipped due saves are
+reported and made up for, the final step is saved by close(step, state), every value a DCP user
+saves comes back as it was (without pickle), a Stateful data loader is saved, and the CLI's
+verify --json / piped inspect say all they know. Real saves, real files, a real writer."""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import goodput.ckpt as gc
+from goodput.ckpt.background import SLOW_WRITE_ENV
+from goodput.cli.main import app
+
+
+class Loader:
+    """A Stateful data loader whose state is pickled bytes, as torchtitan's."""
+
+    def __init__(self) -> None:
+        self.pos = 0
+
+    def state_dict(self) -> dict:
+        return {"rank_0": pickle.dumps({"pos": self.pos, "buffer": [1, 2, 3]})}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.pos = pickle.loads(sd["rank_0"])["pos"]  # the user unpickles; goodput never does
+
+
+def test_skipped_due_saves_are_reported_and_made_up_for(tmp_path: Path, monkeypatch, caplog) -> None:
+    monkeypatch.setenv(SLOW_WRITE_ENV, "0.4")  # every write lasts longer than several steps
+    ck = gc.Checkpointer(tmp_path, interval=1, keep=None, mode="thread")
+    events: list = []
+    ck.add_listener(events.append, skipped=True)
+    commits_only: list = []
+    ck.add_listener(commits_only.append)
+    state = {"w": torch.zeros(16)}
+    saved = []
+    with caplog.at_level(logging.WARNING, logger="goodput.ckpt"):
+        for step in range(1, 16):
+            state["w"].fill_(step)
+            if ck.maybe_save(step, state) is not None:
+                saved.append(step)
+            torch.randn(200, 200) @ torch.randn(200, 200)  # a step of work
+
+            time.sleep(0.05)
+        h = ck.save(16, state)  # explicit: waits for the write in flight, never skipped
+        assert h is not None
+        ck.close(17, state)  # the final step: saved and committed before close returns
+    skipped = [e for e in events if e.kind == "skipped"]
+    committed = [e.step for e in events if e.kind == "commit"]
+    assert skipped and all(e.age_s is None or e.age_s >= 0 for e in skipped)
+    assert [e.step for e in commits_only] == committed  # commit-only listeners never see a skip
+    assert {e.step for e in skipped} | set(saved) == set(range(1, 16))  # every due step: saved or reported
+    assert committed == saved + [16, 17]
+    assert any("skipped" in r.getMessage() for r in caplog.records)
+    # the save after a skip ran as soon as the write ended: never more than one write apart
+    for a, b in zip(saved, saved[1:]):
+        assert any(e.step == b - 1 for e in skipped) or b == a + 1
+    assert gc.latest(tmp_path).name == "step_000000017"
+    assert ck.skipped == skipped
+
+
+def test_close_with_the_final_step_raises_when_it_fails(tmp_path: Path) -> None:
+    ck = gc.Checkpointer(tmp_path, interval=100, mode="thread")
+    with pytest.raises(gc.SaveError, match="'o'"):
+        ck.close(5, {"o": object()})
+    assert gc.latest(tmp_path) is None
+    with pytest.raises(TypeError, match="needs the state"):
+        gc.Checkpointer(tmp_path / "b", interval=100, mode="thread").close(5)
+
+
+VALUES = {
+    "bytes": pickle.dumps({"pos": 7}),
+    "bytearray": bytearray(b"\x00\xff"),
+    "f32": np.float32(1.25),
+    "f64_nan": np.float64("nan"),
+    "i8": np.int8(-3),
+    "u64": np.uint64(2**64 - 1),
+    "bool_": np.bool_(True),
+    "c64": np.complex64(1 - 2j),
+    "dtype": torch.bfloat16,
+    "device": torch.device("cuda", 1),
+    "size": torch.Size([2, 3]),
+    "big": 2**200 + 1,
+    "negbig": -(2**64),
+    "tuple": (1, [2, (3, 4)]),
+    "list": [1, (2,)],
+    "complex": 3 - 4j,
+    "tag_lookalike": [{"__bytes__": "not base64!"}],
+}
+
+
+def test_every_dcp_value_comes_back_as_it_was(tmp_path: Path) -> None:
+    gc.save({"v": dict(VALUES), "w": torch.ones(2)}, tmp_path / "c")
+    got: dict = {"v": dict.fromkeys(VALUES), "w": torch.zeros(2)}
+    gc.load(got, tmp_path / "c")
+    for k, want in VALUES.items():
+        g = got["v"][k]
+        assert type(g) is (bytes if k == "bytearray" else type(want)), (k, g)
+        if k == "f64_nan":
+            assert np.isnan(g)
+        else:
+            assert g == want, (k, g)
+    # the torch-free reader gives them too
+    assert gc.open(tmp_path / "c").values["v.size"] == torch.Size([2, 3])
+
+
+def test_other_objects_are_refused_naming_the_key_and_how(tmp_path: Path) -> None:
+    for bad, where in (({"a": {"b": [1, object()]}}, r"'a\.b\[1\]'"), ({"d": np.datetime64("2020")}, "'d'")):
+        with pytest.raises(gc.SaveError, match=rf"{where}.*state_dict\(\).*bytes"):
+            gc.save(bad, tmp_path / "x")
+
+
+def test_a_stateful_data_loader_is_saved_and_restored(tmp_path: Path) -> None:
+    loader = Loader()
+    loader.pos = 42
+    ck = gc.Checkpointer(tmp_path, interval=1, mode="thread", data=loader)
+    ck.save(1, {"w": torch.ones(3)}).result()
+    ck.close()
+    fresh = Loader()
+    ck2 = gc.Checkpointer(tmp_path, interval=1, mode="thread")
+    assert ck2.restore({"w": torch.zeros(3)}, data=fresh) == 1
+    ck2.close()
+    assert fresh.pos == 42
+
+
+def test_verify_json_and_piped_inspect(tmp_path: Path) -> None:
+    long = "app.model.layers.17.attention.query_key_value.weight_with_a_long_name"
+    gc.save({long: torch.ones(4)}, tmp_path / "c")
+    runner = CliRunner()
+    r = runner.invoke(app, ["ckpt", "verify", "--json", str(tmp_path / "c")])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["ok"] is True and out["bytes"] == 16 and out["tensors"] == 1 and out["sealed"] is True
+    r = runner.invoke(app, ["ckpt", "inspect", str(tmp_path / "c")])
+    assert r.exit_code == 0 and long in r.output, r.output  # not a terminal: never cut
+    data = next((tmp_path / "c").glob("data-*"))
+    raw = bytearray(data.read_bytes())
+    raw[0] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    r = runner.invoke(app, ["ckpt", "verify", "--json", str(tmp_path / "c")])
+    out = json.loads(r.output)
+    assert r.exit_code == 1 and out["ok"] is False and "checksum" in out["error"].lower()
+
+
+def test_no_resource_warnings(tmp_path: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        saver = gc.AsyncSaver(mode="process")
+        saver.save({"w": torch.ones(1000)}, tmp_path / "a").result()
+        saver.close()
+        import gc as pygc
+
+        pygc.collect()

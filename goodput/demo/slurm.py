@@ -99,7 +99,15 @@ def runtime_for(users: list[str]) -> Runtime:
 class SlurmService:
     """``goodput sched serve --executor slurm`` over a local cluster, as a child process (killable)."""
 
-    def __init__(self, base: Path, cluster: SlurmCluster, runtime: Runtime, *, allow_root_jobs: bool) -> None:
+    def __init__(
+        self,
+        base: Path,
+        cluster: SlurmCluster,
+        runtime: Runtime,
+        *,
+        allow_root_jobs: bool,
+        users: dict[str, str] | None = None,
+    ) -> None:
         from goodput.sched.local import free_port
 
         self.base = base
@@ -110,22 +118,51 @@ class SlurmService:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
         self.allow_root_jobs = allow_root_jobs
+        # the operator's file: tenants and their Unix users, and limits that let a preemption happen
+        # within a demo (a run is no victim for its first 600 s by default; an infrastructure loss
+        # waits 60 s before its retry). Its pools describe the partition; Slurm's own are used.
+        self.cluster_json = base / "cluster.json"
+        self.cluster_json.write_text(
+            json.dumps(
+                {
+                    "pools": [
+                        {
+                            "name": cluster.partition,
+                            "kind": "on-demand",
+                            "nodes": cluster.nodes,
+                            "gpus_per_node": cluster.gpus,
+                            "price_per_gpu_hour": 0,
+                        }
+                    ],
+                    "limits": {"min_run_s": 0, "infra_backoff_s": 1},
+                    "tenants": [{"name": t, "user": u} for t, u in sorted((users or {}).items())],
+                }
+            ),  # fmt: skip
+            encoding="utf-8",
+        )
 
-    def token(self, tenant: str, *, admin: bool = False, user: str | None = None) -> str:
+    def token(self, tenant: str, *, admin: bool = False) -> str:
         from goodput.sched.service import new_token
         from goodput.sched.store import open_store
 
         store = open_store(self.db)
         try:
-            if user is not None:
-                store.set_tenant_user(tenant, user)
             return new_token(store, tenant, "admin" if admin else "tenant")
         finally:
             store.close()
 
     def start(self) -> None:
         cmd = [sys.executable, "-m", "goodput.cli.main", "sched", "serve", "--db", self.db, "--port", str(self.port)]
-        cmd += ["--executor", "slurm", "--partition", self.cluster.partition, "--slurm-conf", str(self.cluster.conf)]
+        cmd += [
+            "--cluster",
+            str(self.cluster_json),
+            "--executor",
+            "slurm",
+            "--partition",
+            self.cluster.partition,
+            "--slurm-conf",
+            str(self.cluster.conf),
+        ]
         cmd += ["--job-python", self.runtime.python, "--state-dir", str(self.base / "state"), "--tick-s", "0.2"]
         cmd += ["--allow-root-jobs"] if self.allow_root_jobs else []
         env = {**os.environ, "PYTHONPATH": self.runtime.pythonpath, "SLURM_CONF": str(self.cluster.conf)}
@@ -237,10 +274,10 @@ def preemption(
     base.mkdir(parents=True, exist_ok=True)
     os.chmod(base, 0o755)
     rt = runtime_for(sorted(set(users.values()))) if users else Runtime(sys.executable, _pkg_pythonpath())
-    svc = SlurmService(base, cluster, rt, allow_root_jobs=users is None)
+    svc = SlurmService(base, cluster, rt, allow_root_jobs=users is None, users=users)
     tenants = sorted({t for t, *_ in list(LOW.values()) + [HIGH[1]]})
     admin = svc.token("admin", admin=True)
-    tok = {t: svc.token(t, user=(users or {}).get(t)) for t in tenants}
+    tok = {t: svc.token(t) for t in tenants}
     spec = dict(LOW)
     spec[HIGH[0]] = HIGH[1]
     svc.start()

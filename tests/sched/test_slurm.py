@@ -128,21 +128,21 @@ def test_a_slurmd_killed_under_a_job_is_an_infrastructure_loss(slurm, tenant_use
     base.mkdir()
     os.chmod(base, 0o755)
     rt = runtime_for([tenant_users["alice"]])
-    svc = SlurmService(base, slurm, rt, allow_root_jobs=False)
+    svc = SlurmService(base, slurm, rt, allow_root_jobs=False, users={"alice": tenant_users["alice"]})
     admin = svc.token("admin", admin=True)
-    tok = svc.token("alice", user=tenant_users["alice"])
+    tok = svc.token("alice")
     svc.start()
     try:
-        root = base / "ckpt" / "x"
         steps = 150
         body = {
             "name": "x", "command": job_command(rt.python, steps), "nodes": 1, "gpus_per_node": 2,
-            "limit_s": 600, "ckpt_root": str(root), "grace_s": 20, "ckpt_interval_s": 1, "restart_s": 2,
+            "limit_s": 600, "grace_s": 20, "ckpt_interval_s": 1, "restart_s": 2,
             "env": {"PYTHONPATH": rt.pythonpath, "OMP_NUM_THREADS": "1"},
         }  # fmt: skip
         code, ans = post_json(svc.url + "/jobs", body, tok)
         assert code == 201, ans
         jid = ans["id"]
+        root = Path(get(f"{svc.url}/jobs/{jid}", admin)["ckpt_root"])
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             j = get(f"{svc.url}/jobs/{jid}", admin)

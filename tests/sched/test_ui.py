@@ -20,7 +20,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from datetime import datetime
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -41,6 +43,7 @@ ARTIFACTS = Path(
 )
 SLEEPER = [PY, "-c", "import sys, time; print('hello from the job', flush=True); time.sleep(120)"]
 WAIT_MS = 20_000
+ZONE = "Asia/Kolkata"  # the viewer's zone, not the machine's (UTC here): times must follow the viewer
 
 sync_api = pytest.importorskip(
     "playwright.sync_api", reason="Playwright for Python is not installed (pip install playwright)"
@@ -203,7 +206,7 @@ def page_of(browser):
     errors: list[str] = []
 
     def make():  # noqa: ANN202
-        ctx = browser.new_context(viewport={"width": 1280, "height": 900}, timezone_id="Asia/Kolkata")
+        ctx = browser.new_context(viewport={"width": 1280, "height": 900}, timezone_id=ZONE, locale="en-US")
         contexts.append(ctx)
         page = ctx.new_page()
         page.on("pageerror", lambda e: errors.append(str(e)))
@@ -289,8 +292,16 @@ def test_page_with_a_token_shows_the_cluster_and_a_job_moves_from_queue_to_runni
     _shot(page, "overview")
     # the job's page: its state history and its own log tail
     page.locator("#running a", has_text="waiter").first.click()
-    expect(page.locator("#job-history")).to_contain_text("started", timeout=WAIT_MS)
+    expect(page.locator("#job-history")).to_contain_text("pending → running", timeout=WAIT_MS)
     expect(page.locator("pre.log")).to_contain_text("hello from the job", timeout=WAIT_MS)
+    # the submit time is shown in the viewer's zone
+    submit_s = svc.call("GET", f"/jobs/{second}", alice)[1]["submit_s"]  # type: ignore[index]
+    d = datetime.fromtimestamp(submit_s, ZoneInfo(ZONE))
+    local = (
+        f"{d.month}/{d.day}/{d.year}, {d.hour % 12 or 12}:{d.minute:02d}:{d.second:02d} {'AM' if d.hour < 12 else 'PM'}"
+    )
+    shown = page.locator("dt", has_text="submitted").locator("xpath=following-sibling::dd[1]").inner_text()
+    assert shown.replace("\u202f", " ").replace("\xa0", " ") == local, (shown, local)
     _shot(page, "job")
 
 
@@ -322,6 +333,37 @@ def test_a_preemption_shows_its_reason_and_the_victims_loss(service, page_of):
     row.locator("summary").click()
     expect(row.locator("li").first).to_contain_text("chosen")
     _shot(page, "preemptions")
+
+
+STUBBORN = [PY, "-c", "import signal, time; [signal.signal(s, signal.SIG_IGN) for s in (1, 10, 15)]; time.sleep(120)"]
+
+
+def test_draining_busy_and_idle_gpus_and_a_node_under_notice_are_told_apart(service, page_of):
+    svc = service(nodes=3).start()
+    admin, alice = svc.token("ops", "--admin"), svc.token("alice")
+    stub = svc.submit(alice, "stubborn", STUBBORN)  # ignores its notice: its GPU stays draining
+    busy = svc.submit(alice, "busy", SLEEPER)
+    for j in (stub, busy):
+        svc.wait(j, alice, lambda x: x["state"] == "running")
+    node = svc.call("GET", f"/jobs/{stub}", alice)[1]["placement"][0]  # type: ignore[index]
+    code, out = svc.call("POST", f"/nodes/{node}/drain?grace_s=300", admin)
+    assert code == 200, out
+    svc.wait(stub, alice, lambda x: x["state"] == "preempting")
+    page = page_of()
+    _login(page, svc, admin)
+    drained = page.locator(f'[data-node="{node}"]')
+    expect(drained).to_have_class(re.compile(r"\bhealth-reclaiming\b"), timeout=WAIT_MS)
+    expect(drained).to_contain_text("notice until")
+    expect(drained.locator(".cell.draining")).to_have_count(1)
+    cells = page.locator("#cluster .nodes .cell")
+    expect(cells).to_have_count(3)
+    assert page.locator("#cluster .nodes .cell.draining").count() == 1
+    busy_cells = page.locator("#cluster .nodes .cell:not(.draining):not(.other)")
+    # one busy (coloured by its job) and one idle (no colour), on the nodes not drained
+    colours = sorted(busy_cells.evaluate_all("cs => cs.map(c => c.style.backgroundColor)"))
+    assert colours[0] == "" and colours[1].startswith("rgb"), colours
+    expect(page.locator("#running tr", has_text="stubborn")).to_contain_text("preempting")
+    _shot(page, "draining")
 
 
 def test_a_second_tenant_sees_neither_names_nor_logs_of_the_first(service, page_of):

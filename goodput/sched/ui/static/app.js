@@ -64,6 +64,9 @@
     if (!id) return el("span", { text: label || "(another tenant)", cls: "note" });
     return el("a", { href: "#job/" + encodeURIComponent(id), text: label || id });
   }
+  function scroll(label, t) {  // a long table scrolls in its own region, reachable by the keyboard
+    return el("div", { cls: "scroll", tabindex: "0", role: "region", "aria-label": label }, t);
+  }
   function table(caption, heads, rows, numeric) {
     var t = el("table");
     if (caption) t.appendChild(el("caption", { cls: "sr-only", text: caption }));
@@ -196,8 +199,16 @@
     var a = document.activeElement, href = a && a.getAttribute ? a.getAttribute("href") : null;
     var open = {};
     Array.prototype.forEach.call(document.querySelectorAll("details[data-key]"), function (x) { if (x.open) open[x.getAttribute("data-key")] = 1; });
+    var tops = {};
+    Array.prototype.forEach.call(document.querySelectorAll(".scroll[aria-label]"), function (x) { tops[x.getAttribute("aria-label")] = x.scrollTop; });
+    var focusedRegion = a && a.classList && a.classList.contains("scroll") ? a.getAttribute("aria-label") : null;
     fn();
     Array.prototype.forEach.call(document.querySelectorAll("details[data-key]"), function (x) { if (open[x.getAttribute("data-key")]) x.open = true; });
+    Array.prototype.forEach.call(document.querySelectorAll(".scroll[aria-label]"), function (x) {
+      var label = x.getAttribute("aria-label");
+      if (tops[label]) x.scrollTop = tops[label];
+      if (focusedRegion === label && document.activeElement !== x) x.focus({ preventScroll: true });
+    });
     if (href && document.activeElement !== a) {
       var again = document.querySelector('#app a[href="' + href.replace(/["\\]/g, "") + '"]');
       if (again) again.focus({ preventScroll: true });
@@ -302,11 +313,11 @@
       ? ["Head's reservation: ", r.job ? jobLink(r.job) : "(another tenant's job)", " at " + when(r.t) + (r.in_s !== null && r.in_s !== undefined ? " (in " + dur(r.in_s) + ")" : "") + (r.pool ? " on pool " + r.pool : "")]
       : "No reservation: the head of the queue is not blocked."));
     if (!q.jobs.length) body.appendChild(el("p", { text: "No pending jobs" + (q.others ? " of yours." : ".") }));
-    else body.appendChild(table("pending jobs", ["place", "job", "tenant", "priority", "shape", "wait", "why it waits"],
+    else body.appendChild(scroll("pending jobs", table("pending jobs", ["place", "job", "tenant", "priority", "shape", "wait", "why it waits"],
       q.jobs.map(function (j) {
         return { cells: [j.place, jobLink(j.id, j.name !== j.id ? j.name + " (" + j.id + ")" : j.id), j.tenant, j.priority, j.nodes + "×" + j.gpus_per_node, dur(j.wait_s),
           el("span", { title: j.why_detail }, el("span", { cls: "badge" + (j.why === "backoff" || j.why === "quota" ? " warn" : ""), text: j.why }), " " + j.why_detail)] };
-      }), [true, false, false, true, false, true, false]));
+      }), [true, false, false, true, false, true, false])));
     if (q.others) body.appendChild(el("p", { cls: "note", text: q.others + " more pending job(s) of other tenants." }));
   }
 
@@ -314,7 +325,7 @@
     clear(body);
     var rr = d.running;
     if (!rr.jobs.length) body.appendChild(el("p", { text: "No running jobs" + (rr.others ? " of yours." : ".") }));
-    else body.appendChild(table("running jobs", ["job", "tenant", "state", "pool", "GPUs", "last commit", "interval", "tier", "work at risk (GPU-h)", "time to limit"],
+    else body.appendChild(scroll("running jobs", table("running jobs", ["job", "tenant", "state", "pool", "GPUs", "last commit", "interval", "tier", "work at risk (GPU-h)", "time to limit"],
       rr.jobs.map(function (j) {
         var age = dur(j.commit_age_s) + (j.committed_this_run ? " ago" : " since start (none yet)");
         return {
@@ -325,7 +336,7 @@
             el("span", null, age, j.overdue ? el("span", { cls: "badge bad", text: "overdue" }) : null),
             j.interval_s ? dur(j.interval_s) : "none", j.tier || "–", num(j.at_risk_gpu_s / 3600, 3), dur(j.to_limit_s)]
         };
-      }), [false, false, false, false, true, false, true, false, true, true]));
+      }), [false, false, false, false, true, false, true, false, true, true])));
     if (rr.others) body.appendChild(el("p", { cls: "note", text: rr.others + " more running job(s) of other tenants." }));
   }
 
@@ -334,7 +345,7 @@
     var p = d.preemptions;
     if (!p.items.length) { body.appendChild(el("p", { text: "No preemptions." })); return; }
     body.appendChild(el("p", { cls: "note", text: p.total + " preemption(s); newest first" + (p.total > p.items.length ? ", the last " + p.items.length + " shown" : "") + ". Loss in GPU-hours." }));
-    body.appendChild(table("preemption log", ["when", "victim", "reason", "preemptor", "GPUs", "checkpoint asked", "expected loss", "actual loss", "candidates (expected loss)"],
+    body.appendChild(scroll("preemption log", table("preemption log", ["when", "victim", "reason", "preemptor", "GPUs", "checkpoint asked", "expected loss", "actual loss", "candidates (expected loss)"],
       p.items.map(function (x) {
         var cands = null;
         if (x.candidates && x.candidates.length) {
@@ -348,7 +359,7 @@
           x.preemptor ? (x.preemptor.charAt(0) === "(" ? x.preemptor : jobLink(x.preemptor)) : (x.victim_of || "–"),
           x.gpus, x.checkpoint ? "yes" : "no", num(x.expected_loss_gpu_s / 3600, 3),
           x.realized_loss_gpu_s === null || x.realized_loss_gpu_s === undefined ? "(leaving)" : num(x.realized_loss_gpu_s / 3600, 3), cands || "–"] };
-      }), [false, false, false, false, true, false, true, true, false]));
+      }), [false, false, false, false, true, false, true, true, false])));
   }
 
   function drawGoodput(body, d) {
@@ -435,6 +446,9 @@
   }
 
   // ------------------------------------------------------------------ a job's page
+  // the user-visible state each record leaves the job in (docs/SCHED.md's state machine)
+  var EDGE = { submitted: "pending", started: "running", preempt_requested: "preempting", requeued: "pending",
+    finished: "finished", failed: "failed", cancelled: "cancelled" };
   function renderJob(j, id) {
     var key = JSON.stringify(j) + id;
     if (state.view === "job" && state.jobKey === key) return;  // unchanged: keep the page, its focus and scroll
@@ -485,10 +499,14 @@
     }
     app.appendChild(ck);
     var hist = panel("job-history", "State history");
-    hist.appendChild(table("event history", ["when", "event", "details"], j.history.map(function (h) {
+    var cur = "";
+    hist.appendChild(table("event history", ["when", "event", "state", "details"], j.history.map(function (h) {
       var rest = {};
       Object.keys(h).forEach(function (k) { if (k !== "t" && k !== "event" && k !== "job") rest[k] = h[k]; });
-      return { cells: [when(h.t), h.event, JSON.stringify(rest)] };
+      var next = EDGE[h.event] || cur;
+      var edge = next !== cur ? (cur ? cur + " → " : "") + next : "";
+      cur = next;
+      return { cells: [when(h.t), h.event, edge, JSON.stringify(rest)] };
     })));
     app.appendChild(hist);
     if (!STATIC) {

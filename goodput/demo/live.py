@@ -80,7 +80,15 @@ def run_live_demo(workdir: str | None = None) -> int:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         db = f"sqlite:///{base / 'sched.db'}"
-        svc = Service(db, local_pools(1, 1), state_dir=base / "state", url=url, tick_s=0.2, poll_s=0.1)
+        from goodput.sched.governance import Governance, Limits, TenantSpec
+
+        # one user's machine: the demo tenant's jobs run as this process's user (root included), their
+        # checkpoints under the demo's directory, and a young run may be preempted (min_run_s 0)
+        gov = Governance(tenants={"demo": TenantSpec("demo", ckpt_prefix=str(base))}, limits=Limits(min_run_s=0))
+        svc = Service(
+            db, local_pools(1, 1), state_dir=base / "state", url=url, tick_s=0.2, poll_s=0.1,
+            governance=gov, allow_root_jobs=True,
+        )  # fmt: skip
         token = new_token(svc.store, "demo")
         server = uvicorn.Server(uvicorn.Config(create_app(svc), host="127.0.0.1", port=port, log_level="warning"))
         svc.start()

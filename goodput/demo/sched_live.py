@@ -76,12 +76,33 @@ class ServiceProcess:
             store.close()
 
     def start(self) -> None:
+        if not getattr(self, "admin", ""):
+            self.admin = self.token()
         cmd = [sys.executable, "-m", "goodput.cli.main", "sched", "serve", "--db", self.db, "--port", str(self.port)]
+        # one user's machine: the demo tenant's jobs run as this user (root included, --allow-root-jobs),
+        # their checkpoints under the demo's directory, and a young run may be preempted (min_run_s 0)
+        cluster = self.base / "cluster.json"
+        cluster.write_text(
+            json.dumps(
+                {
+                    "pools": [
+                        {
+                            "name": "local",
+                            "kind": "on-demand",
+                            "nodes": SLOTS,
+                            "gpus_per_node": 1,
+                            "price_per_gpu_hour": 1,
+                        }
+                    ],
+                    "tenants": [{"name": "demo", "ckpt_prefix": str(self.base)}],
+                    "limits": {"min_run_s": 0},
+                }
+            )
+        )
         cmd += [
-            "--nodes",
-            str(SLOTS),
-            "--gpus-per-node",
-            "1",
+            "--cluster",
+            str(cluster),
+            "--allow-root-jobs",
             "--state-dir",
             str(self.base / "state"),
             "--tick-s",
@@ -94,7 +115,11 @@ class ServiceProcess:
             try:
                 with urllib.request.urlopen(self.url + "/healthz", timeout=2) as r:
                     self.health = json.loads(r.read())
-                    return
+                # how it started (restored, adopted runs) is the operator's: GET /service, admin only
+                req = urllib.request.Request(self.url + "/service", headers={"Authorization": f"Bearer {self.admin}"})
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    self.health.update(json.loads(r.read()))
+                return
             except OSError:
                 if self.proc.poll() is not None:
                     raise RuntimeError("the service exited: " + (self.base / "serve.log").read_text()[-2000:]) from None

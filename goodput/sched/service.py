@@ -50,6 +50,7 @@ from typing import Annotated, Any, Literal
 
 import anyio
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
@@ -1192,11 +1193,32 @@ def create_app(svc: Service) -> FastAPI:
     def _sched_error(request: Request, exc: SchedulerError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=409)
 
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        """422 naming the field, without echoing the input: a lone surrogate in it cannot be encoded
+        (FastAPI's own handler would answer 500), and a 30 MB value need not come back."""
+        detail = [
+            {
+                "loc": [_printable(x) for x in e.get("loc", ())],
+                "msg": _printable(e.get("msg", "")),
+                "type": e.get("type"),
+            }
+            for e in exc.errors()[:20]
+        ]
+        return JSONResponse({"detail": detail}, status_code=422)
+
     @app.exception_handler(RecursionError)
     def _too_deep(request: Request, exc: RecursionError) -> JSONResponse:
         return JSONResponse({"detail": "the request body is nested too deeply"}, status_code=400)
 
     return app
+
+
+def _printable(x: Any) -> Any:
+    """``x`` if JSON can carry it as UTF-8, else with the offending characters escaped (bounded)."""
+    if isinstance(x, int):
+        return x
+    return str(x)[:200].encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _dist(xs: list[float]) -> dict[str, float | None]:

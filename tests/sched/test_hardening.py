@@ -1,0 +1,249 @@
+"""The live service under hostile input and unlucky operation (issue 24, items 3-6): a real
+``goodput sched serve`` subprocess, real HTTP, SQLite locked by another real process."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .test_service import PY, _cli, _spec
+from .test_service import server as server  # noqa: F401 - the fixture
+
+
+def _raw(s, method: str, path: str, body: bytes, token: str, timeout: float = 30.0) -> tuple[int, dict, dict]:  # noqa: ANN001
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=timeout)
+    try:
+        conn.request(
+            method, path, body=body, headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        )
+        r = conn.getresponse()
+        raw = r.read()
+        try:
+            return r.status, json.loads(raw or b"null"), dict(r.getheaders())
+        except ValueError:
+            return r.status, {"raw": raw.decode(errors="replace")}, dict(r.getheaders())
+    finally:
+        conn.close()
+
+
+def _names(err: dict) -> str:
+    return json.dumps(err.get("detail"))
+
+
+def test_hostile_inputs_are_4xx_naming_the_field_and_the_service_goes_on(server, tmp_path):  # noqa: F811
+    s = server()
+    alice = s.token("alice")
+    s.start()
+    ok = json.dumps(_spec(tmp_path / "h", 5))[1:-1]  # the body's fields, to put one bad one beside
+    cases = [
+        (b'{"command": ["\\ud800"]}', "command"),  # a lone surrogate
+        (b'{"command": ["a\\u0000b"]}', "command"),  # NUL
+        (("{" + ok + ', "limit_s": NaN}').encode(), "limit_s"),
+        (("{" + ok + ', "grace_s": 1e999}').encode(), "grace_s"),
+        (("{" + ok + ', "ckpt_root": "/tmp/\\ud800"}').encode(), "ckpt_root"),
+        (("{" + ok + ', "env": {"X": "\\u0000"}}').encode(), "env"),
+        (("{" + ok + ', "env": {"GOODPUT_JOB_ID": "x"}}').encode(), "env"),
+        (("{" + ok + ', "grace_s": 100000000}').encode(), "grace_s"),  # a preemption never honoured
+        (("{" + ok + ', "grace_s": 601}').encode(), "grace_s"),  # above the cluster's max_grace_s
+        (("{" + ok + ', "restart_s": 1801}').encode(), "restart_s"),  # above max_restart_s
+        (("{" + ok + ', "ckpt_root": "/etc/cron.d"}').encode(), "ckpt_root"),  # outside the tenant's prefix
+        (("{" + ok + f', "ckpt_root": "{tmp_path}/../../etc"}}').encode(), "ckpt_root"),
+        (("{" + ok + ', "priority": 10000000000000000000000}').encode(), "priority"),
+        (json.dumps({**_spec(tmp_path, 5), "command": ["x"] * 100_000}).encode(), "command"),
+    ]
+    for body, field in cases:
+        code, err, _ = _raw(s, "POST", "/jobs", body, alice)
+        assert code == 422 and field in _names(err), (body[:120], code, err)
+    big = b'{"command": ["' + b"x" * (30 << 20) + b'"]}'  # 30 MB: refused before it is read
+    code, err, _ = _raw(s, "POST", "/jobs", big, alice)
+    assert code == 413 and "body" in err["detail"], err
+    code, err, _ = _raw(s, "POST", "/jobs", b"[" * 100_000 + b"]" * 100_000, alice)
+    assert 400 <= code < 500, (code, err)
+    # a commit report's numbers are bounded too, and queries
+    code, err, _ = _raw(s, "GET", "/events?since=100000000000000000000000000000", b"", alice)
+    assert code == 422 and "since" in _names(err), err
+    # the service goes on: a job submitted after every one of these still finishes
+    code, ans = s.post("/jobs", _spec(tmp_path / "after", 20), alice)
+    assert code == 201, ans
+    j = s.wait_job(ans["id"], alice, lambda j: j["state"] == "finished")
+    assert j["failures"] == 0 and j["checkpoint"]["committed_s"] > 0
+    assert s.get("/jobs", alice)[0] == 200
+
+
+def test_dropped_follow_streams_leave_the_service_answering(server, tmp_path):  # noqa: F811
+    s = server()
+    alice, bob = s.token("alice"), s.token("bob")
+    s.start()
+    req = f"GET /events?follow=true HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {bob}\r\n\r\n".encode()
+    for _ in range(40):  # a tenant with no jobs opens follow streams and drops them, one after another
+        c = socket.create_connection(("127.0.0.1", s.port), timeout=5)
+        c.sendall(req)
+        assert c.recv(64).split(b" ")[1] in (b"200", b"429")
+        c.close()
+    held, statuses = [], []
+    for _ in range(40):  # and then 40 at once, held open: capped per tenant, the rest refused at once
+        c = socket.create_connection(("127.0.0.1", s.port), timeout=5)
+        c.sendall(req)
+        statuses.append(c.recv(64).split(b" ")[1])
+        held.append(c)
+    assert statuses.count(b"200") <= 4 and statuses.count(b"429") >= 36, statuses
+    for c in held:
+        c.close()
+    for path, tok in (("/healthz", ""), ("/jobs", alice)):  # a bound on one request, not a benchmark
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=1.0)
+        conn.request("GET", path, headers={"Authorization": f"Bearer {tok}"} if tok else {})
+        assert conn.getresponse().status == 200
+        conn.close()
+    # the dropped streams were noticed: their slots are free again within a second or so
+    deadline = time.monotonic() + 5
+    while True:
+        c = socket.create_connection(("127.0.0.1", s.port), timeout=5)
+        c.sendall(req)
+        got = c.recv(64).split(b" ")[1]
+        c.close()
+        if got == b"200":
+            break
+        assert time.monotonic() < deadline, "dropped follow streams still count after 5 s"
+        time.sleep(0.2)
+    assert s.get("/service", s._admin)[1]["streams"].get("bob", 0) <= 1
+
+
+HOLD = (
+    "import sqlite3, sys, time\n"
+    "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+    "c.execute('BEGIN IMMEDIATE')\n"
+    "print('locked', flush=True)\n"
+    "time.sleep(float(sys.argv[2]))\n"
+    "c.execute('ROLLBACK')\n"
+)
+
+
+def test_a_store_locked_by_another_process_is_503_then_exactly_one_job_per_key(server, tmp_path):  # noqa: F811
+    """The issue's 40 s lock, made 8 s here: the behaviour is the same for any lock longer than the
+    service's busy timeout (2 s), each write waits that long and then fails."""
+    from goodput.sched.checker import check
+
+    s = server(nodes=1)
+    alice = s.token("alice")
+    s.start()
+    # a short job that finishes while the store is locked: its exit is reported once the lock goes
+    code, short = s.post(
+        "/jobs", _spec(tmp_path / "short", 0, name="short", command=[PY, "-c", "import time; time.sleep(3)"]), alice
+    )
+    assert code == 201
+    s.wait_job(short["id"], alice, lambda j: j["state"] == "running")
+    db = s.db[len("sqlite:///") :]
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, db, "8"], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    t_locked = time.monotonic()
+    keys = [f"k{i}" for i in range(4)]
+    seen: dict[str, list[int]] = {k: [] for k in keys}
+    ids: dict[str, str] = {}
+
+    def client(key: str) -> None:
+        body = {**_spec(tmp_path / key, 1, name="keyed", key=key, priority=-1)}
+        while True:
+            code, ans = s.post("/jobs", body, alice)
+            seen[key].append(code)
+            if code in (200, 201):
+                ids[key] = ans["id"]
+                return
+            assert code == 503, (code, ans)
+            time.sleep(0.5)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in keys]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    holder.wait(timeout=30)
+    assert all(not t.is_alive() for t in threads)
+    assert any(503 in v for v in seen.values()), seen  # refused while locked (Retry-After), not hung
+    assert time.monotonic() - t_locked >= 7
+    # exactly one job per key, as many submitted events as keys
+    jobs = s.get("/jobs?name=keyed", alice)[1]["jobs"]
+    assert sorted(j["key"] for j in jobs) == keys and sorted(j["id"] for j in jobs) == sorted(ids.values())
+    events = [json.loads(x) for x in s.get("/events", alice)[1].splitlines()]
+    assert sum(1 for e in events if e["event"] == "submitted" and e["job"] in ids.values()) == len(keys)
+    # the job that ended during the lock is not left running
+    j = s.wait_job(short["id"], alice, lambda j: j["state"] == "finished", timeout=30)
+    assert [h["status"] for h in j["history"] if h["event"] == "exited"] == ["finished"]
+    for jid in ids.values():
+        s.wait_job(jid, alice, lambda j: j["state"] == "finished", timeout=60)
+    events = [json.loads(x) for x in s.get("/events", s._admin)[1].splitlines()]
+    assert check(events, {"local-00000": 1}).total == 0
+    assert s.get("/healthz", "")[1] == {"ok": True}
+
+
+def test_tokens_listed_revoked_and_expired(server, tmp_path):  # noqa: F811
+    s = server()
+    alice, bob = s.token("alice"), s.token("bob")
+    s.start()
+    t0 = time.monotonic()
+    brief = s.token("carol", "--expires", "6s")
+    assert s.get("/jobs", alice)[0] == 200 and s.get("/jobs", bob)[0] == 200  # both cached now
+    assert s.get("/jobs", brief)[0] == 200
+    r = _cli("sched", "token", "ls", "--db", s.db, "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert {x["tenant"] for x in rows} >= {"alice", "bob", "carol"}
+    assert all(alice not in json.dumps(x) for x in rows)  # never the secret, only a prefix
+    assert any(x["prefix"] == alice[:11] for x in rows)
+    r = _cli("sched", "token", "revoke", "alice", "--db", s.db)  # by tenant
+    assert r.returncode == 0 and "revoked 1" in r.stdout, r.stderr
+    r = _cli("sched", "token", "revoke", bob[:11], "--db", s.db)  # by the prefix `ls` shows
+    assert r.returncode == 0 and "revoked 1" in r.stdout, r.stderr
+    time.sleep(1.0)  # within a second, cached or not
+    assert s.get("/jobs", alice)[0] == 401 and s.get("/jobs", bob)[0] == 401
+    time.sleep(max(0.0, 6.2 - (time.monotonic() - t0)))
+    code, err = s.get("/jobs", brief)
+    assert code == 401, err
+    assert _cli("sched", "token", "revoke", "nobody", "--db", s.db).returncode == 1
+
+
+def test_rate_limited_per_token(server, tmp_path):  # noqa: F811
+    s = server()
+    s.extra = (*s.extra, "--rate-limit", "5")
+    alice = s.token("alice")
+    s.start()
+    codes = [s.get("/jobs", alice)[0] for _ in range(30)]
+    assert 429 in codes and codes[0] == 200, codes
+
+
+def test_a_command_killed_by_a_signal_is_failed_with_backoff_and_its_budget(server, tmp_path):  # noqa: F811
+    s = server()
+    alice = s.token("alice")
+    s.start()
+    kill = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"  # as the OOM killer would
+    code, ans = s.post("/jobs", _spec(tmp_path / "oom", 0, name="oom", command=[PY, "-c", kill], max_failures=1), alice)
+    assert code == 201
+    j = s.wait_job(ans["id"], alice, lambda j: j["failures"] == 1 and j["state"] == "pending", timeout=60)
+    assert j["substate"] == "backoff" and j["infra_losses"] == 0 and j["epoch"] == 1  # not `lost`
+    assert [h["status"] for h in j["history"] if h["event"] == "exited"] == ["failed"]
+    assert [h["reason"] for h in j["history"] if h["event"] == "requeued"] == ["failure"]
+    assert j["last_exit"]["signal"] == "SIGKILL" and j["last_exit"]["rc"] == -9
+    assert s.post(f"/jobs/{ans['id']}/cancel", {}, alice)[0] == 200
+
+
+def test_a_restart_with_another_state_dir_is_refused_naming_the_recorded_one(server, tmp_path):  # noqa: F811
+    s = server()
+    s.token("alice")
+    s.start()
+    s.stop()
+    r = subprocess.run(
+        [PY, "-c", "from goodput.cli.main import app; app()", "sched", "serve", "--db", s.db, "--port", "1",
+         "--cluster", str(s.cluster), "--state-dir", str(tmp_path / "elsewhere"), *s.extra],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2 and str((tmp_path / "state").resolve()) in r.stderr, r.stderr
+    assert not Path(tmp_path / "elsewhere" / "runs").exists()
+    _ = sqlite3  # the store is untouched by the refusal: the next start with the right dir works
+    s2 = server(db=s.db)
+    s2.start()

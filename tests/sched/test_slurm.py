@@ -59,7 +59,7 @@ def test_a_gang_preempts_the_cheapest_victims_through_slurm(slurm, tenant_users,
     equals an uninterrupted run's; each job's processes ran under its tenant's uid."""
     from goodput.demo.slurm import preemption
 
-    base = Path(slurm.root) / "run"
+    base = Path(slurm.root) / "goodput"
     out = preemption(base, slurm, tenant_users)
     _assert_checks(out)
     # the same facts, read here from the raw record rather than the scenario's own checks
@@ -83,7 +83,7 @@ def test_service_sigkill_and_slurmctld_restart_mid_preemption_lose_nothing(slurm
     (one Slurm job per run), and the checker finds no violation in the whole event log."""
     from goodput.demo.slurm import preemption
 
-    out = preemption(Path(slurm.root) / "run", slurm, tenant_users, restart_mid=True)
+    out = preemption(Path(slurm.root) / "goodput", slurm, tenant_users, restart_mid=True)
     _assert_checks(out)
 
 
@@ -124,7 +124,7 @@ def test_a_slurmd_killed_under_a_job_is_an_infrastructure_loss(slurm, tenant_use
     from goodput.sched.client import post_json
     from goodput.sched.example_dist_job import compare, reference
 
-    base = Path(slurm.root) / "run"
+    base = Path(slurm.root) / "goodput"
     base.mkdir()
     os.chmod(base, 0o755)
     rt = runtime_for([tenant_users["alice"]])

@@ -10,7 +10,7 @@ import math
 
 from goodput.sched.ui.page import static_html
 from goodput.sched.ui.timeline import Timeline
-from goodput.sched.ui.views import JobFacts, LiveState, NodeFacts, Viewer, live_overview, static_report
+from goodput.sched.ui.views import JobFacts, LiveState, NodeFacts, Viewer, job_page, live_overview, static_report
 
 OLD = [  # the schema as first written: no reason/preemptor, no limit_s, no reserved record
     {"t": 0, "event": "submitted", "job": "lo", "tenant": "a", "priority": 0, "nodes": 1, "gpus_per_node": 4, "submit_s": 0},
@@ -123,6 +123,12 @@ def test_a_tenant_gets_the_shape_but_never_another_tenants_names():
     assert row["job"] == "secret-model.00000002" and row["preemptor"] == "(another tenant)" and row["victim_of"] is None
     admin = json.dumps(live_overview(st, tl, Viewer("ops", True)))
     assert "secret-model" in admin and "mine.00000003" in admin
+    # a's own job page names neither the job that preempted it nor the candidates
+    page = job_page(tl.jobs["secret-model.00000002"], tl, 300.0, None, Viewer("a", False))
+    assert "hi.00000001" not in json.dumps(page)
+    pre = next(r for r in page["history"] if r["event"] == "preempt_requested")
+    assert pre["victim_of"] == "(another tenant)" and "candidates" not in pre
+    assert "hi.00000001" in json.dumps(job_page(tl.jobs["secret-model.00000002"], tl, 300.0, None, Viewer("x", True)))
 
 
 def test_why_a_job_waits_and_when_a_running_job_is_overdue():

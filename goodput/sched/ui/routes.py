@@ -130,7 +130,8 @@ class LiveFeed:
             info = self.timeline.jobs.get(job_id)
             if info is None:
                 raise HTTPException(404, f"no job {job_id!r}")
-            return job_page(info, self.timeline, st.now, extra)
+            owner = {jid: x.tenant for jid, x in self.timeline.jobs.items()}
+            return job_page(info, self.timeline, st.now, extra, viewer, owner)
 
 
 def _tier(durable: Any, fast: Any, epoch: int) -> str:

@@ -188,8 +188,31 @@ def ledger_view(tl: Timeline, now: float, viewer: Viewer, weights: dict[str, flo
 # ---------------------------------------------------------------------- job pages
 
 
-def job_page(j: JobInfo, tl: Timeline, now: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A job's page from the log: state history, runs with their commits and ends, its preemptions."""
+JOB_REFS = ("victim_of", "preemptor")  # keys of a job's own records that may name another job
+
+
+def _redact(rec: dict[str, Any], viewer: Viewer | None, owner: dict[str, str]) -> dict[str, Any]:
+    """A record of the viewer's job without the candidates, and without another tenant's job ids."""
+    out = {k: v for k, v in rec.items() if k != "candidates"}
+    if viewer is not None and not viewer.admin:
+        for k in JOB_REFS:
+            v = out.get(k)
+            if isinstance(v, str) and v in owner and not viewer.sees(owner[v]):
+                out[k] = OTHER
+    return out
+
+
+def job_page(
+    j: JobInfo,
+    tl: Timeline,
+    now: float,
+    extra: dict[str, Any] | None = None,
+    viewer: Viewer | None = None,
+    owner: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A job's page from the log: state history, runs with their commits and ends, its preemptions.
+    For a tenant ``viewer`` (its own job), another tenant's job named in a record is anonymous."""
+    owner = owner if owner is not None else {jid: x.tenant for jid, x in tl.jobs.items()}
     runs = []
     for r in j.runs:
         runs.append(
@@ -216,7 +239,7 @@ def job_page(j: JobInfo, tl: Timeline, now: float, extra: dict[str, Any] | None 
         if rec.get("event") == "checkpoint_committed"
     ]
     rejected = [rec for rec in j.records if rec.get("event") == "commit_rejected"]
-    history = [{k: v for k, v in rec.items() if k != "candidates"} for rec in j.records]
+    history = [_redact(rec, viewer, owner) for rec in j.records]
     out: dict[str, Any] = {
         "id": j.id,
         "name": j.id.rsplit(".", 1)[0] if "." in j.id else j.id,

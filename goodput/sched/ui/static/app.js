@@ -109,9 +109,9 @@
   }
   function api(path) {
     return fetch(path, { headers: { Authorization: "Bearer " + token() }, cache: "no-store", credentials: "omit" }).then(function (r) {
-      if (r.status === 401) {
+      if (r.status === 401 || (r.status === 403 && /^\/ui\/api\/overview/.test(path))) {
         try { sessionStorage.removeItem(TOKEN_KEY); } catch (e) { /* private mode */ }
-        var err = new Error("unauthorized"); err.status = 401; throw err;
+        var err = new Error("unauthorized"); err.status = 401; err.code = r.status; throw err;
       }
       if (!r.ok) {
         return r.json().catch(function () { return {}; }).then(function (b) {
@@ -146,7 +146,11 @@
       setStatus("updated " + new Date().toLocaleTimeString());
       schedule();
     }).catch(function (e) {
-      if (e.status === 401) { showLogin("That token was not accepted (unknown or expired)."); return; }
+      if (e.status === 401) {
+        showLogin(e.code === 403 ? "This token cannot view the dashboard (a job token only reports its commits)."
+          : "That token was not accepted (unknown or expired).");
+        return;
+      }
       if (m && e.status === 404) { renderJob(null, decodeURIComponent(m[1])); schedule(); return; }
       setStatus("update failed: " + e.message + " (retrying)");
       schedule();

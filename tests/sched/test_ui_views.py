@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import math
 
-from goodput.sched.ui.page import static_html
+from goodput.sched.ui.page import static_html, write_report
 from goodput.sched.ui.timeline import Timeline
 from goodput.sched.ui.views import JobFacts, LiveState, NodeFacts, Viewer, job_page, live_overview, static_report
 
@@ -158,3 +158,14 @@ def test_the_static_page_cannot_be_broken_out_of_by_a_log():
     html = static_html(static_report(tl, title=evil))
     assert evil not in html and "alert(1)" in html  # present as data, never as markup
     assert html.count("<script") == html.count("</script>")
+
+
+def test_a_live_services_log_is_shown_on_the_wall_clock(tmp_path):
+    shifted = [{**r, "t": r["t"] + 1.8e9} for r in OLD]
+    out = write_report(shifted, tmp_path / "r.html")
+    data = json.loads(
+        out.read_text().split('<script id="goodput-data" type="application/json">')[1].split("</script>")[0]
+    )
+    assert data["clock"] == "wall" and data["preemptions"]["total"] == 1
+    sim = write_report(OLD, tmp_path / "s.html").read_text()
+    assert '"clock":"sim"' in sim

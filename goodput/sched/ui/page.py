@@ -12,6 +12,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+WALL_CLOCK_AFTER = 1e9  # seconds: a log whose first record is later than 2001 is on the wall clock
 STATIC_FILES = ("app.js", "app.css", "chart.umd.min.js", "chart.js.LICENSE.md")
 SECURITY_HEADERS = {
     # the page's own files only: no CDN, no inline script; Chart.js sizes its canvases by style attributes
@@ -97,6 +98,8 @@ def write_report(
     tl.feed(records)
     data = static_report(
         tl,
+        # a live service's log is on the wall clock (unix seconds), a simulator's counts from 0
+        clock="wall" if math.isfinite(tl.t0) and tl.t0 > WALL_CLOCK_AFTER else "sim",
         meta=meta,
         policies=policies,
         exact_ledger=exact_ledger,

@@ -157,7 +157,8 @@ class VictimOrder:
     asked to checkpoint and its restart is sunk, and ``min(t + a, b)`` inside that restart. So one
     list sorted by ``a`` and one sorted by ``b`` per (pool, priority) hold the order at every t, and
     a search merges them. Oblivious (Kueue): one list per pool by (priority, latest started first).
-    Ties break as in :func:`choose`: the later start first, then the job id.
+    Ties break by the later start first, then the submission order (``seq``): never by the job's
+    id, so that no eviction depends on what a job is called.
     """
 
     __slots__ = ("rule", "_lists", "_of")
@@ -167,18 +168,26 @@ class VictimOrder:
             raise ValueError(f"unknown victim rule {rule!r}")
         self.rule = rule
         self._lists: dict[tuple[str, int, str], SortedList] = {}
-        self._of: dict[str, list[tuple[tuple[str, int, str], tuple[float, float, str]]]] = {}
+        self._of: dict[str, list[tuple[tuple[str, int, str], tuple[float, float, int, str]]]] = {}
 
     def add(
-        self, job_id: str, pool: str, priority: int, started_s: float, *, linear: float | None, const: float | None
+        self,
+        job_id: str,
+        pool: str,
+        priority: int,
+        started_s: float,
+        *,
+        linear: float | None,
+        const: float | None,
+        seq: int = 0,
     ) -> None:
         """Index a running job; ``linear`` is its ``a`` and ``const`` its ``b`` (None: not that kind)."""
         self.remove(job_id)
         if self.rule == "oblivious":
-            entries = [((pool, 0, "o"), (float(priority), -started_s, job_id))]
+            entries = [((pool, 0, "o"), (float(priority), -started_s, seq, job_id))]
         else:
             entries = [
-                ((pool, priority, k), (v, -started_s, job_id))
+                ((pool, priority, k), (v, -started_s, seq, job_id))
                 for k, v in (("t", linear), ("c", const))
                 if v is not None
             ]
@@ -201,22 +210,22 @@ class VictimOrder:
         allowed = set(priorities)
         if self.rule == "oblivious":
             top = max(allowed, default=None)
-            for prio, _, jid in self._lists.get((pool, 0, "o"), ()):
+            for prio, _, _, jid in self._lists.get((pool, 0, "o"), ()):
                 if top is None or prio > top:
                     return
                 if int(prio) in allowed:
                     yield jid
             return
-        streams: list[Iterator[tuple[float, float, str]]] = []
+        streams: list[Iterator[tuple[float, float, int, str]]] = []
         for p in allowed:
             lin = self._lists.get((pool, p, "t"))
             if lin:
-                streams.append((now + a, ns, jid) for a, ns, jid in lin)
+                streams.append((now + a, ns, sq, jid) for a, ns, sq, jid in lin)
             const = self._lists.get((pool, p, "c"))
             if const:
                 streams.append(iter(const))
         seen: set[str] = set()
-        for _, _, jid in heapq.merge(*streams):
+        for _, _, _, jid in heapq.merge(*streams):
             if jid not in seen:
                 seen.add(jid)
                 yield jid

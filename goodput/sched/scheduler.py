@@ -96,6 +96,7 @@ class Scheduler:
         self._running: dict[str, dict[int, dict[str, None]]] = {p: {} for p in self.cap.pools}
         self._held: dict[str, dict[int, int]] = {p: {} for p in self.cap.pools}
         self._claimants: dict[str, None] = {}
+        self._leaving: dict[str, int] = {}  # tenant -> GPUs of its jobs asked to leave, not yet gone
         self._order = VictimOrder(self.policy.victims)  # running jobs as victim searches draw them
         self._priorities: set[int] = set()  # every job priority seen: the thresholds of cap.reachable
         self._timers: list[tuple[float, str, str, int]] = []
@@ -265,6 +266,8 @@ class Scheduler:
                     s._enqueue(job)
             elif job.state in (JobState.RUNNING, JobState.PREEMPTING):
                 s._index_run(job)
+                if job.state is JobState.PREEMPTING and job.placement:
+                    s._leaving[job.tenant] = s._leaving.get(job.tenant, 0) + job.gpus
                 if job.state is JobState.PREEMPTING and math.isfinite(job.deadline_s):
                     s._timer(job.deadline_s, "deadline", job)
                 if job.state is JobState.RUNNING and job.limit_s > 0:
@@ -770,11 +773,15 @@ class Scheduler:
         head = self._held_head()
         halted = False
         pools = list(self.cap.pools)
+        # a tenant under its quota may take borrowed GPUs back, at any priority
+        reclaimable = self.policy.preemption and self._reclaimable()
         for prio in self.queue.priorities():
             if halted:
                 break
-            if not any(self.cap.free_gpus(p) for p in pools) and not (
-                self.policy.preemption and any(g for p in pools for q, g in self._held[p].items() if q < prio)
+            if (
+                not any(self.cap.free_gpus(p) for p in pools)
+                and not (self.policy.preemption and any(g for p in pools for q, g in self._held[p].items() if q < prio))
+                and not reclaimable
             ):
                 break  # nothing is free and nothing below can be evicted: no job here or below can start
             if head is not None and reservation is None and prio <= head.priority:
@@ -874,9 +881,32 @@ class Scheduler:
                 if heads:  # the tenant's next job in queue order decides its place among equal shares
                     (h_submit, h_seq, _), _ = heads[0]
                     heapq.heappush(heap, (share, (h_submit, h_seq), tn))
+        if reservation is None and head is not None and self._held_head() is head:
+            # the pass never reached the head's level: its reservation still holds, replanned (a
+            # higher-priority start may have taken its nodes)
+            reservation = self._reserve(head, self._classes[head.id], now)
         self._note_reservation(reservation)
         self._flush()
         return started
+
+    def _reclaimable(self) -> bool:
+        """Does some tenant hold less than its quota while another borrows beyond its own?"""
+        under = over = False
+        for t in self.tenants.values():
+            held = self._quota_held(t)
+            under = under or (t.quota_gpus > 0 and held < t.quota_gpus)
+            over = over or held > t.quota_gpus
+        return under and over
+
+    def _quota_held(self, t: Tenant) -> int:
+        """What counts against a tenant's quota: GPUs of its running jobs and of its claims (a
+        claimant will hold them), not those of its jobs already leaving."""
+        held = t.usage_gpus - self._leaving.get(t.name, 0)
+        for jid in self._claimants:
+            c = self.jobs[jid]
+            if c.tenant == t.name:
+                held += c.gpus
+        return held
 
     def _held_head(self) -> Job | None:
         """The head whose reservation the last pass made, if it still waits in the queue."""
@@ -1013,6 +1043,8 @@ class Scheduler:
         self._mutations += 1
         if not job.placement:
             return
+        if job.state is JobState.PREEMPTING:
+            self._leaving[job.tenant] = self._leaving.get(job.tenant, 0) - job.gpus
         for name in job.placement:
             node = self.cap.nodes[name]
             if job.state is JobState.PREEMPTING:
@@ -1101,7 +1133,7 @@ class Scheduler:
         else:
             since = job.committed_at if job.committed_at >= job.started_s else job.started_s
             linear, const = fixed - since, None
-        self._order.add(job.id, job.pool, job.priority, job.started_s, linear=linear, const=const)
+        self._order.add(job.id, job.pool, job.priority, job.started_s, linear=linear, const=const, seq=job.seq)
 
     def _per_node(self, job: Job) -> tuple[tuple[str, int], ...]:
         got = self._per_node_cache.get(job.id)
@@ -1153,62 +1185,108 @@ class Scheduler:
                 self._no_victims[memo] = gained + max(1, job.nodes - reachable)
                 failed.append(shape)
                 continue
-            freed: dict[str, int] = {}
-            for c in victims:
-                for n, g in c.per_node:
-                    freed[n] = freed.get(n, 0) + g
-            target = [
-                n for n in sorted(freed, key=self.cap.index.__getitem__) if free[n] + freed[n] >= job.gpus_per_node
-            ]
-            target = target[: job.nodes]
-            if len(target) < job.nodes:
-                more = self.cap.find(pool, job.nodes - len(target), job.gpus_per_node, excluded | set(target))
-                if more is None:
-                    continue
-                target += list(more)
-            ranked = sorted(considered, key=lambda c: (c.cost, c.job))[:LOGGED_CANDIDATES]
-            logged = [
-                {"job": c.job, "lost_gpu_s": round(c.cost, 3), "lost_s": round(c.lost_s, 3), "checkpoint": c.checkpoint}
-                for c in ranked
-            ]
-            self.queue.remove(job.id)
-            if self.policy.release == "decision":
-                for c in victims:
-                    self._preempt(
-                        self.jobs[c.job], reason, job.id, now + self.jobs[c.job].ckpt.grace_s, c.checkpoint, logged
-                    )
-                    self._release(self.jobs[c.job])
-                self._start(job, pool, tuple(sorted(target, key=self.cap.index.__getitem__)))
+            if self._evict(job, pool, victims, free, considered, excluded, now, reason):
                 return True
-            job.claim = tuple(sorted(target, key=self.cap.index.__getitem__))
-            job.claim_pool = pool
-            job.substate = "awaiting victims"
-            self.cap.claim(job.id, job.claim)
-            self._mutations += 1
-            self._health_gen += 1
-            self._claimants[job.id] = None
-            self._touch(job)
+        return self.policy.preemption and self._reclaim_for(job, cls, now, reservation)
+
+    def _reclaim_for(self, job: Job, cls: Class, now: float, reservation: Reservation | None) -> bool:
+        """A tenant under its quota takes borrowed GPUs back (Kueue's reclaim within a cohort):
+        victims are running jobs, of any priority, of tenants holding more than their own quota,
+        and never enough of one tenant's to take it below its quota."""
+        tenant = self.tenants.get(job.tenant)
+        if tenant is None or not tenant.quota_gpus or self._quota_held(tenant) + job.gpus > tenant.quota_gpus:
+            return False
+        if not any(self._quota_held(t) > t.quota_gpus for t in self.tenants.values() if t.name != job.tenant):
+            return False  # nobody borrows
+        for pool in cls[2]:
+            if self._pass_scans >= PREEMPT_SCANS_PER_PASS:
+                self._dirty = True
+                return False
+            excluded = reservation.nodes if reservation is not None and reservation.pool == pool else frozenset()
+            self._pass_scans += 1
+            got = self._search(job, pool, excluded, now, quota=True)
+            if got is None or got[0] is None:
+                continue
+            victims, free, considered, _ = got
+            if self._evict(job, pool, victims, free, considered, excluded, now, "quota"):
+                return True
+        return False
+
+    def _evict(
+        self,
+        job: Job,
+        pool: str,
+        victims: list[Candidate],
+        free: dict[str, int],
+        considered: list[Candidate],
+        excluded: frozenset[str],
+        now: float,
+        reason: str,
+    ) -> bool:
+        """Ask the victims to leave and claim the nodes their going frees for ``job``."""
+        freed: dict[str, int] = {}
+        for c in victims:
+            for n, g in c.per_node:
+                freed[n] = freed.get(n, 0) + g
+        target = [n for n in sorted(freed, key=self.cap.index.__getitem__) if free[n] + freed[n] >= job.gpus_per_node]
+        target = target[: job.nodes]
+        if len(target) < job.nodes:
+            more = self.cap.find(pool, job.nodes - len(target), job.gpus_per_node, excluded | set(target))
+            if more is None:
+                return False
+            target += list(more)
+        ranked = sorted(considered, key=lambda c: (c.cost, self.jobs[c.job].seq))[:LOGGED_CANDIDATES]
+        logged = [
+            {"job": c.job, "lost_gpu_s": round(c.cost, 3), "lost_s": round(c.lost_s, 3), "checkpoint": c.checkpoint}
+            for c in ranked
+        ]
+        self.queue.remove(job.id)
+        if self.policy.release == "decision":
             for c in victims:
                 self._preempt(
                     self.jobs[c.job], reason, job.id, now + self.jobs[c.job].ckpt.grace_s, c.checkpoint, logged
                 )
-            self._try_claim(job)
+                self._release(self.jobs[c.job])
+            self._start(job, pool, tuple(sorted(target, key=self.cap.index.__getitem__)))
             return True
+        job.claim = tuple(sorted(target, key=self.cap.index.__getitem__))
+        job.claim_pool = pool
+        job.substate = "awaiting victims"
+        self.cap.claim(job.id, job.claim)
+        self._mutations += 1
+        self._health_gen += 1
+        self._claimants[job.id] = None
+        self._touch(job)
+        for c in victims:
+            self._preempt(self.jobs[c.job], reason, job.id, now + self.jobs[c.job].ckpt.grace_s, c.checkpoint, logged)
+        self._try_claim(job)
+        return True
         return False
 
-    def _search(self, job: Job, pool: str, excluded: frozenset[str], now: float):
+    def _search(self, job: Job, pool: str, excluded: frozenset[str], now: float, *, quota: bool = False):
         """The cheapest victims in ``pool`` for ``job``: lowest priority tier first, each tier's
         running jobs drawn cheapest per GPU first and priced only when drawn.
 
         A victim touching a claimed, leaving or excluded node frees nothing usable, and one on no
         node where the need could fit frees nothing needed: both are passed over. Returns None
         when nothing below runs there, else (victims or None, free GPUs of the nodes drawn, the
-        candidates of the deciding tier, nodes reachable when it failed)."""
+        candidates of the deciding tier, nodes reachable when it failed).
+
+        ``quota``: a reclaim for a tenant under its quota: one tier of every priority (a quota is a
+        guarantee, Kueue's reclaimWithinCohort: Any), only jobs of other tenants that borrow, never
+        so many of one tenant's that it falls below its own quota."""
         prio, g = job.priority, job.gpus_per_node
         running = self._running[pool]
-        tiers = sorted(p for p in running if p < prio)
+        tiers = sorted(p for p in running if quota or p < prio)
         if not tiers:
             return None
+        room: dict[str, int] = {}  # quota: GPUs each tenant may still lose and stay at its quota
+        if quota:
+            tiers = tiers[-1:]
+            for t in self.tenants.values():
+                held = self._quota_held(t)
+                if t.name != job.tenant and held > t.quota_gpus:
+                    room[t.name] = held - t.quota_gpus
         nodes, jobs = self.cap.nodes, self.jobs
         bad = self.cap.held_back(pool) | excluded
         free: dict[str, int] = {}
@@ -1222,7 +1300,7 @@ class Scheduler:
                     other = jobs[jid]
                     if (
                         other.state is JobState.RUNNING
-                        and other.priority < prio
+                        and (other.tenant in room if quota else other.priority < prio)
                         and not (bad and not bad.isdisjoint(other.placement))
                     ):
                         got += gpus
@@ -1230,10 +1308,15 @@ class Scheduler:
             return got
 
         def drawn(allowed: list[int], seen: list[Candidate]) -> Iterator[Candidate]:
+            left = dict(room)
             for jid in self._order.draw(pool, allowed, now):
                 v = jobs[jid]
                 if bad and not bad.isdisjoint(v.placement):
                     continue
+                if quota:
+                    if left.get(v.tenant, 0) < v.gpus:
+                        continue
+                    left[v.tenant] -= v.gpus
                 useful = False
                 for n in v.placement:
                     f = free.get(n)
@@ -1252,7 +1335,12 @@ class Scheduler:
         reach = ok0
         seen: list[Candidate] = []
         for tier in tiers:
-            allowed = [p for p in running if p <= tier] if rule != "oblivious" else [p for p in running if p < prio]
+            if quota:
+                allowed = list(running)
+            elif rule != "oblivious":
+                allowed = [p for p in running if p <= tier]
+            else:
+                allowed = [p for p in running if p < prio]
             seen = []
             victims, reach = greedy_fit(job.nodes, g, free, drawn(allowed, seen), ok0, rule)
             if victims is None:
@@ -1288,6 +1376,7 @@ class Scheduler:
         job.ckpt_requested = checkpoint
         for name in job.placement:
             self.cap.nodes[name].draining += job.gpus_per_node
+        self._leaving[job.tenant] = self._leaving.get(job.tenant, 0) + job.gpus
         self._touched_nodes.update(job.placement)
         self._set_end(job, deadline_s)
         self._touch(job)
@@ -1395,24 +1484,56 @@ class Scheduler:
         return best
 
     def _shadow(self, job: Job, pool: str, now: float) -> Reservation | None:
+        """Replay the pool's declared ends in time order until the gang fits (Slurm's backfill
+        shadow time). A node claimed by a preemptor comes back when that claimant, started once its
+        victims are gone, reaches its own declared end."""
         g, n = job.gpus_per_node, job.nodes
         ok = self.cap.count_fitting(pool, g)
         freed: dict[str, int] = {}
         new: list[str] = []
         t = now
-        for end, jid in self._ends[pool]:
-            if ok >= n:
-                break
-            other = self.jobs[jid]
-            for name in other.placement:
-                node = self.cap.nodes[name]
-                if node.health is not Health.UP or name in self.cap.claimed:
-                    continue
-                before = node.free + freed.get(name, 0)
-                freed[name] = freed.get(name, 0) + other.gpus_per_node
-                if before < g <= before + other.gpus_per_node:
-                    new.append(name)
-                    ok += 1
+        claim_ends: list[tuple[float, str]] = []
+        for cid in self._claimants:
+            c = self.jobs[cid]
+            if c.claim_pool != pool:
+                continue
+            start = now
+            for name in c.claim:
+                for jid in self.cap.nodes[name].alloc:
+                    e = self._end_of.get(jid)
+                    if e is not None and e[1] > start:
+                        start = e[1]
+            claim_ends.append((start + self._hold(c), cid))
+        claim_ends.sort(key=lambda e: (e[0], self.jobs[e[1]].seq))
+        released: set[str] = set()
+        k = 0
+        ends = iter(self._ends[pool])
+        nxt = next(ends, None)
+        while ok < n and (nxt is not None or k < len(claim_ends)):
+            if nxt is not None and (k >= len(claim_ends) or nxt[0] <= claim_ends[k][0]):
+                end, jid = nxt
+                nxt = next(ends, None)
+                other = self.jobs[jid]
+                for name in other.placement:
+                    node = self.cap.nodes[name]
+                    if node.health is not Health.UP:
+                        continue
+                    before = node.free + freed.get(name, 0)
+                    freed[name] = freed.get(name, 0) + other.gpus_per_node
+                    if (
+                        name not in self.cap.claimed or name in released
+                    ) and before < g <= before + other.gpus_per_node:
+                        new.append(name)
+                        ok += 1
+            else:
+                end, cid = claim_ends[k]
+                k += 1
+                for name in self.jobs[cid].claim:
+                    node = self.cap.nodes[name]
+                    released.add(name)
+                    if node.health is Health.UP and node.free + freed.get(name, 0) >= g:
+                        new.append(name)
+                        ok += 1
             t = max(now, end)
         if ok < n:
             return None

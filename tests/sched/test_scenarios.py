@@ -700,7 +700,8 @@ def test_stale_and_backwards_commits_are_rejected() -> None:
     assert "behind" in b.last("commit_rejected", "j")["reason"]
     assert not b.commit("j", math.nan)
     assert b.job("j").committed_s == 50.0
-    # equal progress is fine (a repeated report), then forward
+    # equal progress is fine (a repeated report), then forward (20 s of progress after 20 s of running)
+    b.at(120)
     assert b.commit("j", 50.0) and b.commit("j", 70.0)
     # unknown and not-running jobs
     assert not b.s.report_commit("nobody", 1, 10.0)

@@ -248,7 +248,8 @@ def test_summary_counts() -> None:
     assert got["jobs"] == {"running": 1, "preempting": 1, "pending": 1}
     assert got["gpus"] == 8 and got["gpus_bound"] == 16 and got["gpus_draining"] == 8 and got["nodes_lost"] == 1
     assert got["queued"] == 1 and got["classes"] == 1 and s.pending() == 1
-    assert got["reservation"] is None  # nothing was free after hi started: the pass stopped before g
+    # nothing was free after hi started: the pass stopped before g, whose reservation still holds
+    assert got["reservation"] == {"job": "g", "pool": "od", "t": 1000.0}
 
 
 def test_policy_lookup() -> None:

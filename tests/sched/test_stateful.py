@@ -59,10 +59,15 @@ if "scheduler" in native.status().compiled:
         copyreg.pickle(_cls, lambda o: (_blank, (type(o),), o.__getstate__()))
 
 # the oracle below models the rules before governance: churn guards, time limits and the
-# infrastructure backoff off (tests/sched/test_policy_rules.py tests those)
+# infrastructure backoff and the unkillable timeout off (tests/sched/test_policy_rules.py tests those)
 OPEN = Governance(
     limits=Limits(
-        min_run_s=0.0, max_preemptions=10**6, over_time_limit_s=math.inf, infra_backoff_s=0.0, max_infra_losses=10**6
+        min_run_s=0.0,
+        max_preemptions=10**6,
+        over_time_limit_s=math.inf,
+        infra_backoff_s=0.0,
+        max_infra_losses=10**6,
+        unkillable_s=math.inf,
     )
 )
 
@@ -215,22 +220,37 @@ class Oracle:
         return j.deadline if j.state == "preempting" else j.started_at + j.run_limit
 
     def earliest_start(self, j: OJob) -> float | None:
-        """The earliest time, by the running jobs' declared ends, that ``j`` fits on up, unclaimed
-        nodes: what its reservation must say (None: not even once everything ends)."""
+        """The earliest time, by the running jobs' declared ends, that ``j`` fits on up nodes: what
+        its reservation must say (None: not even once everything ends). A claimed node comes back
+        when its claimant, started once the jobs on its claim are gone, reaches its declared end."""
         claimed = self.claimed()
         best = None
         for pool in j.pools:
-            nodes = [n for n in NODES if POOL_OF[n] == pool and self.health[n] == "up" and n not in claimed]
+            nodes = [n for n in NODES if POOL_OF[n] == pool and self.health[n] == "up"]
             free = {n: self.free(n) for n in nodes}
-            fits = {n for n in nodes if free[n] >= j.gpn}
+            avail = {n for n in nodes if n not in claimed}
+            fits = {n for n in avail if free[n] >= j.gpn}
             t = self.now if len(fits) >= j.spec.nodes else None
-            ends = sorted((self.end_of(self.jobs[k]), k, n, g) for n in nodes for k, g in self.bound[n].items())
-            for end, _, n, g in ends:
+            events: list[tuple[float, int, str, str, int]] = [
+                (self.end_of(self.jobs[k]), 0, k, n, g) for n in nodes for k, g in self.bound[n].items()
+            ]
+            for c in (self.jobs[cid] for cid in dict.fromkeys(claimed.values())):
+                if c.claim and POOL_OF[c.claim[0]] == pool:
+                    start = max([self.now] + [self.end_of(self.jobs[k]) for n in c.claim for k in self.bound[n]])
+                    events.append((start + c.backfill_limit(), 1, c.id, "", 0))
+            for end, kind, k, n, g in sorted(events):
                 if t is not None:
                     break
-                free[n] += g
-                if free[n] >= j.gpn:
-                    fits.add(n)
+                if kind == 0:
+                    free[n] += g
+                    if n in avail and free[n] >= j.gpn:
+                        fits.add(n)
+                else:
+                    for m in self.jobs[k].claim:
+                        if m in free:
+                            avail.add(m)
+                            if free[m] >= j.gpn:
+                                fits.add(m)
                 if len(fits) >= j.spec.nodes:
                     t = max(self.now, end)
             if t is not None and (best is None or t < best):
@@ -700,6 +720,9 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self.o.started(rec, in_pass=True, reservation=r, sched=self.s)
             elif rec["event"] == "preempt_requested":
                 self.o.preempted_for(rec, r, self.s)
+            elif rec["event"] == "reserved":  # the head's reservation, set or moved: the one now in force
+                res = self.s.reservation
+                assert res is not None and (rec["job"], rec["reserved_t"]) == (res.job, res.t), (rec, res)
             else:
                 raise AssertionError(f"a pass logged {rec}")
         self.o.check_claims_free_enough()

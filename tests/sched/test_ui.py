@@ -421,6 +421,13 @@ def _check_static(page, path: Path, policies: bool) -> None:  # noqa: ANN001
     assert float(page.locator("#goodput-value").inner_text()) > 0
     if policies:
         assert page.evaluate("Chart.getChart('chart-policy-goodput').data.labels") == ["goodput", "kueue-victims"]
+    # the cluster mid-run: opened at its busiest snapshot, moved by the keyboard to the log's end
+    busiest = page.locator("#cluster .nodes .cell[style]").count()
+    assert busiest > 0
+    page.get_by_label("Cluster at").focus()
+    page.keyboard.press("End")
+    expect(page.locator("#cluster-at-value")).to_contain_text("the log's end")
+    assert page.locator("#cluster .nodes .cell[style]").count() < busiest  # every job finished by then
     # a job's page opens from the log
     page.locator("#preemptions tbody a").first.click()
     expect(page.locator("#job-history")).to_contain_text("preempt_requested")

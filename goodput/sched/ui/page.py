@@ -76,6 +76,36 @@ def _script_safe(code: str) -> str:
     return code.replace("</script", "<\\/script")
 
 
+SNAPSHOTS = 48  # the static report's cluster at this many instants, evenly spaced over the log
+
+
+def _replay_with_snapshots(tl: Any, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Feed ``records`` to ``tl``, taking the cluster view at evenly spaced instants (after every
+    record at or before each instant), so the report can show the cluster mid-run, not only at the end."""
+    from .views import static_cluster
+
+    ts = [r["t"] for r in records if isinstance(r.get("t"), (int, float)) and math.isfinite(r["t"])]
+    if not ts:
+        tl.feed(records)
+        return []
+    t0, t1 = min(ts), max(ts)
+    # fewer instants on a large cluster: the page stays a few MB (2048 nodes: 8 snapshots)
+    n = max(8, min(SNAPSHOTS, 16384 // max(1, len(tl.capacity))))
+    marks = [t0 + (t1 - t0) * (i + 1) / n for i in range(n)] if t1 > t0 else [t1]
+    out: list[dict[str, Any]] = []
+    k = 0
+    for rec in records:
+        t = rec.get("t")
+        while k < len(marks) and isinstance(t, (int, float)) and t > marks[k]:
+            out.append({"t": marks[k], "cluster": static_cluster(tl)})
+            k += 1
+        tl.feed((rec,))
+    while k < len(marks):
+        out.append({"t": marks[k], "cluster": static_cluster(tl)})
+        k += 1
+    return out
+
+
 def write_report(
     events: str | Path | list[dict[str, Any]],
     out: str | Path,
@@ -95,12 +125,13 @@ def write_report(
 
     records = read_jsonl(events) if isinstance(events, (str, Path)) else events
     tl = Timeline(capacity, pool_kinds)
-    tl.feed(records)
+    snapshots = _replay_with_snapshots(tl, records)
     data = static_report(
         tl,
         # a live service's log is on the wall clock (unix seconds), a simulator's counts from 0
         clock="wall" if math.isfinite(tl.t0) and tl.t0 > WALL_CLOCK_AFTER else "sim",
         meta=meta,
+        snapshots=snapshots,
         policies=policies,
         exact_ledger=exact_ledger,
         title=title

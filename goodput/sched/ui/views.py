@@ -424,6 +424,7 @@ def static_report(
     exact_ledger: dict[str, Any] | None = None,
     title: str = "goodput sched report",
     clock: str = "sim",
+    snapshots: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The overview (as an admin sees it) of an event log at its last record, plus embedded job pages.
 
@@ -433,22 +434,6 @@ def static_report(
     end = now if now is not None else (tl.t1 if math.isfinite(tl.t1) else 0.0)
     viewer = Viewer("", True)
     owner = {jid: j.tenant for jid, j in tl.jobs.items()}
-    states = {jid: j.state for jid, j in tl.jobs.items()}
-    nodes = []
-    names = sorted(set(tl.capacity) | set(tl.alloc), key=_node_key)
-    for name in names:
-        pool = name.rsplit("-", 1)[0] if "-" in name else name
-        nodes.append(
-            NodeFacts(
-                name=name,
-                pool=pool,
-                kind=tl.pool_kinds.get(pool, "on-demand"),
-                gpus=tl.capacity.get(name, sum(tl.alloc.get(name, {}).values())),
-                health=tl.node_health.get(name, "up"),
-                alloc=dict(tl.alloc.get(name, {})),
-                notice_s=tl.node_notice.get(name),
-            )
-        )
     queue = []
     pend = [j for j in tl.jobs.values() if j.state == "pending"]
     pend.sort(key=lambda j: (-j.priority, j.submit_s))
@@ -538,7 +523,8 @@ def static_report(
         "counts": counts,
         "records": tl.count,
         "capacity_inferred": tl.inferred,
-        "cluster": cluster_view(nodes, states, viewer, owner),
+        "cluster": static_cluster(tl),
+        "cluster_at": list(snapshots or []),
         "queue": {"jobs": queue[:500], "others": max(0, len(queue) - 500), "reservation": reservation},
         "running": {"jobs": running[:500], "others": max(0, len(running) - 500)},
         "preemptions": preemptions_view(tl, viewer, owner),
@@ -549,6 +535,29 @@ def static_report(
         "policies": policies or [],
         "job_pages": pages,
     }
+
+
+def static_cluster(tl: Timeline) -> dict[str, Any]:
+    """The cluster view (as an admin sees it) of the replay as it stands: at the log's end, or at a
+    snapshot taken while the log is fed (the static report's time slider)."""
+    nodes = []
+    for name in sorted(set(tl.capacity) | set(tl.alloc), key=_node_key):
+        pool = name.rsplit("-", 1)[0] if "-" in name else name
+        held = tl.alloc.get(name, {})
+        nodes.append(
+            NodeFacts(
+                name=name,
+                pool=pool,
+                kind=tl.pool_kinds.get(pool, "on-demand"),
+                gpus=tl.capacity.get(name, sum(held.values())),
+                health=tl.node_health.get(name, "up"),
+                alloc=dict(held),
+                notice_s=tl.node_notice.get(name),
+            )
+        )
+    states = {jid: tl.jobs[jid].state for n in nodes for jid in n.alloc if jid in tl.jobs}
+    owner = {jid: tl.jobs[jid].tenant for jid in states}
+    return cluster_view(nodes, states, Viewer("", True), owner)
 
 
 def _node_key(name: str) -> tuple[str, int, str]:

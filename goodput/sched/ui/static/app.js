@@ -271,7 +271,33 @@
 
   function drawCluster(body, d) {
     clear(body);
-    var nodes = d.cluster.nodes;
+    var snaps = d.cluster_at || [];
+    if (!snaps.length) { drawGrid(body, d.cluster); return; }
+    // a static report: the cluster at any of its snapshots, by default the busiest
+    if (state.clusterIdx === undefined) {
+      var best = 0, most = -1;
+      snaps.forEach(function (sn, i) {
+        var used = sn.cluster.nodes.reduce(function (a, n) { return a + n.used; }, 0);
+        if (used > most) { most = used; best = i; }
+      });
+      state.clusterIdx = best;
+    }
+    var out = el("output", { id: "cluster-at-value", "for": "cluster-at" });
+    var slider = el("input", { id: "cluster-at", type: "range", min: "0", max: String(snaps.length - 1), step: "1", value: String(state.clusterIdx) });
+    var grid = el("div", { id: "cluster-grid" });
+    function show() {
+      var sn = snaps[state.clusterIdx];
+      out.textContent = when(sn.t) + (state.clusterIdx === snaps.length - 1 ? " (the log's end)" : "");
+      drawGrid(clear(grid), sn.cluster);
+    }
+    slider.addEventListener("input", function () { state.clusterIdx = Number(slider.value); show(); });
+    body.appendChild(el("p", null, el("label", { "for": "cluster-at", text: "Cluster at " }), slider, " ", out));
+    body.appendChild(grid);
+    show();
+  }
+
+  function drawGrid(body, cluster) {
+    var nodes = cluster.nodes;
     body.appendChild(el("div", { cls: "legend", "aria-hidden": "true" },
       el("span", null, el("i", { cls: "cell" }), "idle"),
       el("span", null, el("i", { cls: "cell", style: "background:" + jobColour("busy") }), "busy (colour per job)"),
@@ -373,7 +399,7 @@
       clear(body);
       body.appendChild(el("p", { cls: "note", id: "ledger-note", text: d.ledger_note || "" }));
       var charts = el("div", { cls: "charts" });
-      charts.appendChild(el("figure", null, el("div", { cls: "chart" }, canvasFor("series", "GPUs over time: capacity, allocated, useful")), el("figcaption", { cls: "note", text: "GPUs over time (average per interval): capacity, allocated, useful. Time in your zone." })));
+      charts.appendChild(el("figure", null, el("div", { cls: "chart" }, canvasFor("series", "GPUs over time: capacity, allocated, useful")), el("figcaption", { cls: "note", text: "GPUs over time (average per interval): capacity, allocated, useful. " + (clock() === "wall" ? "Time in your zone." : "Time since the start of the log.") })));
       charts.appendChild(el("figure", null, el("div", { cls: "chart" }, canvasFor("ledger", "badput ledger by cause, GPU-hours")), el("figcaption", { cls: "note", text: "Where the GPU-hours went, by cause." })));
       charts.appendChild(el("figure", null, el("div", { cls: "chart" }, canvasFor("tenants", "per tenant: allocated and useful against entitlement")), el("figcaption", { cls: "note", text: "Per tenant: entitlement (weight share of capacity), allocated, useful." })));
       body.appendChild(charts);

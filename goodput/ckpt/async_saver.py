@@ -252,7 +252,7 @@ class AsyncSaver:
         self.inflight = handle
         if later:
             handle._lazy = _LazyCopy()
-            mode = CopyFirst(handle.wait_staged, handle._lazy.done)
+            mode = CopyFirst(handle.wait_staged, handle._lazy.done, later)
             mode.push()  # before the copy is handed on: no change on this thread can come first
             self._modes.append(mode)
             target: Callable[..., None] = self._lazy_background

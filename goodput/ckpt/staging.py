@@ -210,39 +210,65 @@ ESCAPING_NAMES = frozenset({"numpy", "__array__", "data_ptr", "untyped_storage",
                             "__dlpack__", "__array_interface__", "to_dlpack"})  # fmt: skip
 
 
-def _escapes_or_mutates(func: Any, kwargs: dict) -> bool:
-    """Whether a torch call may change a tensor's data, or hand its memory to code torch cannot
-    follow (after which a change is invisible): the calls copy-first staging makes wait."""
+def storage_key(t: Any) -> int | None:
+    """The address of the memory ``t``'s data lives in (a DTensor's: its local tensor's), or None."""
+    t = getattr(t, "_local_tensor", t)
+    if not isinstance(t, torch.Tensor):
+        return None
+    try:
+        st = t.untyped_storage()
+        return st.data_ptr() if st.nbytes() else None
+    except (RuntimeError, NotImplementedError):  # meta, fake or functional tensors hold no memory
+        return None
+
+
+def _tensors(x: Any, out: list) -> list:
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            _tensors(y, out)
+    elif isinstance(x, dict):
+        for y in x.values():
+            _tensors(y, out)
+    return out
+
+
+def touched(func: Any, args: tuple, kwargs: dict) -> list:
+    """The tensors a torch call may change or hand out (empty when it only reads): the
+    calls copy-first staging makes wait when one of them shares memory with a leaf being copied."""
     name = getattr(func, "__name__", "")
     if name == "__get__":  # a property: only ``.data`` is an alias with a counter of its own
-        return getattr(func, "__self__", None) is torch.Tensor.data
-    if kwargs.get("out") is not None or name in IN_PLACE_DUNDERS or name in MUTATING_NAMES:
-        return True
-    if name in ESCAPING_NAMES:
-        return True
-    schema = getattr(func, "_schema", None)  # torch.ops.* overloads say so themselves
-    if schema is not None:
-        return bool(getattr(schema, "is_mutable", True))
+        return _tensors(args[:1], []) if getattr(func, "__self__", None) is torch.Tensor.data else []
+    found = _tensors(kwargs.get("out"), []) if kwargs.get("out") is not None else []
     base = name.split(".")[0]
-    return base.endswith("_") and not base.endswith("__")
+    first = name in IN_PLACE_DUNDERS or name in ESCAPING_NAMES or (base.endswith("_") and not base.endswith("__"))
+    if first and getattr(func, "_schema", None) is None:  # a method or torch.* function: its first argument
+        return _tensors(args[:1], found)
+    if name in MUTATING_NAMES or getattr(getattr(func, "_schema", None), "is_mutable", False):
+        return _tensors(args, _tensors(kwargs, found))  # which argument it changes is not said: any
+    return found
 
 
 class CopyFirst(TorchFunctionMode):
-    """Until ``copy`` is done, a torch call on this thread that may change a tensor's data (or
-    hand its memory out) waits for it first (see the module's doc). Pushed by the lazy save on
-    the thread that asked for it; inert once the copy is done; popped by :meth:`retire` on that
-    thread (the saver's next call, a protected optimizer step, ``wait_staged``)."""
+    """Until ``copy`` is done, a torch call on this thread that may change the data of a tensor
+    being copied (or hand its memory out) waits for it first (see the module's doc). Pushed by
+    the lazy save on the thread that asked for it; inert once the copy is done; popped by
+    :meth:`retire` on that thread (the saver's next call, a protected optimizer step,
+    ``wait_staged``). Calls on other tensors (activations changed in place in a forward pass,
+    small leaves already copied) go on at once."""
 
-    def __init__(self, wait: Any, done: threading.Event) -> None:
+    def __init__(self, wait: Any, done: threading.Event, leaves: list[TensorLeaf]) -> None:
         super().__init__()
         self._wait = wait
         self._done = done
+        self._keys = {k for lf in leaves if (k := storage_key(lf.local)) is not None}
         self.thread = threading.get_ident()
         self.waited = 0  # calls that waited for the copy (tests, the bench)
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if not self._done.is_set() and _escapes_or_mutates(func, kwargs):
+        if not self._done.is_set() and any(storage_key(t) in self._keys for t in touched(func, args, kwargs)):
             self.waited += 1
             self._wait()
         return func(*args, **kwargs)

@@ -90,3 +90,34 @@ def test_lazy_staging_never_tears_in_200_trials() -> None:
     out = _torture(200)
     assert out["torn"] == 0 and out["after"] == 0, out
     assert out["exact"] + out["failed"] == 200, out
+
+
+def test_copy_first_waits_only_for_the_state_being_copied(tmp_path: Path) -> None:
+    """In-place work on other tensors (activations in a forward pass, small leaves already
+    copied) goes on while the copy is held back; a change to the state waits for it."""
+    import threading
+
+    w = torch.randn(N)
+    small = torch.zeros(4)
+    saver = gc.AsyncSaver(mode="thread", staging="lazy", direct=False)
+    gate = saver._lazy_gate = threading.Event()
+    try:
+        h = saver.save({"w": w, "small": small}, tmp_path / "c")
+        assert h is not None and not h.staged.done()
+        act = torch.ones(1000)
+        act.add_(1).relu_()  # not the state: no wait (the held-back copy would block it forever)
+        small.add_(1)  # a small leaf: copied before save returned
+        (mode,) = saver._modes
+        assert mode.waited == 0
+        threading.Timer(0.3, gate.set).start()
+        want = w.clone()
+        w.mul_(2)  # the state: waits for the copy (until the gate opens)
+        assert mode.waited == 1 and h.staged.done()
+        h.result(timeout=120)
+    finally:
+        gate.set()
+        saver.close()
+    got = {"w": torch.empty(N), "small": torch.empty(4)}
+    gc.load(got, tmp_path / "c")
+    assert torch.equal(got["w"], want) and torch.equal(got["small"], torch.zeros(4))
+    assert saver._modes == []  # retired on close: no cost left on the training thread

@@ -302,6 +302,9 @@ def test_page_with_a_token_shows_the_cluster_and_a_job_moves_from_queue_to_runni
     )
     shown = page.locator("dt", has_text="submitted").locator("xpath=following-sibling::dd[1]").inner_text()
     assert shown.replace("\u202f", " ").replace("\xa0", " ") == local, (shown, local)
+    page.get_by_role("link", name="← overview").click()
+    expect(page.locator("#running tr", has_text="waiter")).to_be_visible(timeout=WAIT_MS)
+    assert page.evaluate("window.__same_document") is True
     _shot(page, "job")
 
 

@@ -126,7 +126,7 @@
   }
   function schedule() {
     stopPolling();
-    if (!STATIC) state.timer = setTimeout(refresh, POLL_MS);
+    if (!STATIC) state.timer = setTimeout(refresh, document.hidden ? 5 * POLL_MS : POLL_MS);  // a hidden tab asks less
   }
   function refresh() {
     var route = location.hash.replace(/^#/, "");

@@ -849,7 +849,24 @@ class BodyLimit:
 
 
 def create_app(svc: Service) -> FastAPI:
-    app = FastAPI(title="goodput.sched", version="1", description="The checkpoint-aware scheduler's live service.")
+    # every status any endpoint may answer, listed for every operation (the API fuzz test holds us to it)
+    common: dict[int | str, dict[str, Any]] = {
+        400: {"description": "malformed body"},
+        401: {"description": "no, an unknown, a revoked or an expired token"},
+        403: {"description": "the token's role may not do this"},
+        404: {"description": "no such job or node (or another tenant's)"},
+        409: {"description": "conflicts with the job's state"},
+        413: {"description": "body larger than 1 MiB"},
+        422: {"description": "a field is invalid (named)"},
+        429: {"description": "rate limited, or too many streams; see Retry-After"},
+        503: {"description": "the store refused the change (nothing changed); see Retry-After"},
+    }
+    app = FastAPI(
+        title="goodput.sched",
+        version="1",
+        description="The checkpoint-aware scheduler's live service.",
+        responses=common,
+    )
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY)
 
     # async: FastAPI runs a plain ``def`` dependency in its thread pool, one hand-off per dependency

@@ -23,6 +23,7 @@ from .timeline import Timeline
 from .views import JobFacts, LiveState, NodeFacts, Viewer, job_page, live_overview
 
 LOG_TAIL_BYTES = 16_384
+SHARED_FOR_S = 1.0  # the series and the ledger are recomputed at most this often (every viewer polls)
 _TYPES = {
     ".js": "text/javascript; charset=utf-8",
     ".css": "text/css; charset=utf-8",
@@ -38,6 +39,7 @@ class LiveFeed:
         self.lock = threading.Lock()  # the timeline's own: never held while taking the service's lock
         self.timeline: Timeline | None = None
         self.cursor = 0
+        self._shared: tuple[float, int, tuple[dict[str, Any], dict[str, Any]]] | None = None
 
     def snapshot(self) -> tuple[LiveState, list[dict[str, Any]]]:
         svc = self.svc
@@ -99,6 +101,7 @@ class LiveFeed:
             if n < self.cursor:  # the log was replaced (a restore): start the replay again
                 self.cursor = 0
                 self.timeline = None
+                self._shared = None
             new = list(records[self.cursor : n])
             self.cursor = n
             counts = dict(summary.get("jobs", {}))
@@ -119,7 +122,12 @@ class LiveFeed:
             for n in st.nodes:
                 if n.health != "up":
                     n.notice_s = self.timeline.node_notice.get(n.name)
-            return live_overview(st, self.timeline, viewer)
+            tl = self.timeline
+            hit = self._shared
+            if hit is None or hit[1] != tl.count or not 0 <= st.now - hit[0] < SHARED_FOR_S:
+                weights = {name: w for name, (w, _q, _u) in st.tenants.items()}
+                hit = self._shared = (st.now, tl.count, (tl.series(st.now), tl.ledger(st.now, weights)))
+            return live_overview(st, tl, viewer, hit[2])
 
     def job(self, viewer: Viewer, job_id: str, extra: dict[str, Any]) -> dict[str, Any]:
         with self.lock:

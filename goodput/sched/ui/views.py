@@ -170,8 +170,11 @@ def preemptions_view(tl: Timeline, viewer: Viewer, owner: dict[str, str]) -> dic
 # ---------------------------------------------------------------------- ledger
 
 
-def ledger_view(tl: Timeline, now: float, viewer: Viewer, weights: dict[str, float] | None) -> dict[str, Any]:
-    led = tl.ledger(now, weights)
+def ledger_view(
+    tl: Timeline, now: float, viewer: Viewer, weights: dict[str, float] | None, led: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The ledger cut for ``viewer`` (``led``: ``tl.ledger(now, weights)`` already computed)."""
+    led = led if led is not None else tl.ledger(now, weights)
     tenants = []
     others: dict[str, float] = {}
     for name, acct in sorted(led["tenants"].items()):
@@ -293,7 +296,11 @@ def why_waits(j: JobFacts, st: LiveState, free_fit: dict[tuple[str, int], int], 
     return "no fit", f"no pool has {j.nodes} node(s) with {j.gpus_per_node} free GPU(s)"
 
 
-def live_overview(st: LiveState, tl: Timeline, viewer: Viewer) -> dict[str, Any]:
+def live_overview(
+    st: LiveState, tl: Timeline, viewer: Viewer, shared: tuple[dict[str, Any], dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The overview for ``viewer``; ``shared`` is (series, ledger) of ``tl`` when computed for another
+    viewer moments ago (both are the same for every viewer before the ledger's per-tenant cut)."""
     now = st.now
     owner = {jid: j.tenant for jid, j in tl.jobs.items()}
     for j in st.jobs:
@@ -406,8 +413,8 @@ def live_overview(st: LiveState, tl: Timeline, viewer: Viewer) -> dict[str, Any]
         "queue": {"jobs": queue, "others": others_pending, "reservation": reservation},
         "running": {"jobs": running, "others": others_running},
         "preemptions": preemptions_view(tl, viewer, owner),
-        "series": tl.series(now),
-        "ledger": ledger_view(tl, now, viewer, weights),
+        "series": shared[0] if shared else tl.series(now),
+        "ledger": ledger_view(tl, now, viewer, weights, shared[1] if shared else None),
         "ledger_note": "estimated from the event log: restart and checkpoint stall are inside 'lost' and 'useful'",
     }
 

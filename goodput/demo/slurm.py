@@ -251,6 +251,7 @@ class Outcome:
     started_latency_s: float = 0.0  # the gang's submit -> goodput's `started`
     slurm_runs: dict[tuple[str, int], list[int]] = field(default_factory=dict)  # (job, epoch) -> Slurm ids
     roots: dict[str, Path] = field(default_factory=dict)  # name -> its checkpoint root
+    at_kill: dict[str, str] = field(default_factory=dict)  # restart_mid: name -> state when the service was killed
     checks: list[tuple[str, bool, str]] = field(default_factory=list)
     base: Path | None = None
 
@@ -339,6 +340,7 @@ def preemption(
         say(f"victims asked to checkpoint: {sorted(n for n in LOW if v[n]['state'] == 'preempting')}")
         if restart_mid:
             svc.kill9()
+            out.at_kill = {n: j["state"] for n, j in v.items()}
             say("service SIGKILLed mid-preemption; slurmctld restarted while it is down")
             cluster.restart_ctld()
             svc.start()

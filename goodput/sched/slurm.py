@@ -39,6 +39,7 @@ import pwd
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import threading
@@ -99,10 +100,17 @@ class Slurm:
         env.update(extra or {})
         return env
 
-    def run(self, argv: list[str], *, env: dict[str, str] | None = None) -> str:
+    def run(self, argv: list[str], *, env: dict[str, str] | None = None, stdin: str | None = None) -> str:
         try:
             p = subprocess.run(
-                argv, env=env or self.env(), capture_output=True, text=True, timeout=self.timeout_s, check=False
+                argv,
+                env=env or self.env(),
+                input=stdin,
+                stdin=None if stdin is not None else subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=self.timeout_s,
+                check=False,
             )
         except (OSError, subprocess.TimeoutExpired) as e:
             raise SlurmError(f"{argv[0]}: {e}") from None
@@ -226,6 +234,7 @@ class SlurmRun:
     killed: bool = False  # we cancelled it: CANCELLED reads as killed, not lost
     notified: str = ""  # a notice asked while Slurm still had it pending: sent once it runs
     submitted: float = 0.0
+    stuck: bool = False  # released, but Slurm would not start it where goodput placed it: cancelled, lost
 
 
 class RunTable:
@@ -347,6 +356,7 @@ class SlurmExecutor:
         self.env_for = env_for
         self.python = python or sys.executable
         self.poll_s = poll_s
+        self.stuck_s = 120.0
         self.table = RunTable(store)
         self.instance = self.table.instance()
         self.runs: dict[str, SlurmRun] = {}
@@ -489,13 +499,18 @@ class SlurmExecutor:
                     continue
                 state = str(j.get("job_state", ""))
                 if state in LIVE:
-                    if run.notified and state == "PENDING":
+                    if state == "PENDING" and run.released and not run.killed and self._stuck(run, j, view.t):
+                        log.error("slurm job %d of %s stays pending (%s): cancelled, an infrastructure loss",
+                                  run.slurm_id, run.job, j.get("state_reason"))  # fmt: skip
+                        run.stuck = True
+                        self._cancel(run)
+                    elif run.notified and state == "PENDING":
                         self._cancel(run)
                     elif run.notified and state == "RUNNING" and self._signal(run, run.notified):
                         run.notified = ""
                         self.table.save(run)
                     continue
-                done.append((run, status_of(state, j.get("exit_code"), killed=run.killed)))
+                done.append((run, "lost" if run.stuck else status_of(state, j.get("exit_code"), killed=run.killed)))
             self._cancel_strays(view)
         for run, status in done:
             if self.on_exit is not None:
@@ -541,17 +556,16 @@ class SlurmExecutor:
             shutil.rmtree(run_dir) if not run_dir.is_symlink() else run_dir.unlink()
         run_dir.mkdir(mode=0o700)
         os.chmod(run_dir, 0o700)
-        script = run_dir / "batch.sh"
         argv = [self.python, "-m", "goodput.sched.slurm_launch", "batch", "--", *job.command]
-        script.write_text("#!/bin/sh\nexec " + shlex.join(argv) + "\n", encoding="utf-8")
+        script = "#!/bin/sh\nexec " + shlex.join(argv) + "\n"  # on sbatch's stdin: no file the job's user could swap
         token = run_dir / "token"
         token.write_text(self.token_for(job) if self.token_for is not None else "", encoding="ascii")
         log_file = run_dir / "log"
         log_file.touch()
-        for p in (script, token, log_file):
+        for p in (token, log_file):
             os.chmod(p, 0o600)
         if who is not None:
-            for p in (run_dir, log_file, script, token):
+            for p in (run_dir, log_file, token):
                 os.chown(p, who.uid, who.gid)
         gpn = job.gpus_per_node
         gpus = [self.nodes[n].gpus if n in self.nodes else gpn for n in nodes]
@@ -584,8 +598,7 @@ class SlurmExecutor:
             cmd.append("--exclusive")
         if who is not None:
             cmd += [f"--uid={who.uid}", f"--gid={who.gid}"]
-        cmd.append(str(script))
-        out = self.slurm.run(cmd, env=self.slurm.env(env)).strip()
+        out = self.slurm.run(cmd, env=self.slurm.env(env), stdin=script).strip()
         m = re.match(r"^([0-9]+)", out)
         if m is None:
             raise SlurmError(f"sbatch answered {out!r}, not a job id")
@@ -646,9 +659,23 @@ class SlurmExecutor:
             self._scancel(sid)
 
     def _status_file(self, run: SlurmRun) -> str:
-        """The status of a run Slurm no longer lists, from its batch step's status file; else lost."""
+        """The status of a run Slurm no longer lists, from its batch step's status file; else lost.
+        The file sits in the job user's folder: opened without following a link, never blocking on a
+        FIFO, a regular file of at most 4 KiB, only its integer ``rc`` believed."""
+        if run.stuck:
+            return "lost"
         try:
-            rc = int(json.loads(Path(run.dir, "status.json").read_text(encoding="utf-8"))["rc"])
+            fd = os.open(Path(run.dir, "status.json"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_size > 4096:
+                    raise ValueError("not a small regular file")
+                raw = os.read(fd, 4096)
+            finally:
+                os.close(fd)
+            rc = json.loads(raw)["rc"]
+            if not isinstance(rc, int) or isinstance(rc, bool):
+                raise ValueError("rc is not an integer")
         except (OSError, ValueError, KeyError, TypeError):
             return "killed" if run.killed else "lost"
         if rc == 0:
@@ -656,6 +683,14 @@ class SlurmExecutor:
         if rc == PREEMPTED_EXIT:
             return "preempted"
         return "killed" if run.killed else "failed"
+
+    def _stuck(self, run: SlurmRun, j: dict[str, Any], now: float) -> bool:
+        """Released long ago and still pending: Slurm will not run it on the nodes goodput chose (a node
+        drained or reserved in Slurm, a limit of the partition). Not while its nodes are still being
+        cleaned up after the run before (``Resources``), nor within ``stuck_s`` of its release."""
+        reason = str(j.get("state_reason") or "")
+        since = float(j.get("eligible_time") or 0) or run.submitted
+        return now - since > self.stuck_s and reason not in ("Resources", "Priority", "None", "BeginTime")
 
     def _current(self, job: Job) -> SlurmRun | None:
         run = self.runs.get(job.id)

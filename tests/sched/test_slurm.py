@@ -85,6 +85,7 @@ def test_service_sigkill_and_slurmctld_restart_mid_preemption_lose_nothing(slurm
 
     out = preemption(Path(slurm.root) / "goodput", slurm, tenant_users, restart_mid=True)
     _assert_checks(out)
+    assert "preempting" in out.at_kill.values(), f"the kill came outside the preemption: {out.at_kill}"
 
 
 def _node_of_slurm_job(cluster, slurm_id: int) -> str:  # noqa: ANN001

@@ -1,0 +1,229 @@
+"""Preemption on one local Slurm cluster: goodput's against Slurm's own partition-priority preemption.
+
+``python -m goodput.demo.slurm_bench [--reps N] [--grace S]`` (root; Slurm's packages installed).
+Both sides run the same four one-node training jobs (the demo's TinyGPT, a step every ~0.1 s, a
+periodic checkpoint every ``--interval`` steps) on the four nodes, then a 2-node job of higher
+priority arrives. Measured per repetition: the high job's **latency** (submitted → its training
+process running) and the **work the victims lose** (steps they had done past the checkpoint they
+resume from).
+
+- ``goodput``: ``goodput sched serve --executor slurm``; the victims get the checkpoint signal
+  (``scancel -b --signal=USR1``) and leave with a checkpoint of their current step, grace ``--grace``.
+- ``slurm``: the jobs go straight to Slurm (partition ``low``, ``GraceTime`` = ``--grace``, requeue);
+  the high job to partition ``high`` (``PriorityTier`` 10). Slurm sends SIGTERM at preemption and
+  SIGKILL after the grace. Twice: jobs that checkpoint on SIGTERM (the same Checkpointer), and jobs
+  with no handler (Slurm's usual case: the work since the last periodic checkpoint is lost).
+
+The figures depend on a shared, noisy machine; they are printed as JSON, one line per repetition.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+STEP_S = 0.1
+
+
+def job_main(argv: list[str]) -> int:
+    """The training job: TinyGPT, a Checkpointer, a line per finished step in ROOT/steps.log."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--root", default="")
+    ap.add_argument("--steps", type=int, default=100000)
+    ap.add_argument("--interval", type=int, default=50)
+    ap.add_argument("--no-notice", action="store_true", help="no signal handler: a notice does nothing")
+    a = ap.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import signal
+
+    import torch
+
+    from goodput.ckpt import Checkpointer
+    from goodput.demo.worker import train_step
+    from goodput.sched.client import CommitReporter
+    from goodput.sched.example_dist_job import build
+
+    torch.set_num_threads(1)
+    root = Path(a.root or os.environ.get("GOODPUT_CKPT_ROOT") or "ckpt")
+    root.mkdir(parents=True, exist_ok=True)
+    if a.no_notice:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as a job that never heard of the notice
+    model, opt = build(0)
+    ck = Checkpointer(
+        root, interval=a.interval, keep=2, mode="thread", save_rng=False,
+        preempt_signals=() if a.no_notice else (signal.SIGTERM, signal.SIGUSR1),
+    )  # fmt: skip
+    state = {"model": model.state_dict(), "optim": opt.state_dict()}
+    start = ck.restore(state)
+    if start is not None:
+        opt.load_state_dict(state["optim"])
+    start = start or 0
+    rep = CommitReporter.from_env()
+    if rep is not None:
+        ck.add_listener(rep)
+    with open(root / "starts.log", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"t": time.time(), "restored": start}) + "\n")
+    log = open(root / "steps.log", "a", encoding="utf-8")  # noqa: SIM115 - for the job's life
+    for step in range(start, a.steps):
+        train_step(model, opt, step, 0, 1)
+        time.sleep(STEP_S)
+        log.write(f"{step + 1} {time.time():.3f}\n")
+        log.flush()
+        ck.maybe_save(step + 1, {"model": model.state_dict(), "optim": opt.state_dict()})
+    ck.wait()
+    ck.close()
+    return 0
+
+
+def _lost(root: Path, before: int) -> tuple[int, int] | None:
+    """(steps lost, restored step) of a victim: the highest step it logged in its first run (the
+    first ``before`` lines of starts.log) against the step its next run restored."""
+    try:
+        starts = [json.loads(x) for x in (root / "starts.log").read_text().splitlines()]
+        steps = [x.split() for x in (root / "steps.log").read_text().splitlines()]
+    except OSError:
+        return None
+    if len(starts) <= before:
+        return None
+    t_restart = starts[before]["t"]
+    done = max((int(s) for s, t in steps if float(t) < t_restart), default=0)
+    return done - int(starts[before]["restored"]), int(starts[before]["restored"])
+
+
+def _wait(cond, timeout_s: float, what: str) -> Any:  # noqa: ANN001
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.1)
+    raise TimeoutError(what)
+
+
+def _committed(root: Path, interval: int) -> bool:
+    try:
+        lines = (root / "steps.log").read_text().split("\n")
+        return len(lines) > interval + 5
+    except OSError:
+        return False
+
+
+def run_slurm_native(cluster, base: Path, py: str, pp: str, interval: int, no_notice: bool) -> dict:  # noqa: ANN001
+    """Slurm's own preemption: low jobs in ``low``, the high one in ``high``."""
+    roots = {n: base / n for n in ("a", "b", "c", "d", "h")}
+    for r in roots.values():
+        r.mkdir(parents=True)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": pp, "SLURM_CONF": str(cluster.conf)}
+    extra = ["--no-notice"] if no_notice else []
+
+    def sbatch(name: str, part: str, nodes: int) -> int:
+        cmd = [py, "-m", "goodput.demo.slurm_bench", "job", "--root", str(roots[name]), "--interval", str(interval)]
+        steps = ["--steps", "60"] if name == "h" else []
+        script = f"#!/bin/sh\nexec srun --ntasks-per-node=1 {shlex.join(cmd + steps + extra)}\n"
+        argv = ["sbatch", "--parsable", f"--partition={part}", f"--nodes={nodes}", "--ntasks-per-node=1",
+                "--gres=gpu:2", "--requeue", f"--output={roots[name]}/log", "--export=ALL"]  # fmt: skip
+        import subprocess
+
+        p = subprocess.run(argv, input=script, env=env, capture_output=True, text=True, check=True)
+        return int(p.stdout.strip().split(";")[0])
+
+    for n in "abcd":
+        sbatch(n, "low", 1)
+    _wait(lambda: all(_committed(roots[n], interval) for n in "abcd"), 300, "low jobs committed")
+    t0 = time.time()
+    sbatch("h", "high", 2)
+    _wait(lambda: (roots["h"] / "starts.log").exists(), 300, "high running")
+    latency = json.loads((roots["h"] / "starts.log").read_text().splitlines()[0])["t"] - t0
+    # the victims: jobs whose first run ended while the high job ran (they restart after it)
+    _wait(lambda: sum(_lost(roots[n], 1) is not None for n in "abcd") >= 2, 600, "victims restarted")
+    lost = {n: _lost(roots[n], 1) for n in "abcd" if _lost(roots[n], 1) is not None}
+    cluster.run(["scancel", "--partition=low"], check=False)
+    cluster.run(["scancel", "--partition=high"], check=False)
+    return {"latency_s": round(latency, 2), "victims": lost}
+
+
+def run_goodput(cluster, base: Path, py: str, pp: str, interval: int, grace: float) -> dict:  # noqa: ANN001
+    from goodput.demo.slurm import Runtime, SlurmService, get
+    from goodput.sched.client import post_json
+
+    base.mkdir(parents=True)
+    os.chmod(base, 0o755)
+    svc = SlurmService(base, cluster, Runtime(py, pp), allow_root_jobs=True)
+    tok = svc.token("bench")
+    admin = svc.token("admin", admin=True)
+    svc.start()
+    roots: dict[str, Path] = {}
+    try:
+
+        def submit(name: str, nodes: int, prio: int, steps: int) -> str:
+            cmd = [py, "-m", "goodput.demo.slurm_bench", "job", "--interval", str(interval), "--steps", str(steps)]
+            body = {"name": name, "command": cmd, "nodes": nodes, "gpus_per_node": 2, "priority": prio,
+                    "grace_s": grace, "ckpt_interval_s": interval * STEP_S, "ckpt_write_s": 0.5, "restart_s": 5,
+                    "env": {"PYTHONPATH": pp, "OMP_NUM_THREADS": "1"}}  # fmt: skip
+            code, ans = post_json(svc.url + "/jobs", body, tok)
+            if code != 201:
+                raise RuntimeError(f"{code} {ans}")
+            roots[name] = Path(get(f"{svc.url}/jobs/{ans['id']}", admin)["ckpt_root"])
+            return ans["id"]
+
+        for n in "abcd":
+            submit(n, 1, 0, 100000)
+        _wait(lambda: all(_committed(roots[n], interval) for n in "abcd"), 300, "low jobs committed")
+        t0 = time.time()
+        submit("h", 2, 10, 60)
+        _wait(lambda: (roots["h"] / "starts.log").exists(), 300, "high running")
+        latency = json.loads((roots["h"] / "starts.log").read_text().splitlines()[0])["t"] - t0
+        _wait(lambda: sum(_lost(roots[n], 1) is not None for n in "abcd") >= 2, 600, "victims restarted")
+        lost = {n: _lost(roots[n], 1) for n in "abcd" if _lost(roots[n], 1) is not None}
+        for j in get(svc.url + "/jobs", admin)["jobs"]:
+            post_json(f"{svc.url}/jobs/{j['id']}/cancel", {}, admin)
+        return {"latency_s": round(latency, 2), "victims": lost}
+    finally:
+        svc.stop()
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["job"]:
+        return job_main(argv[1:])
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--grace", type=int, default=10)
+    ap.add_argument("--interval", type=int, default=50, help="periodic checkpoint every this many steps")
+    ap.add_argument("--only", default="", help="goodput | slurm | slurm-no-notice")
+    a = ap.parse_args(argv)
+    from goodput.demo.slurm import runtime_for
+    from goodput.demo.slurm_cluster import SlurmCluster, missing
+
+    why = missing()
+    if why:
+        print(why, file=sys.stderr)
+        return 2
+    rt = runtime_for([])
+    kinds = [a.only] if a.only else ["goodput", "slurm", "slurm-no-notice"]
+    for rep in range(a.reps):
+        for kind in kinds:
+            base = Path(tempfile.mkdtemp(prefix="goodput-slurm-bench-"))
+            os.chmod(base, 0o755)
+            cluster = SlurmCluster(base / "slurm", grace_s=a.grace)
+            try:
+                cluster.start()
+                if kind == "goodput":
+                    r = run_goodput(cluster, base / "run", rt.python, rt.pythonpath, a.interval, a.grace)
+                else:
+                    r = run_slurm_native(cluster, base / "run", rt.python, rt.pythonpath, a.interval,
+                                         kind == "slurm-no-notice")  # fmt: skip
+            finally:
+                cluster.stop()
+            print(json.dumps({"kind": kind, "rep": rep, "grace_s": a.grace, **r}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -19,6 +19,9 @@ class Policy:
     backfill: bool = True  # False: the blocked head blocks everyone behind it
     spot_rule: str = "arithmetic"  # | "price": any spot-allowed job goes to the cheapest pool first
     preemption: bool = True
+    # a priority preemption is made only when its victims' expected loss is below the GPU-time the
+    # preemptor would wait for its reservation (False: whatever it costs, as Kueue and Slurm do)
+    weigh_wait: bool = True
 
     def __reduce__(self) -> tuple[type[Policy], tuple[Any, ...]]:
         """Rebuilt through its constructor (pickle, copy): compiled, a frozen dataclass refuses the
@@ -27,8 +30,9 @@ class Policy:
 
     def describe(self) -> str:
         return {
-            "goodput": "checkpoint-aware victims, release when gone, backfill, spot by expected loss",
-            "kueue-victims": "victims by lowest priority then shortest running; plain stop, no checkpoint asked",
+            "goodput": "checkpoint-aware victims, only when cheaper than waiting; release when gone, backfill, "
+            "spot by expected loss",
+            "kueue-victims": "victims by lowest priority then shortest running, whatever they lose; plain stop",
             "release-at-decision": "GPUs handed to the preemptor when the preemption is decided",
             "fifo-no-backfill": "priority order; the blocked head blocks every job behind it",
             "spot-by-price": "spot-allowed jobs go to the cheapest pool whatever their expected loss",
@@ -37,7 +41,7 @@ class Policy:
 
 POLICIES: dict[str, Policy] = {
     "goodput": Policy(),
-    "kueue-victims": Policy(name="kueue-victims", victims="oblivious", ask_checkpoint=False),
+    "kueue-victims": Policy(name="kueue-victims", victims="oblivious", ask_checkpoint=False, weigh_wait=False),
     "release-at-decision": Policy(name="release-at-decision", release="decision"),
     "fifo-no-backfill": Policy(name="fifo-no-backfill", backfill=False),
     "spot-by-price": Policy(name="spot-by-price", spot_rule="price"),

@@ -38,6 +38,9 @@ from .queue import Class, PendingQueue
 from .transitions import apply
 
 PREEMPT_SCANS_PER_PASS = 4  # victim searches per pass; needs beyond wait for the next pass (<= 1 s)
+# a priority preemption evicts at most this many jobs (Policy.weigh_wait): a gang that needs more
+# waits for its reservation, which time limits make hold, instead of disrupting a crowd
+MAX_VICTIMS = 4
 LOGGED_CANDIDATES = 8  # a preemption's record lists this many of the cheapest candidates
 STOP_S = 10.0  # what a plain stop (no checkpoint) is expected to take, for pricing a victim
 
@@ -111,6 +114,7 @@ class Scheduler:
         self._head_res: Reservation | None = None
         self._pass_res: Reservation | None = None  # the reservation in force during this pass
         self.passes = 0
+        self.refused = 0  # priority preemptions found but not made: the victims would lose more than the wait
         self.terminal = 0  # jobs finished, failed or cancelled
         # a preemption that failed short of d nodes stays failed until at least d node-releases
         # happened in its pool: free plus evictable capacity grows only when GPUs are released,
@@ -1185,9 +1189,30 @@ class Scheduler:
                 self._no_victims[memo] = gained + max(1, job.nodes - reachable)
                 failed.append(shape)
                 continue
+            if not self._worth(job, cls, victims, now):
+                self.refused += 1
+                continue
             if self._evict(job, pool, victims, free, considered, excluded, now, reason):
                 return True
         return self.policy.preemption and self._reclaim_for(job, cls, now, reservation)
+
+    def _worth(self, job: Job, cls: Class, victims: list[Candidate], now: float) -> bool:
+        """Is evicting ``victims`` cheaper than letting ``job`` wait? Their expected loss (the work
+        they would redo, the restart they would pay again, their drain: GPU-seconds) is weighed
+        against the GPU-seconds the job would wait for its own reservation by the declared ends
+        (never, when no end frees enough: then it is worth it). ``Policy.weigh_wait`` False (the
+        Kueue baseline): evict whatever it costs, as Kueue and Slurm do."""
+        if not self.policy.weigh_wait:
+            return True
+        if len(victims) > MAX_VICTIMS:
+            return False
+        cost = 0.0
+        for c in victims:
+            cost += c.cost
+        r = self._reserve_now(job, cls, now)
+        if r is None:
+            return True
+        return cost <= job.gpus * (r.t - now)
 
     def _reclaim_for(self, job: Job, cls: Class, now: float, reservation: Reservation | None) -> bool:
         """A tenant under its quota takes borrowed GPUs back (Kueue's reclaim within a cohort):

@@ -449,3 +449,26 @@ def test_the_default_limits_are_the_documented_ones() -> None:
     assert (lim.max_grace_s, lim.max_restart_s, lim.min_run_s, lim.max_preemptions) == (600, 1800, 600, 5)
     assert (lim.over_time_limit_s, lim.unkillable_s, lim.usage_half_life_s) == (60, 300, 604800)
     assert math.isclose(lim.decay(604800.0), 0.5)
+
+
+def test_a_priority_preemption_is_made_only_when_cheaper_than_waiting() -> None:
+    # low never checkpoints and has run 2000 s: evicting it loses 8 x (2000 + 30 + 10) GPU-s; hi
+    # would otherwise wait for other's hold (its limit, over_time_limit_s 60, grace 30)
+    gov = Governance(limits=Limits(min_run_s=0.0))
+    for pol, wait_s, preempted in [
+        ("goodput", 100.0, False),
+        ("goodput", 5000.0, True),
+        ("kueue-victims", 100.0, True),
+    ]:
+        s, clock = make(nodes=2, gov=gov, pol=pol)
+        s.submit(job("low", limit=100_000.0, ckpt=Checkpointing(restart_s=30.0, grace_s=30.0)))
+        s.tick()
+        at(s, clock, 1990)
+        s.submit(job("other", prio=5, limit=wait_s - 80, ckpt=NO_CKPT, submit_s=1990.0))  # no victim
+        s.tick()
+        at(s, clock, 2000)
+        s.submit(job("hi", prio=5, submit_s=2000.0))
+        s.tick()
+        got = [r["job"] for r in recs(s, "preempt_requested") if r["reason"] == "priority"]
+        assert got == (["low"] if preempted else []), (pol, wait_s)
+        assert s.refused == (0 if preempted else 1)

@@ -659,8 +659,8 @@ def test_counters_are_kept_apart() -> None:
     b.at(70).s.advance()
     b.tick()
     # one preemption
-    b.at(80).submit("hi", prio=5, limit=10)
-    b.submit("hi2", prio=5, limit=10)  # takes the other node
+    b.at(80).submit("hi", prio=5, limit=1000)  # takes the free node
+    b.submit("hi2", prio=5, limit=10)  # waiting for hi (1000 s) would cost more than evicting j
     b.tick()
     b.at(85).exit("j", "killed")
     b.tick()

@@ -227,15 +227,20 @@ def check_cmd(
     from goodput.sched import workload as W
     from goodput.sched.capacity import Capacity
     from goodput.sched.checker import check_file
+    from goodput.sched.compare import rules_of
 
     try:
         if cluster:
-            capacity = W.read_cluster_json(cluster).capacity()
+            cl = W.read_cluster_json(cluster)
         elif nodes:
-            capacity = {n.name: n.gpus for n in Capacity.build_nodes(_pools("", nodes, gpus_per_node))}
+            cl = W.Cluster(pools=list(_pools("", nodes, gpus_per_node)))
         else:
-            capacity = W.synthetic_cluster().capacity()
-        rep = check_file(events, capacity)
+            cl = W.synthetic_cluster()
+        built = Capacity.build_nodes(cl.pools)
+        capacity = {n.name: n.gpus for n in built}
+        node_pool = {n.name: n.pool for n in built}
+        kinds = {p.name: p.kind.value for p in cl.pools}
+        rep = check_file(events, capacity, rules=rules_of(cl), pools=node_pool, pool_kinds=kinds)
     except (W.WorkloadError, OSError, ValueError) as e:
         _fail(str(e))
     if as_json:

@@ -17,11 +17,27 @@ it is logged is a violation.
 
 Every record costs O(1) amortized (per-node counters, a small object per job, no scanning), so a log
 of a million records checks in a few seconds.
+
+Beyond safety it checks the policy's promises, each from the log alone and never stricter than the
+log can prove (a log that cannot tell, e.g. one written before ``limit_s`` was logged, is not
+flagged): ``start_under_notice`` (a start on a node whose reclaim or drain notice is out),
+``progress_faster_than_time`` (a run's committed progress beyond the time it has run),
+``over_limit`` (a run longer than its ``limit_s`` + ``over_time_limit_s`` + its grace),
+``reservation_delayed`` (a start on a reserved head's nodes by a job of no higher priority whose
+declared end is past the reserved time, or the reserved time moving later with no capacity lost and
+no higher-priority start), ``priority_inversion`` (a job started while one of higher priority that
+could use that pool was pending and fitted) and ``not_work_conserving`` (a pending job that fitted
+the free GPUs for longer than a pass). The last two count free GPUs as the scheduler must: bound
+GPUs are taken, nodes lost or under notice hold none, a claimant's gang is held back in its pool, a
+pending job no higher than the reserved head does not count the reserved nodes, and a job requeued
+for a failure or an infrastructure loss may sit out its backoff (:attr:`Rules.max_backoff_s`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import heapq
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +57,16 @@ KINDS: tuple[str, ...] = (
     "preemption_counted_as_failure",
     "time_backwards",
     "lost_job",
+    # the policy's promises (docs/SCHED.md, "The checker")
+    "start_under_notice",
+    "progress_faster_than_time",
+    "over_limit",
+    "reservation_delayed",
+    "priority_inversion",
+    "not_work_conserving",
 )
+SAFETY_KINDS: tuple[str, ...] = KINDS[:12]  # what no policy may break (a baseline included)
+POLICY_KINDS: tuple[str, ...] = KINDS[12:]  # what ours promises; a baseline may break them by design
 
 EXIT_STATUSES = frozenset({"finished", "preempted", "failed", "killed", "lost"})
 EPS = 1e-6  # progress and resume points are floats written by another program
@@ -52,6 +77,34 @@ _ACTIVE = 1  # started, processes not yet observed gone (running or preempting)
 _AWAIT = 2  # exited: waits for its disposition (requeued, finished, failed, cancelled)
 _TERMINAL = 3
 _PHASE_NAMES = ("pending", "running", "exited", "terminal")
+_INFRA = frozenset({"reclaim", "drain", "node_loss", "cancel", "time_limit"})
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What the policy invariants measure against: the cluster's ``limits`` (defaults as the cluster
+    JSON's) and the scheduler's timing. ``pass_s``: the longest a correct scheduler waits between
+    an input and the pass that acts on it; ``slack_s``: clock tolerance between a live service and
+    its jobs."""
+
+    over_time_limit_s: float = 60.0
+    max_grace_s: float = 600.0
+    pass_s: float = 1.0
+    slack_s: float = 1.0
+    max_backoff_s: float = 3600.0
+
+    @classmethod
+    def from_limits(cls, limits: Mapping[str, Any] | None, **kw: Any) -> Rules:
+        """From the cluster JSON's ``limits`` object (unknown keys ignored, bad values refused)."""
+        vals: dict[str, float] = {}
+        for key in ("over_time_limit_s", "max_grace_s"):
+            v = (limits or {}).get(key)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+                raise ValueError(f"limits.{key}: expected a number >= 0, got {v!r}")
+            vals[key] = float(v)
+        return cls(**vals, **kw)
 
 
 @dataclass
@@ -100,6 +153,19 @@ class _Job:
         "committed",
         "preempted",
         "lost_under",
+        "prio",
+        "limit_s",
+        "grace_s",
+        "sub_pools",
+        "ran_pools",
+        "gkey",
+        "claimant",
+        "claim_pool",
+        "backoff_until",
+        "start_t",
+        "resume",
+        "run_pool",
+        "last_exit",
     )
 
     def __init__(self, jid: str, nodes: int, gpn: int) -> None:
@@ -118,12 +184,32 @@ class _Job:
         self.committed = 0.0  # progress of the latest accepted commit: where a restart must resume
         self.preempted = False  # a preempt_requested was seen in the current epoch
         self.lost_under = False  # a node it was running on was lost during the current epoch
+        self.prio = 0
+        self.limit_s = 0.0  # declared limit (0: not logged or none)
+        self.grace_s = -1.0  # declared grace (-1: not logged)
+        self.sub_pools: tuple[str, ...] | None = None  # pools the scheduler may use for it, when logged
+        self.ran_pools: set[str] = set()  # pools it started on: it may use them
+        self.gkey: tuple | None = None  # its key among the pending jobs the policy checks track
+        self.claimant = False  # it preempted others and waits for them (its gang held back)
+        self.claim_pool = ""
+        self.backoff_until = -math.inf
+        self.start_t = 0.0  # the current run's start
+        self.resume = 0.0  # and its resume point
+        self.run_pool = ""
+        self.last_exit = ""
 
 
 class _Auditor:
     """The replay state; one instance per check."""
 
-    def __init__(self, capacity: dict[str, int], max_examples: int) -> None:
+    def __init__(
+        self,
+        capacity: dict[str, int],
+        max_examples: int,
+        rules: Rules | None = None,
+        pools: Mapping[str, str] | None = None,
+        pool_kinds: Mapping[str, str] | None = None,
+    ) -> None:
         self.cap: dict[str, int] = {str(k): int(v) for k, v in capacity.items()}
         self.bound: dict[str, int] = dict.fromkeys(self.cap, 0)
         self.occ: dict[str, int] = dict.fromkeys(self.cap, 0)
@@ -134,6 +220,28 @@ class _Auditor:
         self.counts = self.report.violations
         self.max_examples = max_examples
         self.excess = 0  # sum over nodes of max(0, occupied - capacity), kept incrementally
+        # -- the policy's promises
+        self.rules = rules or Rules()
+        self.window = self.rules.pass_s + self.rules.slack_s
+        self.kinds: dict[str, str] = dict(pool_kinds or {})
+        self.node_pool: dict[str, str] = {}
+        self.eff: dict[str, int] = {}  # node -> free GPUs counted in cnt (lost or under notice: 0)
+        self.cnt: dict[str, list[int]] = {}  # pool -> [nodes with at least g free GPUs for g = 0..]
+        self.pool_nodes: dict[str, int] = {}
+        self.pool_gpn: dict[str, int] = {}
+        self.notice: set[str] = set()
+        for n, pname in (pools or {}).items():
+            if n in self.cap:
+                self.learn(n, pname)
+        self.groups: dict[tuple, dict[str, None]] = {}  # (gpn, nodes, pools, prio) -> pending jobs
+        self.prio_count: dict[int, int] = {}
+        self.claimed: dict[str, int] = {}  # pool -> nodes held back for claimants
+        self.res: tuple[str, float, str, frozenset[str], int] | None = None  # job, t, pool, nodes, prio
+        self.res_excused = False  # capacity lost, or a higher priority went first, since it was set
+        self.backoffs: list[tuple[float, str]] = []
+        self.armed = False
+        self.t_inc = -math.inf
+        self.backfilled: list[tuple[str, frozenset[str], float, int, float]] = []
         self.dispatch = {
             ev.SUBMITTED: self.on_submitted,
             ev.STARTED: self.on_started,
@@ -149,7 +257,8 @@ class _Auditor:
             ev.RESIZED: self.on_resized,
             ev.NODE_LOST: self.on_node_lost,
             ev.NODE_UP: self.on_node_up,
-            ev.NODE_RECLAIM_NOTICE: self.on_ignored,
+            ev.NODE_RECLAIM_NOTICE: self.on_notice,
+            "reserved": self.on_reserved,
         }
 
     # -- bookkeeping ---------------------------------------------------------------------------
@@ -179,6 +288,10 @@ class _Auditor:
                 if self.excess:
                     acc += self.excess * (t - last)
                 last = t
+                if self.backfilled:
+                    self.flush_backfilled()
+                if self.armed or self.backoffs:
+                    self.until(t)
             handler = dispatch.get(event)
             if handler is None:
                 continue  # the schema lets writers add events outside tools do not know
@@ -186,6 +299,7 @@ class _Auditor:
                 handler(rec, t)
             except (KeyError, TypeError, ValueError) as e:
                 self.flag("illegal_transition", t, _who(rec), f"malformed {event} record ({e!r})")
+        self.flush_backfilled()
         self.report.double_booked_gpu_s = acc
         self.report.records = n
         self.report.jobs = len(self.jobs)
@@ -195,6 +309,8 @@ class _Auditor:
     def finish(self, t: float) -> None:
         """A job the scheduler stopped tracking is neither running nor queued: it fell out."""
         for j in self.jobs.values():
+            if j.live:
+                self.check_limit(j, t, "still running when the log ends")
             if j.phase == _AWAIT:
                 self.flag("lost_job", t, f"job {j.id}", f"exited in epoch {j.epoch} but never requeued or ended")
             elif j.phase == _ACTIVE and not j.held:
@@ -247,11 +363,14 @@ class _Auditor:
         """Charge the scheduler's own books; True when they exceed a node's capacity."""
         bound, cap = self.bound, self.cap
         over = False
+        eff = self.eff
         for n in names:
             b = bound[n] + gpn
             bound[n] = b
             if b > cap[n]:
                 over = True
+            if n in eff:
+                self.refresh(n)
         j.bound = names
         j.bound_epoch = epoch
         j.held = True
@@ -260,11 +379,214 @@ class _Auditor:
     def unbind(self, j: _Job) -> None:
         bound = self.bound
         gpn = j.run_gpn
+        eff = self.eff
         for n in j.bound:
             bound[n] -= gpn
+            if n in eff:
+                self.refresh(n)
         j.bound = ()
         j.bound_names = ()
         j.held = False
+
+    # -- the policy's promises: free capacity, pending jobs, reservations ---------------------
+
+    def learn(self, node: str, pool: str) -> None:
+        """Count ``node`` in ``pool``'s free-capacity index (given, or first seen in a start)."""
+        self.node_pool[node] = pool
+        c = self.cap[node]
+        arr = self.cnt.setdefault(pool, [0])
+        if len(arr) <= c:
+            arr.extend([0] * (c + 1 - len(arr)))
+        self.pool_nodes[pool] = self.pool_nodes.get(pool, 0) + 1
+        self.pool_gpn[pool] = max(self.pool_gpn.get(pool, 0), c)
+        self.eff[node] = 0
+        self.refresh(node)
+
+    def refresh(self, node: str) -> None:
+        """Bring ``node``'s free GPUs in its pool's index up to date."""
+        old = self.eff[node]
+        new = 0 if node in self.lost or node in self.notice else max(0, self.cap[node] - self.bound[node])
+        if new == old:
+            return
+        arr = self.cnt[self.node_pool[node]]
+        if new > old:
+            for g in range(old + 1, new + 1):
+                arr[g] += 1
+        else:
+            for g in range(new + 1, old + 1):
+                arr[g] -= 1
+        self.eff[node] = new
+
+    def fits(self, pool: str, gpn: int, nodes: int, exclude_reserved: bool) -> bool:
+        """Could a gang of ``nodes`` x ``gpn`` start in ``pool`` on what is free now? Claimants'
+        gangs are held back whole; ``exclude_reserved``: the reserved head's nodes are not offered."""
+        arr = self.cnt.get(pool)
+        if arr is None or gpn >= len(arr):
+            return False
+        avail = arr[gpn] - self.claimed.get(pool, 0)
+        if avail < nodes:
+            return False
+        res = self.res
+        if exclude_reserved and res is not None and res[2] == pool:
+            eff = self.eff
+            avail -= sum(1 for n in res[3] if eff.get(n, 0) >= gpn)
+        return avail >= nodes
+
+    def allowed(self, j: _Job) -> tuple[str, ...] | None:
+        """The pools ``j`` may use, as far as the log (and the cluster given) tells; None: unknown."""
+        if j.sub_pools is not None:
+            return j.sub_pools
+        got = set(j.ran_pools)
+        if self.kinds:  # every on-demand pool its shape fits is offered to every job
+            for p, k in self.kinds.items():
+                if k == "on-demand" and self.pool_gpn.get(p, 0) >= j.gpn and self.pool_nodes.get(p, 0) >= j.nodes:
+                    got.add(p)
+        elif not got and len(self.cnt) == 1:
+            got.update(self.cnt)
+        return tuple(sorted(got)) if got else None
+
+    def mark(self, t: float) -> None:
+        """Something that can let a pending job start happened: a pass must follow within the window."""
+        self.armed = True
+        self.t_inc = t
+
+    def track(self, j: _Job, t: float) -> None:
+        """``j`` waits and may start now: count it among the pending jobs the checks look at."""
+        if j.gkey is not None or j.phase != _PENDING or j.claimant or j.backoff_until > t:
+            return
+        pools = self.allowed(j)
+        if pools is None:
+            return
+        key = (j.gpn, j.nodes, pools, j.prio)
+        self.groups.setdefault(key, {})[j.id] = None
+        self.prio_count[j.prio] = self.prio_count.get(j.prio, 0) + 1
+        j.gkey = key
+        self.mark(t)
+
+    def untrack(self, j: _Job) -> None:
+        key = j.gkey
+        if key is None:
+            return
+        del self.groups[key][j.id]
+        self.prio_count[j.prio] -= 1
+        j.gkey = None
+
+    def withdraw_claim(self, j: _Job, t: float) -> None:
+        if j.claimant:
+            j.claimant = False
+            self.claimed[j.claim_pool] -= j.nodes
+            self.mark(t)
+
+    def clear_reservation(self, jid: str, t: float) -> None:
+        if self.res is not None and self.res[0] == jid:
+            self.res = None
+            self.mark(t)
+
+    def until(self, t: float) -> None:
+        """Everything due before a record at ``t``: backoffs that end, and passes that must have run."""
+        while True:
+            due_bo = self.backoffs[0][0] if self.backoffs else math.inf
+            due_pass = self.t_inc + self.window if self.armed else math.inf
+            if min(due_bo, due_pass) >= t:
+                return
+            if due_pass <= due_bo:
+                self.armed = False
+                self.work_conserved(due_pass)
+            else:
+                until, jid = heapq.heappop(self.backoffs)
+                j = self.jobs.get(jid)
+                if j is not None and j.backoff_until == until:
+                    self.track(j, until)
+
+    def fitting(self, pool_filter: str | None, above: int | None) -> tuple[str, tuple] | None:
+        """A pending job that fits the free GPUs now (in ``pool_filter``, of priority above ``above``)."""
+        res = self.res
+        head = self.jobs.get(res[0]) if res is not None else None
+        for key, members in self.groups.items():
+            if not members:
+                continue
+            gpn, nodes, pools, prio = key
+            if above is not None and prio <= above:
+                continue
+            excl = res is not None and prio <= res[4]
+            for p in pools:
+                if pool_filter is not None and p != pool_filter:
+                    continue
+                if self.fits(p, gpn, nodes, excl):
+                    return next(iter(members)), (p, gpn, nodes, prio)
+                if excl and head is not None and head.gkey == key and self.fits(p, gpn, nodes, False):
+                    return head.id, (p, gpn, nodes, prio)
+        return None
+
+    def work_conserved(self, t: float) -> None:
+        got = self.fitting(None, None)
+        if got is not None:
+            jid, (p, gpn, nodes, prio) = got
+            self.flag(
+                "not_work_conserving",
+                t,
+                f"job {jid}",
+                f"pending ({nodes} x {gpn} GPUs, priority {prio}) while free GPUs in pool {p} fitted it "
+                f"from t={self.t_inc:g} past the next pass",
+            )
+
+    def check_limit(self, j: _Job, t: float, how: str) -> None:
+        r = self.rules
+        if j.limit_s <= 0 or not math.isfinite(r.over_time_limit_s):
+            return
+        grace = j.grace_s if j.grace_s >= 0 else r.max_grace_s
+        allowed = j.limit_s + r.over_time_limit_s + grace
+        if t - j.start_t > allowed + r.slack_s:
+            self.flag(
+                "over_limit",
+                t,
+                f"job {j.id}",
+                f"epoch {j.epoch} ran {t - j.start_t:g} s ({how}), more than limit_s {j.limit_s:g} + "
+                f"over_time_limit_s {r.over_time_limit_s:g} + grace {grace:g}",
+            )
+
+    def check_backfill(self, start: tuple[str, frozenset[str], float, int, float], res: tuple | None) -> None:
+        """A start on the reserved head's nodes by a job of no higher priority must end, by its
+        declaration, no later than the reserved time."""
+        jid, nodes, end, prio, t = start
+        if res is None or res[0] == jid or prio > res[4] or res[3].isdisjoint(nodes):
+            return
+        if end > res[1] + EPS:
+            self.flag(
+                "reservation_delayed",
+                t,
+                f"job {jid}",
+                f"started on nodes reserved for job {res[0]} at t={res[1]:g} with a declared end at t={end:g}",
+            )
+
+    def flush_backfilled(self) -> None:
+        for start in self.backfilled:
+            self.check_backfill(start, self.res)
+        self.backfilled.clear()
+
+    def on_notice(self, rec: dict[str, Any], t: float) -> None:
+        """A reclaim or drain notice: no start may use the node until it is lost or back up."""
+        node = rec["node"]
+        if node in self.cap:
+            self.notice.add(node)
+            if node in self.eff:
+                self.refresh(node)
+        self.res_excused = True  # capacity is going: a reservation may move later
+
+    def on_reserved(self, rec: dict[str, Any], t: float) -> None:
+        """The head's reservation: set, or moved. It may move later only when capacity was lost or
+        a job of higher priority went first since it was set."""
+        jid = rec["job"]
+        j = self.jobs.get(jid)
+        rt = float(rec["reserved_t"])
+        res = self.res
+        if res is not None and res[0] == jid and rt > res[1] + EPS and not self.res_excused:
+            self.flag("reservation_delayed", t, f"job {jid}", f"reserved start moved later, t={res[1]:g} -> t={rt:g}")
+        pool = rec.get("pool") or (self.node_pool.get(rec["nodes"][0], "") if rec["nodes"] else "")
+        self.res = (jid, rt, str(pool), frozenset(rec["nodes"]), j.prio if j is not None else 0)
+        self.res_excused = False
+        self.flush_backfilled()  # the pass's backfilled starts, against the reservation it made
+        self.mark(t)
 
     # -- job events ----------------------------------------------------------------------------
 
@@ -273,7 +595,15 @@ class _Auditor:
         if jid in self.jobs:
             self.flag("illegal_transition", t, f"job {jid}", "submitted twice")
             return
-        self.jobs[jid] = _Job(jid, int(rec["nodes"]), int(rec["gpus_per_node"]))
+        j = self.jobs[jid] = _Job(jid, int(rec["nodes"]), int(rec["gpus_per_node"]))
+        j.prio = int(rec.get("priority", 0))
+        lim = rec.get("limit_s")
+        j.limit_s = float(lim) if isinstance(lim, (int, float)) and lim > 0 else 0.0
+        g = rec.get("grace_s")
+        j.grace_s = float(g) if isinstance(g, (int, float)) and g >= 0 else -1.0
+        if isinstance(rec.get("pools"), list):
+            j.sub_pools = tuple(sorted(str(p) for p in rec["pools"]))
+        self.track(j, t)
 
     def on_resized(self, rec: dict[str, Any], t: float) -> None:
         """A pending job's shape changes for its next run; its starts are checked against it."""
@@ -283,7 +613,13 @@ class _Auditor:
         if j.phase != _PENDING or j.held:
             self.flag("illegal_transition", t, f"job {j.id}", "resized while not pending")
             return
+        self.untrack(j)
+        self.withdraw_claim(j, t)  # a resize withdraws a claim; its victims stay where they are
+        self.clear_reservation(j.id, t)
         j.nodes, j.gpn = int(rec["nodes"]), int(rec["gpus_per_node"])
+        if isinstance(rec.get("pools"), list):
+            j.sub_pools = tuple(sorted(str(p) for p in rec["pools"]))
+        self.track(j, t)
 
     def on_started(self, rec: dict[str, Any], t: float) -> None:
         j = self.job(rec, t, "started")
@@ -322,6 +658,7 @@ class _Auditor:
                 "resume_not_committed", t, who, f"resumes from {resume:g}, last committed progress {j.committed:g}"
             )
         known = names if all(n in cap for n in names) else tuple(n for n in names if n in cap)
+        self.policy_on_start(j, rec, t, known, gpn, resume)
         j.run_gpn = gpn
         if self.bind(j, known, gpn, epoch):
             hot = [n for n in known if self.bound[n] > cap[n]]
@@ -334,6 +671,52 @@ class _Auditor:
         j.epoch = epoch
         j.preempted = False
         j.lost_under = False
+
+    def policy_on_start(
+        self, j: _Job, rec: dict[str, Any], t: float, known: tuple[str, ...], gpn: int, resume: float
+    ) -> None:
+        """The policy checks of a start, on the state just before it binds its GPUs."""
+        self.untrack(j)
+        pool = str(rec.get("pool", ""))
+        for n in known:
+            if n not in self.node_pool and pool:
+                self.learn(n, pool)
+        if pool:
+            j.ran_pools.add(pool)
+        who = f"job {j.id}"
+        noticed = [n for n in known if n in self.notice]
+        if noticed:
+            self.flag("start_under_notice", t, who, f"started on {noticed}, whose reclaim or drain notice is out")
+        backfill = rec.get("backfill")
+        if j.limit_s > 0:
+            start = (j.id, frozenset(known), t + max(0.0, j.limit_s - resume), j.prio, t)
+            if backfill:  # the pass's reservation is logged at the pass's end: checked against it then
+                self.backfilled.append(start)
+            else:
+                self.check_backfill(start, self.res)
+        res = self.res
+        if res is not None and res[0] != j.id and j.prio > res[4]:
+            self.res_excused = True  # a higher priority goes first: the head may wait longer
+        if j.claimant:  # it starts on what it claimed: its own victims' nodes
+            self.withdraw_claim(j, t)
+        elif backfill:
+            pass  # backfill's own rule (reservation_delayed) judges it: a long job was held off on purpose
+        elif self.prio_count and any(c > 0 and p > j.prio for p, c in self.prio_count.items()):
+            got = self.fitting(pool, j.prio)
+            if got is not None:
+                hid, (_, hg, hn, hp) = got
+                self.flag(
+                    "priority_inversion",
+                    t,
+                    who,
+                    f"started at priority {j.prio} in pool {pool} while job {hid} ({hn} x {hg} GPUs, priority {hp}) "
+                    "was pending and fitted there",
+                )
+        self.clear_reservation(j.id, t)
+        j.start_t = t
+        j.resume = resume
+        j.run_pool = pool
+        j.backoff_until = -math.inf
 
     def on_preempt_requested(self, rec: dict[str, Any], t: float) -> None:
         j = self.job(rec, t, "preempt_requested")
@@ -349,6 +732,23 @@ class _Auditor:
             )
             return
         j.preempted = True
+        if "preemptor" in rec:
+            pid = rec["preemptor"]
+        else:
+            v = rec.get("victim_of")
+            pid = v if v not in _INFRA else None
+        p = self.jobs.get(pid) if isinstance(pid, str) else None
+        if p is not None and p.phase == _PENDING and (not p.claimant or p.claim_pool != j.run_pool):
+            if p.claimant:  # its claim was dropped (a node of it went) and it claims in another pool now
+                self.claimed[p.claim_pool] -= p.nodes
+            p.claimant = True
+            p.claim_pool = j.run_pool
+            self.claimed[j.run_pool] = self.claimed.get(j.run_pool, 0) + p.nodes
+            self.untrack(p)
+            self.clear_reservation(p.id, t)
+        res = self.res
+        if res is not None and p is not None and p.prio > res[4]:
+            self.res_excused = True
 
     def on_checkpoint_committed(self, rec: dict[str, Any], t: float) -> None:
         jid = rec["job"]
@@ -368,6 +768,17 @@ class _Auditor:
             )
         if progress < j.committed - EPS:
             self.flag("progress_backwards", t, who, f"committed progress {progress:g} below {j.committed:g}")
+        elif (
+            j.phase == _ACTIVE
+            and epoch == j.epoch
+            and j.start_t <= t < j.start_t + progress - j.resume - self.rules.slack_s - EPS
+        ):
+            self.flag(
+                "progress_faster_than_time",
+                t,
+                who,
+                f"committed {progress - j.resume:g} s of progress after {t - j.start_t:g} s of running (epoch {epoch})",
+            )
         # the scheduler accepted it, so it is where a restart must resume, right or wrong
         j.committed = progress
 
@@ -388,6 +799,8 @@ class _Auditor:
             self.flag("illegal_transition", t, who, f"exited epoch {epoch} while not running (epoch {j.epoch})")
             return
         self.vacate(j)
+        j.last_exit = status
+        self.check_limit(j, t, f"exited {status}")
         if j.phase == _ACTIVE:
             j.phase = _AWAIT
         # else a disposition came before the exit; it was flagged when it came
@@ -413,6 +826,7 @@ class _Auditor:
                 f"released {gpus} GPUs on {list(names)}, bound {len(j.bound_names) * j.run_gpn} on {list(j.bound_names)}",
             )
         self.unbind(j)
+        self.mark(t)
 
     def dispose(self, j: _Job, t: float, event: str, failure: bool) -> None:
         """The checks every end of a run shares: the processes must be gone first."""
@@ -446,6 +860,14 @@ class _Auditor:
                 f"requeued to resume from {float(resume):g}, last committed progress {j.committed:g}",
             )
         j.phase = _PENDING
+        eligible = rec.get("eligible_s")
+        if isinstance(eligible, (int, float)):
+            j.backoff_until = float(eligible)
+        elif reason != "preempted" or j.last_exit == "failed":
+            j.backoff_until = t + self.rules.max_backoff_s  # it may sit out a backoff the log does not state
+        if j.backoff_until > t:
+            heapq.heappush(self.backoffs, (j.backoff_until, j.id))
+        self.track(j, t)
 
     def end(self, j: _Job, t: float, event: str, flagged: bool) -> None:
         """A terminal job must not hold GPUs: no release may legally follow its end."""
@@ -456,6 +878,9 @@ class _Auditor:
         if j.held:
             self.unbind(j)
         j.phase = _TERMINAL
+        self.untrack(j)
+        self.withdraw_claim(j, t)
+        self.clear_reservation(j.id, t)
 
     def on_finished(self, rec: dict[str, Any], t: float) -> None:
         j = self.job(rec, t, "finished")
@@ -488,15 +913,21 @@ class _Auditor:
     def on_node_lost(self, rec: dict[str, Any], t: float) -> None:
         node = rec["node"]
         self.lost.add(node)
+        self.notice.discard(node)
+        if node in self.eff:
+            self.refresh(node)
+        self.res_excused = True
         jobs = self.jobs
         for jid in self.on_node.get(node, ()):
             jobs[jid].lost_under = True
 
     def on_node_up(self, rec: dict[str, Any], t: float) -> None:
-        self.lost.discard(rec["node"])
-
-    def on_ignored(self, rec: dict[str, Any], t: float) -> None:
-        """A reclaim notice forbids nothing the log can show: its effect is the preemptions it causes."""
+        node = rec["node"]
+        self.lost.discard(node)
+        self.notice.discard(node)
+        if node in self.eff:
+            self.refresh(node)
+        self.mark(t)
 
 
 def _who(rec: dict[str, Any]) -> str:
@@ -507,11 +938,34 @@ def _who(rec: dict[str, Any]) -> str:
     return "record"
 
 
-def check(records: Iterable[dict[str, Any]], capacity: dict[str, int], *, max_examples: int = 20) -> CheckReport:
-    """Replay ``records`` (log order) against ``capacity`` (node name -> GPUs) and count violations."""
-    return _Auditor(capacity, max_examples).run(records)
+def check(
+    records: Iterable[dict[str, Any]],
+    capacity: dict[str, int],
+    *,
+    max_examples: int = 20,
+    rules: Rules | None = None,
+    pools: Mapping[str, str] | None = None,
+    pool_kinds: Mapping[str, str] | None = None,
+) -> CheckReport:
+    """Replay ``records`` (log order) against ``capacity`` (node name -> GPUs) and count violations.
+
+    ``pools`` (node -> pool) and ``pool_kinds`` (pool -> "on-demand" | "spot") let the policy checks
+    count every free node from the start and know that every job may use an on-demand pool its shape
+    fits; without them a node counts once a start names its pool, and a job may use the pools it
+    started on (or the only pool)."""
+    return _Auditor(capacity, max_examples, rules, pools, pool_kinds).run(records)
 
 
-def check_file(path: str | Path, capacity: dict[str, int], *, max_examples: int = 20) -> CheckReport:
+def check_file(
+    path: str | Path,
+    capacity: dict[str, int],
+    *,
+    max_examples: int = 20,
+    rules: Rules | None = None,
+    pools: Mapping[str, str] | None = None,
+    pool_kinds: Mapping[str, str] | None = None,
+) -> CheckReport:
     """Check a JSONL event log as the scheduler or a live service wrote it."""
-    return check(ev.read_jsonl(path), capacity, max_examples=max_examples)
+    return check(
+        ev.read_jsonl(path), capacity, max_examples=max_examples, rules=rules, pools=pools, pool_kinds=pool_kinds
+    )

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .checker import CheckReport, Rules, check
 from .events import write_jsonl
 from .ledger import CATEGORIES
 from .metrics import log_metrics, lost_by_cause
@@ -119,9 +120,10 @@ def _run_one(args: tuple) -> PolicyResult:
         from .store import open_store
 
         with open_store(db_url) as store:
-            res = simulate(jobs, cluster, policy, extra_events=extra, store=store)
+            res = simulate(jobs, cluster, policy, extra_events=extra, store=store, check_log=False)
     else:
-        res = simulate(jobs, cluster, policy, extra_events=extra)
+        res = simulate(jobs, cluster, policy, extra_events=extra, check_log=False)
+    res.check = audit(res.events, cluster)
     if events_path:
         write_jsonl(res.events, events_path)
     if ledger_path:
@@ -131,6 +133,21 @@ def _run_one(args: tuple) -> PolicyResult:
         for t, a in sorted(res.ledger.tenants.items())
     }
     return PolicyResult(policy.name, full_metrics(res, jobs, cluster), tenants, res.waits, res.check.examples[:10])
+
+
+def audit(records: Sequence[dict[str, Any]], cluster: Cluster) -> CheckReport:
+    """The independent checker over a run's log, told what the cluster file says: which pool each
+    node is in, which pools are on-demand, and the operator's limits."""
+    node_pool = {n: p.name for p in cluster.pools for n in cluster.node_names(p.name)}
+    kinds = {p.name: PoolKind(p.kind).value for p in cluster.pools}
+    return check(records, cluster.capacity(), rules=rules_of(cluster), pools=node_pool, pool_kinds=kinds)
+
+
+def rules_of(cluster: Cluster) -> Rules:
+    lim = getattr(getattr(cluster, "governance", None), "limits", None)
+    if lim is None:
+        return Rules()
+    return Rules(over_time_limit_s=float(lim.over_time_limit_s), max_grace_s=float(lim.max_grace_s))
 
 
 def full_metrics(res: SimResult, jobs: Sequence[Job], cluster: Cluster) -> dict[str, Any]:

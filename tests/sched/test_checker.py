@@ -6,15 +6,17 @@ scheduler: a checker tested against the scheduler's own output could only learn 
 
 from __future__ import annotations
 
+import math
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goodput.sched.checker import KINDS, CheckReport, check, check_file
+from goodput.sched.checker import KINDS, POLICY_KINDS, SAFETY_KINDS, CheckReport, Rules, check, check_file
 from goodput.sched.events import write_jsonl
 
 CAP = {"a": 8, "b": 8, "c": 4}
@@ -84,7 +86,7 @@ def clean_log() -> Log:
     g.at(10).run_to_end("j2", 1, ["c"], gpn=4)
     g.at(12).e("node_lost", node="b").at(13).e("node_up", node="b")
     g.at(13).e("node_reclaim_notice", node="a", deadline_s=43.0)
-    g.at(14).run_to_end("j3", 1, ["a"])
+    g.at(14).run_to_end("j3", 1, ["a"]).e("node_up", node="a")  # the drain is called off
     g.at(15).start("j1", 2, ["a", "b"], resume=5.5)
     g.at(20).e("node_lost", node="b").exit("j1", 2, "lost").release("j1", 2, ["a", "b"])
     g.requeue("j1", "infrastructure", 5.5)
@@ -147,9 +149,9 @@ def test_release_before_exit_double_books_the_preemptors_gpus() -> None:
 
 
 def test_double_booked_gpu_s_counts_only_the_excess() -> None:
-    g = Log().submit("v", gpn=6).submit("p", gpn=4).submit("q", gpn=2).start("v", 1, ["a"], gpn=6)
+    g = Log().submit("v", gpn=6).submit("p", gpn=4).submit("q", gpn=4).start("v", 1, ["a"], gpn=6)
     g.at(10).preempt("v", 1, by="p").release("v", 1, ["a"], gpn=6).start("p", 1, ["a"], gpn=4)
-    g.at(14).start("q", 1, ["b"], gpn=2)  # elsewhere: adds nothing
+    g.at(14).start("q", 1, ["b"], gpn=4)  # elsewhere: adds nothing
     g.at(20).exit("v", 1, "preempted").requeue("v")
     g.at(30).exit("p", 1).release("p", 1, ["a"], gpn=4).e("finished", job="p")
     r = check(g.records, CAP)
@@ -326,6 +328,200 @@ def test_examples_are_capped_and_counts_are_not() -> None:
 
 # -- random legal lifecycles ------------------------------------------------------------------
 
+# -- the policy's promises: each with a log that breaks it and the nearest one that does not ----
+
+POOLS = dict.fromkeys(CAP, "p")
+
+
+def pol(records: list[dict[str, Any]], **kw: Any) -> CheckReport:
+    return check(records, CAP, pools=POOLS, **kw)
+
+
+def job(g: Log, jid: str, *, nodes: int = 1, gpn: int = 8, prio: int = 0, limit: float = 0.0) -> Log:
+    extra: dict[str, Any] = {"limit_s": limit} if limit else {}
+    return g.e("submitted", job=jid, tenant="t", priority=prio, nodes=nodes, gpus_per_node=gpn, submit_s=g.t, **extra)
+
+
+def start_under_notice(cleared: str | None) -> Log:
+    g = Log().at(1).e("node_reclaim_notice", node="a", deadline_s=121.0)
+    if cleared == "up":
+        g.at(2).e("node_up", node="a")
+    elif cleared == "lost and back":
+        g.at(2).e("node_lost", node="a").at(3).e("node_up", node="a")
+    return job(g.at(4), "j").start("j", 1, ["a"])
+
+
+def test_start_under_notice() -> None:
+    r = pol(start_under_notice(None).records)
+    only(r, "start_under_notice")
+    assert "reclaim or drain notice" in r.examples[0]
+
+
+@pytest.mark.parametrize("cleared", ["up", "lost and back"])
+def test_start_after_the_notice_is_over(cleared: str) -> None:
+    only(pol(start_under_notice(cleared).records))
+
+
+@pytest.mark.parametrize(("t", "progress", "bad"), [(1.0, 5000.0, True), (1.0, 0.5, False), (2000.0, 1999.0, False)])
+def test_progress_faster_than_time(t: float, progress: float, bad: bool) -> None:
+    g = job(Log(), "j").start("j", 1, ["a"]).at(t).commit("j", 1, progress)
+    only(pol(g.records), "progress_faster_than_time" if bad else None)
+
+
+def test_progress_counts_from_the_runs_resume_point() -> None:
+    g = job(Log(), "j").start("j", 1, ["a"]).at(100).commit("j", 1, 100.0)
+    g.at(101).preempt("j", 1).exit("j", 1, "preempted").release("j", 1, ["a"]).requeue("j", resume=100.0)
+    g.at(101.5).start("j", 2, ["a"], resume=100.0).at(106.5).commit("j", 2, 104.0)
+    only(pol(g.records))
+    g.at(107.5).commit("j", 2, 180.0)  # 80 s of work in 6 s of running
+    only(pol(g.records), "progress_faster_than_time")
+
+
+@pytest.mark.parametrize(("ran", "bad"), [(589.0, False), (592.0, True)])
+def test_over_limit(ran: float, bad: bool) -> None:
+    """limit_s 500 + over_time_limit_s 60 + grace 30 (the job's, when logged), 1 s of clock slack."""
+    g = Log()
+    g.e("submitted", job="j", tenant="t", priority=0, nodes=1, gpus_per_node=8, submit_s=0.0, limit_s=500.0,
+        grace_s=30.0)  # fmt: skip
+    g.start("j", 1, ["a"]).at(ran).run_to_end("j", 1, ["a"])
+    only(pol(g.records), "over_limit" if bad else None)
+    only(pol(g.records, rules=Rules(over_time_limit_s=math.inf)))  # limits not enforced: nothing to check
+    old = [{k: v for k, v in rec.items() if k not in ("limit_s", "grace_s")} for rec in g.records]
+    only(pol(old))  # a log without declared limits cannot show it
+
+
+def test_over_limit_without_a_logged_grace_allows_the_clusters_cap() -> None:
+    g = job(Log(), "j", limit=500.0).start("j", 1, ["a"]).at(1100.0).run_to_end("j", 1, ["a"])
+    only(pol(g.records))  # 500 + 60 + max_grace_s 600
+    only(pol(g.records, rules=Rules(max_grace_s=300.0)), "over_limit")
+
+
+def test_over_limit_of_a_run_still_going_when_the_log_ends() -> None:
+    g = job(Log(), "j", limit=10.0).start("j", 1, ["a"]).at(1000).commit("j", 1, 5.0)
+    only(pol(g.records), "over_limit")
+
+
+def reserved(g: Log, head: str, t: float, nodes: list[str]) -> Log:
+    return g.e("reserved", job=head, reserved_t=t, pool="p", nodes=nodes)
+
+
+def reservation_log() -> Log:
+    """Head h (priority 1, 2 nodes) reserved a and b at t=100; b is free, a runs x until then."""
+    g = job(Log(), "x", limit=90.0).start("x", 1, ["a"])
+    g.at(10)
+    job(g, "h", nodes=2, prio=1, limit=1000.0)
+    return reserved(g, "h", 100.0, ["a", "b"])
+
+
+@pytest.mark.parametrize(
+    ("who", "prio", "limit", "node", "bad"),
+    [
+        ("short", 0, 80.0, "b", False),  # ends at 90, before the reserved start
+        ("long", 0, 500.0, "b", True),  # ends at 510 on a reserved node
+        ("elsewhere", 0, 500.0, "c", False),  # not on the reserved nodes
+        ("higher", 2, 500.0, "b", False),  # a higher priority goes before the head
+    ],
+)
+def test_reservation_delayed_by_a_start(who: str, prio: int, limit: float, node: str, bad: bool) -> None:
+    g = reservation_log().at(10)
+    job(g, who, prio=prio, limit=limit, gpn=4)
+    g.e("started", job=who, epoch=1, pool="p", nodes=[node], gpus_per_node=4, resume_from_s=0.0, backfill=True)
+    only(pol(g.records), "reservation_delayed" if bad else None)
+
+
+def test_a_backfilled_start_is_judged_by_the_reservation_its_pass_made() -> None:
+    """A pass logs its reservation after its starts: the starts are checked against it."""
+    g = job(Log(), "x", limit=90.0).start("x", 1, ["a"]).at(10)
+    job(g, "h", nodes=2, prio=1, limit=1000.0)
+    job(g, "long", gpn=4, limit=500.0)
+    g.e("started", job="long", epoch=1, pool="p", nodes=["b"], gpus_per_node=4, resume_from_s=0.0, backfill=True)
+    reserved(g, "h", 100.0, ["a", "b"])
+    only(pol(g.records), "reservation_delayed")
+
+
+@pytest.mark.parametrize(("between", "bad"), [(None, True), ("node_lost", False), ("higher start", False)])
+def test_reservation_moved_later(between: str | None, bad: bool) -> None:
+    g = reservation_log().at(20)
+    if between == "node_lost":
+        g.e("node_lost", node="c")
+    elif between == "higher start":
+        job(g, "vip", gpn=4, prio=5, limit=500.0).start("vip", 1, ["c"], gpn=4)
+    reserved(g, "h", 150.0, ["a", "b"])
+    only(pol(g.records), "reservation_delayed" if bad else None)
+    earlier = reservation_log().at(20)
+    only(pol(reserved(earlier, "h", 50.0, ["a", "b"]).records))  # earlier is always fine
+
+
+def inversion_log(high_nodes: int, **start: Any) -> Log:
+    g = job(Log(), "hi", nodes=high_nodes, prio=9)
+    job(g, "lo", prio=0).at(0.5)
+    g.e("started", job="lo", epoch=1, pool="p", nodes=["a"], gpus_per_node=8, resume_from_s=0.0, **start)
+    return g
+
+
+def test_priority_inversion() -> None:
+    r = pol(inversion_log(1).records)
+    assert r.violations["priority_inversion"] == 1 and "job hi" in r.examples[0]
+
+
+@pytest.mark.parametrize("case", ["too big", "backfill", "backoff", "claimant"])
+def test_no_priority_inversion(case: str) -> None:
+    if case == "too big":  # 3 nodes of 8 GPUs: never fits, so lo takes nothing from it
+        g = inversion_log(3)
+    elif case == "backfill":  # backfill's own rule judges it
+        g = inversion_log(1, backfill=True)
+    elif case == "backoff":  # requeued after a failure: it may sit out a backoff
+        g = job(Log(), "hi", prio=9).start("hi", 1, ["b"]).at(0.2).exit("hi", 1, "failed")
+        g.release("hi", 1, ["b"]).requeue("hi", "failure")
+        job(g, "lo", prio=0).at(0.5).start("lo", 1, ["a"])
+    else:  # hi preempted x and waits for it; its gang is held back
+        g = job(Log(), "x").start("x", 1, ["b"])
+        job(g, "hi", nodes=2, prio=9).preempt("x", 1, by="hi")
+        job(g, "lo").at(0.5).start("lo", 1, ["a"])
+    r = pol(g.records)
+    assert r.violations["priority_inversion"] == 0, r.examples
+
+
+def idle_log(started_after: float | None) -> Log:
+    g = job(Log(), "x").start("x", 1, ["a"])
+    job(g, "w", gpn=4)  # waits: fits on b
+    if started_after is not None:
+        g.at(started_after).start("w", 1, ["b"], gpn=4)
+    return g.at(10).commit("x", 1, 5.0)  # a later record: the time went by
+
+
+@pytest.mark.parametrize(("after", "bad"), [(None, True), (1.0, False), (2.5, True)])
+def test_not_work_conserving(after: float | None, bad: bool) -> None:
+    only(pol(idle_log(after).records), "not_work_conserving" if bad else None)
+
+
+def test_work_conserving_allows_what_does_not_fit_and_the_reservation() -> None:
+    g = job(Log(), "x").start("x", 1, ["a"])
+    job(g, "big", nodes=3)  # needs three 8-GPU nodes: there are two
+    only(pol(g.at(10).commit("x", 1, 5.0).records))
+    g = reservation_log().at(11)
+    job(g, "long", gpn=8, limit=5000.0)  # would fit on b, but b is reserved for h
+    only(pol(g.at(30).commit("x", 1, 5.0).records))
+    job(g, "small", gpn=4, limit=5000.0)  # fits on c, outside the reservation: must start
+    r = pol(g.at(60).commit("x", 1, 6.0).records)
+    assert r.violations["not_work_conserving"] == 1 and "job small" in r.examples[0]
+
+
+def test_rules_from_the_cluster_limits() -> None:
+    r = Rules.from_limits({"over_time_limit_s": 5, "max_grace_s": 10, "min_run_s": 600})
+    assert (r.over_time_limit_s, r.max_grace_s) == (5.0, 10.0)
+    assert Rules.from_limits(None) == Rules()
+    with pytest.raises(ValueError, match="limits.max_grace_s"):
+        Rules.from_limits({"max_grace_s": -1})
+
+
+def test_every_kind_is_documented() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "SCHED.md").read_text()
+    for kind in KINDS:
+        assert f"`{kind}`" in doc, kind
+    assert set(SAFETY_KINDS) | set(POLICY_KINDS) == set(KINDS)
+
+
 GEN_CAP = {"n0": 4, "n1": 4, "n2": 8, "n3": 2}
 
 
@@ -475,9 +671,10 @@ def legal_log(rng: random.Random, steps: int) -> list[dict[str, Any]]:
 @settings(max_examples=60, deadline=None)
 @given(st.randoms(use_true_random=False), st.integers(0, 300))
 def test_random_legal_logs_are_ok(rng: random.Random, steps: int) -> None:
+    """Safe, not a policy: the generator places at random, so only the safety kinds must stay 0."""
     records = legal_log(rng, steps)
     r = check(records, GEN_CAP)
-    assert r.ok, (r.summary(), r.examples)
+    assert not any(r.violations[k] for k in SAFETY_KINDS), (r.summary(), r.examples)
 
 
 @settings(max_examples=40, deadline=None)
@@ -501,7 +698,8 @@ def test_resuming_past_the_commit_is_always_caught(rng: random.Random, steps: in
         return
     i = rng.choice(starts)
     records[i] = {**records[i], "resume_from_s": records[i]["resume_from_s"] + 1.0}
-    only(check(records, GEN_CAP), "resume_not_committed")
+    r = check(records, GEN_CAP)
+    assert {k: r.violations[k] for k in SAFETY_KINDS} == {k: int(k == "resume_not_committed") for k in SAFETY_KINDS}
 
 
 # -- speed ------------------------------------------------------------------------------------

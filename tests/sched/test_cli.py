@@ -80,12 +80,16 @@ def test_sim_json_events_and_plots(tmp_path):
     for m in out["policies"].values():
         for key in ("goodput", "lost_gpu_hours", "wait_p50_s", "wait_p99_s", "utilization", "violations"):
             assert isinstance(m[key], (int, float)), key
+        for key in ("useful_per_capacity", "lost_gpu_hours_total", "preemption_decisions", "victims"):
+            assert isinstance(m[key], (int, float)), key
+        assert 0 < m["useful_per_capacity"] <= 1 and set(m["tenant_shares"]) == {"a", "b"}
+        assert m["window"]["end_s"] == 1900.0  # the last arrival
         assert m["violations"] == 0 and m["jobs"] == {"finished": 4}
     assert out["events_policy"] == "goodput"  # ours, though given second
     recs = read_jsonl(ev)
     kinds = {r["event"] for r in recs}
     assert {"submitted", "started", "preempt_requested", "released", "requeued", "finished", "node_lost"} <= kinds
-    assert kinds - CONTRACT <= {"cancelled", "commit_rejected", "node_reclaim_notice", "node_up"}
+    assert kinds - CONTRACT <= {"cancelled", "commit_rejected", "node_reclaim_notice", "node_up", "reserved"}
     pre = [r for r in recs if r["event"] == "preempt_requested" and r["victim_of"] == "high"]
     assert pre and all("lost_s" in r and "candidates" in r for r in pre)
     for p in out["plots"]:
@@ -96,6 +100,49 @@ def test_sim_json_events_and_plots(tmp_path):
     chk = runner.invoke(app, ["sched", "check", str(ev), "--cluster", str(c), "--json"])
     assert chk.exit_code == 0, chk.output
     assert json.loads(chk.output)["total"] == 0
+
+
+def test_jobs_no_pool_holds_are_an_error_listing_their_ids(tmp_path):
+    w, c = _files(tmp_path)
+    w.write_text(CSV + "huge,a,0,9,8,0,60,,,,,,0\nwide,b,0,1,16,0,60,,,,,,0\n")
+    res = runner.invoke(app, ["sched", "sim", "--workload", str(w), "--cluster", str(c)])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and "2 jobs fit no pool" in text and "huge, wide" in text, text
+    assert "--skip-unplaceable" in text
+    ok = runner.invoke(
+        app, ["sched", "sim", "--workload", str(w), "--cluster", str(c), "--skip-unplaceable", "--json", "--policy",
+              "goodput"]
+    )  # fmt: skip
+    assert ok.exit_code == 0, ok.output
+    out = json.loads(ok.output[ok.output.index("{") :])
+    assert out["skipped_unplaceable"] == ["huge", "wide"]
+    assert out["policies"]["goodput"]["jobs"] == {"finished": 4}
+    assert any("2 jobs fit no pool" in n for n in out["notes"])
+
+
+def test_ids_with_spaces_are_refused(tmp_path):
+    w, c = _files(tmp_path)
+    w.write_text(CSV.replace("small,b,1900", " small ,b,1900"))
+    res = runner.invoke(app, ["sched", "sim", "--workload", str(w), "--cluster", str(c)])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and "jobs.csv:5: column 'id'" in text and "surrounding spaces" in text
+
+
+def test_philly_replay_from_the_command_line(tmp_path):
+    (tmp_path / "philly.csv").write_text(
+        "timestamp,duration,num_gpus,gpu_time,cluster\n"
+        + "".join(f"2017-10-01 0{h}:00:00,{600 * (h + 1)}.0,{(1, 2, 8, 16)[h % 4]},0,vc{h % 3}\n" for h in range(8))
+    )
+    res = runner.invoke(
+        app, ["sched", "sim", "--philly", str(tmp_path), "--gpus", "32", "--philly-days", "1", "--json", "--workers",
+              "1"]
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert "Philly 2017 replay: 8 jobs" in out["notes"][0] and "32 GPUs" in out["notes"][0]
+    for m in out["policies"].values():
+        assert m["jobs"] == {"finished": 8} and m["violations"] == 0
+        assert set(m["tenant_shares"]) == {"vc0", "vc1", "vc2"}
 
 
 def test_sim_deterministic_with_a_cluster_file(tmp_path):

@@ -58,10 +58,15 @@ def test_every_policy_finishes_every_job(runs, name: str) -> None:
     assert m["violations"] == r.check.total
 
 
+# what a baseline breaks by design: fifo-no-backfill leaves GPUs idle behind a blocked head
+BY_DESIGN = {"fifo-no-backfill": {"not_work_conserving"}}
+
+
 @pytest.mark.parametrize("name", sorted(set(POLICIES) - {"release-at-decision"}))
 def test_the_checker_finds_nothing(runs, name: str) -> None:
     r = runs[name]
-    assert r.check.ok, (r.check.summary(), r.check.examples)
+    broken = {k for k, n in r.check.violations.items() if n}
+    assert broken <= BY_DESIGN.get(name, set()), (r.check.summary(), r.check.examples)
     assert r.double_booked_starts == 0 and r.ledger.total.double_booked == 0.0
     # the auditor run here on the log agrees with the one simulate ran
     again = check(r.events, CLUSTER.capacity())
@@ -76,6 +81,12 @@ def test_release_at_decision_double_books(runs) -> None:
     assert r.double_booked_starts > 0 and r.ledger.total.double_booked > 0
     # what it gets wrong is the hand-over and nothing else
     assert {k for k, n in v.items() if n} == {"double_booked", "released_before_gone"}
+
+
+def test_fifo_without_backfill_is_not_work_conserving(runs) -> None:
+    """The checker sees the baseline's rule: jobs that fit wait behind the blocked head."""
+    assert runs["fifo-no-backfill"].check.violations["not_work_conserving"] > 0
+    assert runs["goodput"].check.violations["not_work_conserving"] == 0
 
 
 def allocated_from_log(r: SimResult) -> dict[str, float]:

@@ -40,6 +40,8 @@ def job_main(argv: list[str]) -> int:
     ap.add_argument("--interval", type=int, default=50)
     ap.add_argument("--no-notice", action="store_true", help="no signal handler: a notice does nothing")
     a = ap.parse_args(argv)
+    if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) > 0:
+        return 0  # a gang's other nodes idle: the measured job is rank 0's
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import signal
 
@@ -82,19 +84,23 @@ def job_main(argv: list[str]) -> int:
     return 0
 
 
-def _lost(root: Path, before: int) -> tuple[int, int] | None:
-    """(steps lost, restored step) of a victim: the highest step it logged in its first run (the
-    first ``before`` lines of starts.log) against the step its next run restored."""
-    try:
-        starts = [json.loads(x) for x in (root / "starts.log").read_text().splitlines()]
-        steps = [x.split() for x in (root / "steps.log").read_text().splitlines()]
-    except OSError:
-        return None
-    if len(starts) <= before:
-        return None
-    t_restart = starts[before]["t"]
-    done = max((int(s) for s, t in steps if float(t) < t_restart), default=0)
-    return done - int(starts[before]["restored"]), int(starts[before]["restored"])
+def _victims(roots: dict[str, Path], t_high: float) -> dict[str, dict[str, int]]:
+    """The low jobs that stopped before the high job ran (the others kept stepping), each with the
+    last step it finished and the newest committed checkpoint it will resume from: the steps lost."""
+    from goodput.ckpt import latest
+
+    out = {}
+    for name, root in roots.items():
+        if name == "h":
+            continue
+        steps = [x.split() for x in (root / "steps.log").read_text().splitlines() if x.strip()]
+        done = [int(s) for s, t in steps if float(t) <= t_high]
+        if any(float(t) > t_high for _s, t in steps) or not done:
+            continue  # still running after the high job started: not a victim
+        ck = latest(root)
+        resume = int(ck.name.rsplit("_", 1)[-1]) if ck is not None else 0
+        out[name] = {"last_step": max(done), "resume_step": resume, "lost_steps": max(done) - resume}
+    return out
 
 
 def _wait(cond, timeout_s: float, what: str) -> Any:  # noqa: ANN001
@@ -140,10 +146,10 @@ def run_slurm_native(cluster, base: Path, py: str, pp: str, interval: int, no_no
     t0 = time.time()
     sbatch("h", "high", 2)
     _wait(lambda: (roots["h"] / "starts.log").exists(), 300, "high running")
-    latency = json.loads((roots["h"] / "starts.log").read_text().splitlines()[0])["t"] - t0
-    # the victims: jobs whose first run ended while the high job ran (they restart after it)
-    _wait(lambda: sum(_lost(roots[n], 1) is not None for n in "abcd") >= 2, 600, "victims restarted")
-    lost = {n: _lost(roots[n], 1) for n in "abcd" if _lost(roots[n], 1) is not None}
+    t_high = json.loads((roots["h"] / "starts.log").read_text().splitlines()[0])["t"]
+    time.sleep(2.0)
+    lost = _victims(roots, t_high)
+    latency = t_high - t0
     cluster.run(["scancel", "--partition=low"], check=False)
     cluster.run(["scancel", "--partition=high"], check=False)
     return {"latency_s": round(latency, 2), "victims": lost}
@@ -179,9 +185,10 @@ def run_goodput(cluster, base: Path, py: str, pp: str, interval: int, grace: flo
         t0 = time.time()
         submit("h", 2, 10, 60)
         _wait(lambda: (roots["h"] / "starts.log").exists(), 300, "high running")
-        latency = json.loads((roots["h"] / "starts.log").read_text().splitlines()[0])["t"] - t0
-        _wait(lambda: sum(_lost(roots[n], 1) is not None for n in "abcd") >= 2, 600, "victims restarted")
-        lost = {n: _lost(roots[n], 1) for n in "abcd" if _lost(roots[n], 1) is not None}
+        t_high = json.loads((roots["h"] / "starts.log").read_text().splitlines()[0])["t"]
+        time.sleep(2.0)
+        lost = _victims(roots, t_high)
+        latency = t_high - t0
         for j in get(svc.url + "/jobs", admin)["jobs"]:
             post_json(f"{svc.url}/jobs/{j['id']}/cancel", {}, admin)
         return {"latency_s": round(latency, 2), "victims": lost}
@@ -198,9 +205,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--interval", type=int, default=50, help="periodic checkpoint every this many steps")
     ap.add_argument("--only", default="", help="goodput | slurm | slurm-no-notice")
     a = ap.parse_args(argv)
+    import signal
+
     from goodput.demo.slurm import runtime_for
     from goodput.demo.slurm_cluster import SlurmCluster, missing
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped bench still stops its cluster
     why = missing()
     if why:
         print(why, file=sys.stderr)

@@ -247,3 +247,41 @@ def test_a_restart_with_another_state_dir_is_refused_naming_the_recorded_one(ser
     _ = sqlite3  # the store is untouched by the refusal: the next start with the right dir works
     s2 = server(db=s.db)
     s2.start()
+
+
+def test_another_tenants_job_is_never_named_and_its_checkpoints_never_listed(server, tmp_path):  # noqa: F811
+    """One slot: bob's higher-priority job preempts alice's. alice's views and events say that
+    "another tenant's job" did it, never which; bob's priority cap holds; and a link bob made from his
+    prefix to alice's checkpoint root shows him nothing of hers."""
+    (tmp_path / "alice").mkdir()
+    (tmp_path / "bob").mkdir()
+    tenants = [
+        {"name": "alice", "ckpt_prefix": str(tmp_path / "alice")},
+        {"name": "bob", "ckpt_prefix": str(tmp_path / "bob"), "max_priority": 5},
+    ]
+    s = server(nodes=1, tenants=tenants)
+    alice, bob = s.token("alice"), s.token("bob")
+    s.start()
+    code, err = s.post("/jobs", _spec(tmp_path / "bob" / "x", 5, priority=6), bob)
+    assert code == 422 and any("priority" in d["loc"] for d in err["detail"]), err  # above max_priority
+    a_root = tmp_path / "alice" / "low"
+    _, low = s.post("/jobs", _spec(a_root, 400, name="low", ckpt_interval_s=1, ckpt_write_s=0.5), alice)
+    s.wait_job(low["id"], alice, lambda j: j["state"] == "running" and j["checkpoint"]["committed_s"] > 0)
+    code, high = s.post("/jobs", _spec(tmp_path / "bob" / "high", 5, name="high", priority=5), bob)
+    assert code == 201, high
+    s.wait_job(high["id"], bob, lambda j: j["state"] == "finished")
+    j = s.wait_job(low["id"], alice, lambda j: j["preemptions"] == 1)
+    text = json.dumps(j) + s.get("/events", alice)[1]
+    assert high["id"] not in text
+    pre = next(h for h in j["history"] if h["event"] == "preempt_requested")
+    assert pre["victim_of"] == "another tenant's job" and pre["preemptor"] == "another tenant's job"
+    admin_view = s.get(f"/jobs/{low['id']}", s._admin)[1]
+    assert next(h for h in admin_view["history"] if h["event"] == "preempt_requested")["victim_of"] == high["id"]
+    s.wait_job(low["id"], alice, lambda j: j["state"] == "finished", timeout=120)
+    assert s.get(f"/jobs/{low['id']}", alice)[1]["checkpoint"]["latest_on_disk"] is not None
+    (tmp_path / "bob" / "link").symlink_to(a_root)  # as bob's job could, inside his own prefix
+    spec = _spec(tmp_path / "bob" / "link", 0, name="peek", command=[PY, "-c", "pass"])
+    code, peek = s.post("/jobs", spec, bob)
+    assert code == 201, peek
+    jb = s.wait_job(peek["id"], bob, lambda j: j["state"] == "finished")
+    assert jb["checkpoint"]["latest_on_disk"] is None  # its real path is alice's, outside bob's prefix

@@ -56,6 +56,89 @@ def test_bench_ckpt_rounds_small() -> None:
     # the O_DIRECT ceiling writes the same bytes as the plain raw write, and is reported
     assert out["config"]["files_bytes"]["rawd"] == out["config"]["files_bytes"]["raw"] > 0
     assert out["ratios"]["ours_save_vs_raw_write_direct"] > 0
+    # the second round ran the systems in reverse; every repeat started from a flushed, dropped,
+    # ballasted cache; the raw read was plain readinto calls into one buffer; goals carry a spread
+    first, second = out["config"]["order_per_round"]
+    assert first[0] == "raw_write" and second[0] == "ours_save" and sorted(first) == sorted(second)
+    assert out["config"]["ballast_bytes"] == out["config"]["size_bytes"]
+    for p in out["phases"].values():
+        for cold in p["cold_start_per_repeat"]:
+            assert cold["ballast_bytes"] == out["config"]["size_bytes"] and cold["drop"] in ("drop_caches", "fadvise")
+            assert cold["dirty_before"] is None or cold["flush_s"] >= 0
+    assert all(t["readinto_calls"] >= 1 for t in out["phases"]["raw_read"]["timings_last_repeat_per_rank"])
+    for g in out["goals"]:
+        assert g["spread"] == [min(g["per_round"]), max(g["per_round"])]
+
+
+def test_bench_ckpt_order_is_balanced() -> None:
+    """Over two rounds each goal's phase and its baseline each run first once; a load always
+    comes after the save that wrote what it reads; every phase runs once a round."""
+    from goodput.bench.ckpt import GOALS, PHASES, phase_order
+
+    names = [n for n, _ in PHASES]
+    orders = [phase_order(0), phase_order(1)]
+    for order in orders:
+        assert sorted(order) == sorted(names)
+        for load, save in (("raw_read", "raw_write"), ("torch_load", "torch_save"), ("dcp_load", "dcp_save")):
+            assert order.index(save) < order.index(load)
+        assert order.index("ours_save") < order.index("ours_load") < order.index("ours_reshard_load")
+    for _, _, ours, base, _ in GOALS:
+        firsts = {order.index(ours) < order.index(base) for order in orders}
+        assert firsts == {True, False}, (ours, base)
+    assert phase_order(2) == orders[0] and phase_order(3) == orders[1]
+
+
+def test_bench_raw_read_fills_one_buffer_without_copies(tmp_path) -> None:  # noqa: ANN001
+    """The raw baseline reads the file, in order, into the caller's one buffer: the bytes land
+    there, and the process never holds a second copy of them (peak RSS grows by far less than
+    the file while it reads into a buffer already touched)."""
+    import numpy as np
+    import pytest
+
+    from goodput.bench.ckpt import PeakMemory, raw_read_into
+
+    n = (64 << 20) + 123
+    data = np.random.default_rng(3).integers(0, 256, n, dtype=np.uint8)
+    path = tmp_path / "raw.bin"
+    path.write_bytes(data.tobytes())
+    buf = np.empty(n, np.uint8)
+    buf.fill(0)  # touched, as the bench's buffer is
+    mem = PeakMemory()
+    mem.start()
+    calls = raw_read_into(path, memoryview(buf))
+    grew = mem.delta()
+    assert np.array_equal(buf, data) and 1 <= calls <= 4
+    if mem.method == "VmHWM":  # ru_maxrss cannot be reset: the write above already peaked it
+        assert grew < n // 4, f"the raw read grew the peak RSS by {grew} bytes for a {n}-byte file"
+    with pytest.raises(OSError, match="ends early"):
+        raw_read_into(path, memoryview(np.zeros(n + 1, np.uint8)))
+
+
+def test_bench_cold_start_flushes_dirty_pages_before_dropping(tmp_path) -> None:  # noqa: ANN001
+    """A phase never inherits the previous one's dirty pages: pages written without fsync are
+    written back (and waited for) before the cache is dropped, and the ballast is read first."""
+    import os
+
+    import pytest
+
+    from goodput.bench.ckpt import cold_start, dirty_bytes, make_ballast
+
+    if dirty_bytes() is None:
+        pytest.skip("no /proc/meminfo: dirty pages cannot be counted here")
+    ballast = make_ballast(tmp_path, 8 << 20)
+    assert ballast.stat().st_size == 8 << 20
+    left = 160 << 20
+    fd = os.open(tmp_path / "dirty.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        block = b"\x01" * (8 << 20)
+        for _ in range(left // len(block)):
+            os.write(fd, block)  # no fsync: these pages stay dirty until someone writes them back
+    finally:
+        os.close(fd)
+    rec = cold_start(tmp_path, ballast)
+    assert rec["dirty_before"] >= 128 << 20, rec  # ours, at least (others' add to them)
+    assert rec["dirty_after"] <= rec["dirty_before"] - (128 << 20), rec  # written back before the drop
+    assert rec["ballast_bytes"] == 8 << 20 and rec["drop"] in ("drop_caches", "fadvise")
 
 
 def test_bench_crc_small() -> None:

@@ -5,18 +5,29 @@ The state is a dict of 2-D fp32/bf16 tensors totalling ``--size`` bytes; rank ``
 ``[r*rows/R, (r+1)*rows/R)`` of each. Each phase runs in fresh rank processes (so a phase's peak
 memory is its own) and is timed from a barrier before to a barrier after, max over ranks:
 
-* raw: each rank writes its shard bytes sequentially to one file and fsyncs it; then reads them
-  back into preallocated buffers (the floor any checkpoint format pays); and, for reference,
-  the same bytes written with O_DIRECT from a page-aligned buffer (the device's ceiling);
+* raw: each rank writes its shard bytes sequentially to one file and fsyncs it; then reads that
+  file back with plain ``readinto`` calls into one preallocated, touched buffer (the floor any
+  checkpoint format pays: no per-tensor reads, no copies); and, for reference, the same bytes
+  written with O_DIRECT from a page-aligned buffer (the device's ceiling);
 * ``torch.save`` of each rank's shards + fsync (and ``torch.load`` of them, for reference);
 * DCP (``torch.distributed.checkpoint``) save and load of DTensors, and a resharded load;
 * ours: ``goodput.ckpt.save`` / ``load`` with ``LocalShard`` row boxes, and a resharded load
   into column boxes (``Shard(1)``).
 
-The page cache is dropped before every phase (``sync; echo 1 > /proc/sys/vm/drop_caches`` where
-allowed, else fsync + ``posix_fadvise(DONTNEED)`` of every file in the directory), so reads come
-from storage. Peak memory is the rank's peak RSS during the phase minus its RSS when the phase
-starts (state or destination already allocated and touched): Linux's ``VmHWM`` reset through
+Every timed repeat starts from the same state, whatever ran before it (:func:`cold_start`): the
+previous phase's dirty pages are written back and waited for (``sync``, then until the kernel
+reports no dirty or writeback pages), a ballast file as large as the state is read, and the page
+cache is dropped (``echo 1 > /proc/sys/vm/drop_caches`` where allowed, else fsync +
+``posix_fadvise(DONTNEED)`` of every file in the directory). The ballast is there because on a
+VM whose free memory is handed back to the host (virtio-balloon free page reporting), a cold read
+or a buffered write runs several times faster right after a drop that freed a cache of its size
+than after one that freed nothing (the previous phase wrote with O_DIRECT): without it the order
+of phases decided the baselines. Save repeats write into an emptied directory, the first one of
+every round included. With ``rounds > 1`` the order of the systems (raw, torch, DCP, goodput) is
+reversed in every other round, so that drift falls on both sides of each ratio alike.
+
+Peak memory is the rank's peak RSS during the phase minus its RSS when the phase starts (state
+or destination already allocated and touched): Linux's ``VmHWM`` reset through
 ``/proc/self/clear_refs``, or ``ru_maxrss`` where that reset is unavailable. Every load is checked
 element by element against the pattern that was saved (outside the timed region).
 """
@@ -46,11 +57,12 @@ GOALS = (
     ("load_vs_raw_read", "load ≥ 0.9 × raw read", "ours_load", "raw_read", 0.9),
 )
 
-# (phase, label) in the order they run; BASELINES: each of our phases -> its raw and DCP baselines
+# (phase, label) in the order they run in even rounds; each system's phases stay together (a
+# load reads what its save wrote) and odd rounds run the systems in reverse (:func:`phase_order`)
 PHASES: list[tuple[str, str]] = [
     ("raw_write", "raw write + fsync"),
     ("raw_write_direct", "raw write O_DIRECT + fsync"),
-    ("raw_read", "raw read"),
+    ("raw_read", "raw read (readinto one buffer)"),
     ("torch_save", "torch.save + fsync"),
     ("torch_load", "torch.load"),
     ("dcp_save", "DCP save"),
@@ -62,6 +74,16 @@ PHASES: list[tuple[str, str]] = [
     ("ours_reshard_load", "goodput load, resharded rows→cols"),
     ("ours_reshard_load_amp2", "goodput load, resharded, max_amplification=2"),
 ]
+SYSTEMS = ("raw", "torch", "dcp", "ours")
+
+
+def phase_order(round_index: int) -> list[str]:
+    """The phases of one round: the systems in order in even rounds, reversed in odd ones, so
+    that over an even number of rounds each goal's two phases run first equally often."""
+    systems = SYSTEMS if round_index % 2 == 0 else SYSTEMS[::-1]
+    return [name for sys_ in systems for name, _ in PHASES if name.split("_", 1)[0] == sys_]
+
+
 BASELINES = {
     "ours_save": ("raw_write", "dcp_save"),
     "ours_save_one_file": ("raw_write", "dcp_save"),
@@ -200,9 +222,41 @@ class PeakMemory:
         return max(0, peak - self.base)
 
 
-def drop_caches(directory: Path) -> str:
-    """Evict cached file pages so that the next read comes from storage; says how."""
+def dirty_bytes() -> int | None:
+    """Bytes of the page cache the kernel still has to write: ``Dirty`` + ``Writeback`` of
+    ``/proc/meminfo`` (machine-wide); None where there is no such file."""
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return (int(fields["Dirty"].split()[0]) + int(fields["Writeback"].split()[0])) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def flush_writeback(threshold: int = 32 << 20, timeout: float = 20.0) -> dict:
+    """Write back every dirty page and wait until the kernel has (almost) none left, so that a
+    phase never pays for the previous one's writes: ``sync`` again until ``Dirty`` + ``Writeback``
+    is at most ``threshold`` (others' processes may keep dirtying pages on a shared machine) or
+    ``timeout`` seconds have passed; says what it saw."""
+    t0 = time.perf_counter()
+    before = dirty_bytes()
     os.sync()
+    after = dirty_bytes()
+    while after is not None and after > threshold and time.perf_counter() - t0 < timeout:
+        time.sleep(0.05)
+        os.sync()
+        after = dirty_bytes()
+    return {
+        "dirty_before": before,
+        "dirty_after": after,
+        "flush_s": time.perf_counter() - t0,
+        "flushed": after is None or after <= threshold,
+    }
+
+
+def drop_caches(directory: Path) -> str:
+    """Evict cached file pages so that the next read comes from storage; says how. Dirty pages
+    cannot be dropped: call :func:`flush_writeback` first."""
     try:
         with open("/proc/sys/vm/drop_caches", "w") as f:
             f.write("1\n")
@@ -222,11 +276,70 @@ def drop_caches(directory: Path) -> str:
     return "fadvise"
 
 
-def _timed(rank: int, root: Path, body: Callable[[], dict], profile: str | None) -> dict:
+BALLAST = "ballast.bin"
+
+
+def make_ballast(directory: Path, nbytes: int) -> Path:
+    """A file of ``nbytes`` that :func:`cold_start` reads before each drop (see there)."""
+    path = Path(directory) / BALLAST
+    block = b"\x5a" * (8 << 20)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        left = nbytes
+        while left > 0:
+            _write_all(fd, memoryview(block)[: min(left, len(block))])
+            left -= min(left, len(block))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path
+
+
+def read_ballast(path: Path) -> int:
+    """Read the ballast through the page cache (into a small reused buffer); returns its bytes."""
+    buf = bytearray(8 << 20)
+    mv = memoryview(buf)
+    n = 0
+    with open(path, "rb", buffering=0) as f:
+        while got := f.readinto(mv):
+            n += got
+    return n
+
+
+def cold_start(directory: Path, ballast: Path | None = None) -> dict:
+    """Bring the machine to the state every timed repeat starts from, whatever ran before it.
+
+    1. The previous phase's dirty pages are written back and waited for (:func:`flush_writeback`;
+       ``drop_caches`` leaves dirty pages behind, and the next phase would pay for writing them).
+    2. The ballast (as large as the state) is read, so that the drop below frees a cache of that
+       size. On a VM that hands free memory back to its host (virtio-balloon free page reporting,
+       about two seconds after it is freed), a cold read or a buffered write of 512 MiB measured
+       2.8 GB/s right after a drop that freed a cache of its size and 0.57 GB/s after one that
+       freed nothing; without the ballast a phase that follows an O_DIRECT phase (which caches
+       nothing) was measured in the slow state and one that follows a buffered phase in the fast
+       one. On bare metal the ballast changes nothing.
+    3. The page cache is dropped (:func:`drop_caches`), so reads come from storage."""
+    rec = flush_writeback()
+    rec["ballast_bytes"] = read_ballast(ballast) if ballast is not None and ballast.exists() else 0
+    rec["drop"] = drop_caches(directory)
+    return rec
+
+
+def page_reported_kib() -> int | None:
+    """KiB of free memory handed back to the host so far, where the kernel counts it (some VM
+    kernels' ``page_reporting`` module does); None elsewhere."""
+    try:
+        with open("/sys/module/page_reporting/parameters/reported_kib") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _timed(rank: int, root: Path, body: Callable[[], dict], profile: str | None, ballast: Path | None) -> dict:
     import torch.distributed as dist
 
     dist.barrier()
-    drop = drop_caches(root) if rank == 0 else None
+    cold = cold_start(root, ballast) if rank == 0 else None
     dist.barrier()
     mem = PeakMemory()
     mem.start()
@@ -236,12 +349,14 @@ def _timed(rank: int, root: Path, body: Callable[[], dict], profile: str | None)
 
         prof = cProfile.Profile()
         prof.enable()
+    reported0 = page_reported_kib()
     t0 = time.perf_counter()
     extra = body() or {}
     if prof is not None:
         prof.disable()
     dist.barrier()
     seconds = time.perf_counter() - t0
+    reported1 = page_reported_kib()
     peak = mem.delta()
     if prof is not None:
         prof.dump_stats(profile.format(rank=rank))
@@ -249,7 +364,9 @@ def _timed(rank: int, root: Path, body: Callable[[], dict], profile: str | None)
         "seconds": seconds,
         "peak_delta": peak,
         "base_rss": mem.base,
-        "drop": drop,
+        "drop": cold["drop"] if cold else None,
+        "cold_start": cold,
+        "reported_kib_during": None if reported0 is None or reported1 is None else reported1 - reported0,
         "mem_method": mem.method,
         **extra,
     }
@@ -362,30 +479,48 @@ def _raw_write_direct(rank, world, specs, root):
     return body, _fresh(rank, d), None
 
 
+def raw_read_into(path: Path, buf: memoryview) -> int:
+    """The plain read every format is measured against: the whole file, in order, with
+    ``readinto`` straight into one caller-owned buffer (no per-tensor reads, no copies, no
+    threads); returns the number of ``readinto`` calls. A file shorter than the buffer is an
+    error naming it."""
+    mv = memoryview(buf).cast("B")
+    calls = off = 0
+    with open(path, "rb", buffering=0) as f:
+        while off < len(mv):
+            got = f.readinto(mv[off:])
+            calls += 1
+            if not got:
+                raise OSError(f"{path} ends early at byte {off} of {len(mv)}")
+            off += got
+    return calls
+
+
 def _raw_read(rank, world, specs, root):
-    dests = [_local(s, rank, world, "rows", False) for s in specs]
+    """Reads this rank's raw file into one buffer of its size, allocated and touched before the
+    clock starts; checked afterwards by viewing the buffer as the rank's tensors."""
+    import numpy as np
+    import torch
+
+    boxes = [_box(s, rank, world, "rows") for s in specs]
+    sizes = [n * m * s.itemsize for s, (_, _, n, m) in zip(specs, boxes)]
+    buf = np.empty(sum(sizes), np.uint8)
+    buf.fill(0)  # every page touched, as the targets of a load are (np.zeros would map them lazily)
     path = root / "raw" / f"raw-r{rank:05d}.bin"
 
     def body():
-        fd = os.open(path, os.O_RDONLY)
-        off = 0
-        try:
-            for t, _, _ in dests:
-                mv = _bytes_of(t)
-                while len(mv):
-                    n = os.preadv(fd, [mv], off)
-                    if n <= 0:
-                        raise OSError(f"{path} ends early at byte {off}")
-                    mv, off = mv[n:], off + n
-        finally:
-            os.close(fd)
+        return {"timings": {"readinto_calls": float(raw_read_into(path, memoryview(buf)))}}
 
     def reset():
-        for t, _, _ in dests:
-            t.zero_()
+        buf.fill(0)
 
     def check():
-        return all(_check(s, t, r0, c0) for s, (t, r0, c0) in zip(specs, dests))
+        at, ok = 0, True
+        t = torch.from_numpy(buf)
+        for s, (r0, c0, n, m), size in zip(specs, boxes, sizes):
+            ok = ok and _check(s, t[at : at + size].view(getattr(torch, s.dtype)).view(n, m), r0, c0)
+            at += size
+        return ok
 
     return body, reset, check
 
@@ -548,14 +683,24 @@ _SETUP = {
 }
 
 
-def _phase(rank: int, world: int, phase: str, specs: list[dict], root: str, repeat: int, profile: str | None) -> dict:
+def _phase(
+    rank: int,
+    world: int,
+    phase: str,
+    specs: list[dict],
+    root: str,
+    repeat: int,
+    profile: str | None,
+    ballast: str | None = None,
+) -> dict:
     body, reset, check = _SETUP[phase](rank, world, [TensorSpec(**s) for s in specs], Path(root))
     runs = []
     for i in range(repeat):
-        if i and reset is not None:
+        if reset is not None:  # the first repeat too: a round's save must not overwrite the last round's files
             reset()
         last = i == repeat - 1
-        runs.append(_timed(rank, Path(root), body, profile if last and phase.startswith("ours") else None))
+        prof = profile if last and phase.startswith("ours") else None
+        runs.append(_timed(rank, Path(root), body, prof, Path(ballast) if ballast else None))
     out: dict[str, Any] = {"runs": runs}
     if check is not None:
         out["verified"] = bool(check())
@@ -579,11 +724,15 @@ def _summarize(label: str, total: int, per_rank: list[dict]) -> dict:
         "gbps": total / secs / GB,
         "seconds_per_repeat": rep_secs,
         "gbps_best": total / min(rep_secs) / GB,
+        "gbps_worst": total / max(rep_secs) / GB,
         "peak_rss_delta_bytes": max(peaks),
         "peak_rss_delta_per_rank": peaks,
         "rss_at_start_per_rank": [r["runs"][0]["base_rss"] for r in per_rank],
         "cache_drop": per_rank[0]["runs"][0]["drop"],
         "memory_method": per_rank[0]["runs"][0]["mem_method"],
+        # rank 0 brought each repeat to its starting state: what it found and did
+        "cold_start_per_repeat": [run["cold_start"] for run in per_rank[0]["runs"]],
+        "reported_kib_during_per_repeat": [run["reported_kib_during"] for run in per_rank[0]["runs"]],
     }
     if "verified" in per_rank[0]:
         ph["verified"] = all(r["verified"] for r in per_rank)
@@ -603,14 +752,18 @@ def run(
     keep: bool = False,
     profile_dir: str | None = None,
     on_phase: Callable[[int, int, str], None] | None = None,
+    ballast: bool = True,
 ) -> dict:
     """Run every phase; returns all the numbers (what ``--json`` prints).
 
     With ``rounds > 1`` the whole sequence of phases runs that many times, one after the other,
-    so that a drift in the storage's speed (shared disks, a VM's burst credits) falls on every
-    writer alike. Each phase's time is then the median over all its repeats of all rounds, and
-    each goal is judged on the median over rounds of that round's ratio (ours and its baseline
-    measured minutes apart, not a quarter of an hour)."""
+    the systems in reverse order in every other round (:func:`phase_order`: use an even number
+    of rounds for a balanced order), so that a drift in the storage's speed (shared disks, a VM's
+    burst credits) falls on every writer alike. Each phase's time is then the median over all its
+    repeats of all rounds, and each goal is judged on the median over rounds of that round's
+    ratio (ours and its baseline measured minutes apart, not a quarter of an hour), with the
+    lowest and highest round as its spread. ``ballast=False`` skips the ballast read before each
+    drop (:func:`cold_start`)."""
     if ranks < 1:
         raise ValueError("--ranks must be at least 1")
     if repeat < 1:
@@ -629,15 +782,20 @@ def run(
     phases: dict[str, dict] = {}
     by_round: list[dict[str, dict]] = []
     steps = len(PHASES) * rounds
+    labels = dict(PHASES)
+    orders: list[list[str]] = []
     try:
+        ballast_path = str(make_ballast(root, total)) if ballast else None
         merged: dict[str, list[dict]] = {}
         for rnd in range(rounds):
             this: dict[str, dict] = {}
-            for i, (name, label) in enumerate(PHASES):
+            orders.append(phase_order(rnd))
+            for i, name in enumerate(orders[-1]):
+                label = labels[name]
                 if on_phase:
                     on_phase(rnd * len(PHASES) + i, steps, label if rounds == 1 else f"round {rnd + 1}: {label}")
                 prof = profile.format(phase=name) if profile and rnd == rounds - 1 else None
-                args = (name, [asdict(s) for s in specs], str(root), repeat, prof)
+                args = (name, [asdict(s) for s in specs], str(root), repeat, prof, ballast_path)
                 per_rank = run_ranks(_phase, ranks, *args)
                 this[name] = _summarize(label, total, per_rank)
                 if name not in merged:
@@ -678,7 +836,17 @@ def run(
     for key, desc, ours, other, target in GOALS:
         per = round_ratios(ours, other)
         r = statistics.median(per) if rounds > 1 else ratio(ours, other)
-        goals.append({"key": key, "goal": desc, "ratio": r, "per_round": per, "target": target, "pass": r >= target})
+        goals.append(
+            {
+                "key": key,
+                "goal": desc,
+                "ratio": r,
+                "per_round": per,
+                "spread": [min(per), max(per)],
+                "target": target,
+                "pass": r >= target,
+            }
+        )
     return {
         "config": {
             "size_bytes": total,
@@ -691,6 +859,8 @@ def run(
             "kept": keep,
             "disk_free_bytes": disk.free,
             "cache_drop": phases["raw_read"]["cache_drop"],
+            "ballast_bytes": total if ballast else 0,
+            "order_per_round": orders,
             "memory_method": phases["raw_read"]["memory_method"],
             "files_bytes": fs_bytes,
         },
@@ -712,22 +882,38 @@ def render(res: dict, console: Any) -> None:
         f"in {len(cfg['tensors'])} fp32/bf16 tensors, {cfg['ranks']} ranks (gloo), "
         f"dir {cfg['directory']}{' (kept)' if cfg['kept'] else ''}"
     )
+    rounds = cfg.get("rounds", 1)
     console.print(
-        f"page cache dropped before each phase with [bold]{cfg['cache_drop']}[/bold]; "
+        "before every repeat: dirty pages written back and waited for, "
+        + (f"a {fmt_bytes(cfg['ballast_bytes'])} ballast read, " if cfg.get("ballast_bytes") else "")
+        + f"page cache dropped with [bold]{cfg['cache_drop']}[/bold]; "
         f"peak memory = peak RSS − RSS at phase start, per rank via {cfg['memory_method']}; "
         f"time = barrier to barrier, max over ranks, median of {cfg['repeat']} repeats"
         + (
-            f" × {cfg['rounds']} rounds (goals: median over rounds of each round's ratio)"
-            if cfg.get("rounds", 1) > 1
+            f" × {rounds} rounds, systems in reverse order in every other round "
+            "(goals: median over rounds of each round's ratio, and its range)"
+            if rounds > 1
             else ""
         )
         + "; GB = 1e9 B"
     )
+    if rounds % 2:
+        console.print(
+            f"[yellow]{rounds} round{'s' if rounds > 1 else ''}: the order of phases favours one side; "
+            "use an even --rounds[/yellow]"
+        )
+    flushed = [c for p in ph.values() for c in p.get("cold_start_per_repeat", []) if c]
+    if any(not c["flushed"] for c in flushed):
+        worst = max(c["dirty_after"] or 0 for c in flushed)
+        console.print(
+            f"[yellow]dirty pages stayed above the threshold before some repeats (up to {fmt_bytes(worst)}): "
+            "another process was writing[/yellow]"
+        )
     t = Table(title="checkpoint throughput")
     t.add_column("phase")
     t.add_column("seconds", justify="right")
     t.add_column("GB/s", justify="right")
-    t.add_column("best GB/s", justify="right")
+    t.add_column("range GB/s", justify="right")
     t.add_column("peak mem Δ (max rank)", justify="right")
     t.add_column("ours/raw", justify="right")
     t.add_column("ours/DCP", justify="right")
@@ -745,7 +931,7 @@ def render(res: dict, console: Any) -> None:
             p["label"],
             f"{p['seconds']:.3f}",
             f"{p['gbps']:.3f}",
-            f"{p['gbps_best']:.3f}",
+            f"{p['gbps_worst']:.2f}–{p['gbps_best']:.2f}",
             fmt_bytes(p["peak_rss_delta_bytes"]),
             vs_raw,
             vs_dcp,
@@ -763,12 +949,14 @@ def render(res: dict, console: Any) -> None:
     g.add_column("measured", justify="right")
     g.add_column("target", justify="right")
     g.add_column("result", justify="center")
-    multi = cfg.get("rounds", 1) > 1
+    multi = rounds > 1
     if multi:
+        g.add_column("range over rounds", justify="right")
         g.add_column("per round", justify="right")
     for x in res["goals"]:
         verdict = "[green]PASS[/green]" if x["pass"] else "[red]MISS[/red]"
-        extra = [" ".join(f"{v:.2f}" for v in x["per_round"])] if multi else []
+        lo, hi = x["spread"]
+        extra = [f"{lo:.2f}–{hi:.2f}", " ".join(f"{v:.2f}" for v in x["per_round"])] if multi else []
         g.add_row(x["goal"], f"{x['ratio']:.2f}×", f"≥ {x['target']}×", verdict, *extra)
     console.print(g)
     if not res["all_verified"]:

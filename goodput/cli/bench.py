@@ -52,7 +52,10 @@ def ckpt(
     directory: str = typer.Option("", "--dir", help="Where to write (a temporary directory under it; default /tmp)."),
     repeat: int = typer.Option(3, "--repeat", help="Timed repeats of each phase (the median counts)."),
     rounds: int = typer.Option(
-        1, "--rounds", help="Run all phases this many times in turn; goals use the median of per-round ratios."
+        2,
+        "--rounds",
+        help="Run all phases this many times, the systems in reverse order every other round (use an even "
+        "number); goals use the median of per-round ratios and show their range.",
     ),
     ntensors: int = typer.Option(8, "--tensors", help="Tensors in the state (fp32 and bf16 alternating)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with every number."),

@@ -33,6 +33,12 @@
     if (x === null || x === undefined || !isFinite(x)) return "–";
     return Number(x).toLocaleString(undefined, { maximumFractionDigits: d === undefined ? 1 : d });
   }
+  function gpuh(gpuS) {  // GPU-seconds shown as GPU-hours, small losses with 3 significant digits, never rounded to 0
+    if (gpuS === null || gpuS === undefined || !isFinite(gpuS)) return "–";
+    var h = gpuS / 3600;
+    if (h === 0) return "0";
+    return Math.abs(h) >= 1 ? num(h, 2) : String(Number(h.toPrecision(3)));
+  }
   function dur(s) {
     if (s === null || s === undefined || !isFinite(s)) return "–";
     var neg = s < 0; s = Math.abs(s);
@@ -364,7 +370,7 @@
             el("span", null, j.state + (j.substate && j.substate !== j.state ? " (" + j.substate + ")" : ""), j.victim_of ? " for " + j.victim_of : ""),
             j.pool, j.gpus,
             el("span", null, age, j.overdue ? el("span", { cls: "badge bad", text: "overdue" }) : null),
-            j.interval_s ? dur(j.interval_s) : "none", j.tier || "–", num(j.at_risk_gpu_s / 3600, 3), dur(j.to_limit_s)]
+            j.interval_s ? dur(j.interval_s) : "none", j.tier || "–", gpuh(j.at_risk_gpu_s), dur(j.to_limit_s)]
         };
       }), [false, false, false, false, true, false, true, false, true, true])));
     if (rr.others) body.appendChild(el("p", { cls: "note", text: rr.others + " more running job(s) of other tenants." }));
@@ -381,14 +387,14 @@
         if (x.candidates && x.candidates.length) {
           var list = el("ol");
           x.candidates.forEach(function (c) {
-            list.appendChild(el("li", null, c.job ? jobLink(c.job) : "(another tenant)", ": " + num((c.lost_gpu_s || 0) / 3600, 3) + " GPU-h" + (c.checkpoint ? ", would checkpoint" : "") + (c.chosen ? " — chosen" : "")));
+            list.appendChild(el("li", null, c.job ? jobLink(c.job) : "(another tenant)", ": " + gpuh(c.lost_gpu_s || 0) + " GPU-h" + (c.checkpoint ? ", would checkpoint" : "") + (c.chosen ? " — chosen" : "")));
           });
           cands = el("details", { "data-key": "cand-" + x.t + "-" + (x.job || "") }, el("summary", { text: x.candidates.length + " considered" }), list);
         }
         return { cells: [when(x.t), jobLink(x.job), el("span", { cls: "badge", text: x.reason }),
           x.preemptor ? (x.preemptor.charAt(0) === "(" ? x.preemptor : jobLink(x.preemptor)) : (x.victim_of || "–"),
-          x.gpus, x.checkpoint ? "yes" : "no", num(x.expected_loss_gpu_s / 3600, 3),
-          x.realized_loss_gpu_s === null || x.realized_loss_gpu_s === undefined ? "(leaving)" : num(x.realized_loss_gpu_s / 3600, 3), cands || "–"] };
+          x.gpus, x.checkpoint ? "yes" : "no", gpuh(x.expected_loss_gpu_s),
+          x.realized_loss_gpu_s === null || x.realized_loss_gpu_s === undefined ? "(leaving)" : gpuh(x.realized_loss_gpu_s), cands || "–"] };
       }), [false, false, false, false, true, false, true, true, false])));
   }
 
@@ -512,7 +518,7 @@
       j.runs.map(function (r) {
         var a = r.account_gpu_s || {};
         return { cells: [r.epoch, r.pool, r.nodes.join(", "), when(r.start), dur(r.resume_from_s), r.commits, when(r.last_commit_t), when(r.preempt_t), when(r.exit_t), r.status,
-          num((a.useful || 0) / 3600, 4), num(((a.lost_preemption || 0) + (a.lost_failure || 0)) / 3600, 4)] };
+          gpuh(a.useful || 0), gpuh((a.lost_preemption || 0) + (a.lost_failure || 0))] };
       }), [true, false, false, false, true, true, false, false, false, false, true, true]));
     app.appendChild(runs);
     var ck = panel("job-checkpoints", "Checkpoints");

@@ -407,6 +407,10 @@ def token_add(
     from goodput.sched.store import StoreError, open_store
 
     until = time.time() + _duration(expires) if expires else None
+    from goodput.sched.service import NAME
+
+    if not NAME.match(tenant):
+        _fail(f"tenant {tenant!r}: letters, digits, '-' and '_' only (at most 48)")
     try:
         if user:
             resolve(user)  # a user this machine knows, now

@@ -17,6 +17,7 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -85,6 +86,7 @@ class UserMap:
         self.configured = configured
         self.allow_root = allow_root
         self.euid = os.geteuid() if euid is None else euid
+        self._seen: dict[str, tuple[float, RunAs]] = {}  # user -> (when resolved, ids): one passwd read a second
 
     @property
     def switches_users(self) -> bool:
@@ -103,7 +105,15 @@ class UserMap:
                 f"`goodput sched token add {tenant} --user USER`; this service runs as root and runs no job as "
                 "root unless started with --allow-root-jobs"
             )
-        ra = resolve(user)
+        hit = self._seen.get(user)
+        now = time.monotonic()
+        if hit is not None and now - hit[0] < 1.0:
+            ra = hit[1]
+        else:
+            ra = resolve(user)
+            if len(self._seen) > 10_000:
+                self._seen.clear()
+            self._seen[user] = (now, ra)
         if ra.uid == 0 and not self.allow_root:
             raise RunAsError(
                 f"tenant {tenant!r} maps to {user!r}, which is root: this service runs no job as root unless "

@@ -298,6 +298,7 @@ class Service:
         self.rate_per_s, self.rate_burst = rate_per_s, max(1.0, rate_burst)
         self.streams_per_tenant, self.streams_total = streams_per_tenant, streams_total
         self._streams: dict[str, int] = {}
+        self._prefixes: set[str] = set()  # tenants whose default checkpoint prefix exists
         self._buckets: dict[str, _Bucket] = {}
         self._tokens: dict[str, tuple[str, str, str, float | None]] = {}
         self._tokens_at = 0.0
@@ -462,6 +463,9 @@ class Service:
                                 after()
                         except StoreUnavailable as e:
                             self._rebuild(f"a scheduling pass: {e}")
+                        except Exception:
+                            log.exception("scheduling pass failed")
+                            self._rebuild("an unexpected error in a scheduling pass")
                         nxt = self.sched.next_timer() if not self.degraded else math.inf
                         ran = self.sched.passes != passes
                     t2 = time.perf_counter()
@@ -506,6 +510,12 @@ class Service:
             except StoreUnavailable as e:
                 self._rebuild(str(e))
                 raise _unavailable(f"the store refused the change, nothing was changed: {e}") from None
+            except (HTTPException, SchedulerError, SubmissionRejected):
+                raise  # refusals: decided before anything changed
+            except Exception:
+                # a bug may have left memory half-changed: back to the store before anyone else looks
+                self._rebuild("an unexpected error in a request")
+                raise
 
     # -- executor callbacks (watcher thread) -----------------------------------------------------------
 
@@ -668,15 +678,19 @@ class Service:
     def ensure_default_prefix(self, tenant: str, who: RunAs | None) -> None:
         """``STATE/ckpt/<tenant>`` exists, 0700, owned by the tenant's user (made by the service in a
         directory only it can write, so no link is followed). An operator's prefix is the operator's."""
+        if tenant in self._prefixes:
+            return
         prefix = Path(self.ckpt_prefix(tenant))
         if prefix.parent != self.state_dir / "ckpt":
             return
         try:
             os.mkdir(prefix, 0o700)
         except FileExistsError:
+            self._prefixes.add(tenant)
             return
         if who is not None:
             os.chown(prefix, who.uid, who.gid, follow_symlinks=False)
+        self._prefixes.add(tenant)
 
     def latest_on_disk(self, tenant: str, root: str) -> str | None:
         """The newest committed checkpoint under ``root``, only while ``root`` really is inside the

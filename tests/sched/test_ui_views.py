@@ -30,7 +30,7 @@ NEW = [  # the fields added since, and records this reader does not know
     {"t": 0, "event": "submitted", "job": "x", "tenant": "a", "priority": 0, "nodes": 1, "gpus_per_node": 2, "submit_s": 0,
      "limit_s": 500},
     {"t": 0, "event": "started", "job": "x", "epoch": 1, "pool": "od", "nodes": ["od-00000"], "gpus_per_node": 2, "resume_from_s": 0},
-    {"t": 5, "event": "reserved", "job": "y", "reserved_t": 500, "nodes": ["od-00000"]},
+    {"t": 5, "event": "reserved", "job": "y", "reserved_t": 500, "pool": "od", "nodes": ["od-00000"]},
     {"t": 10, "event": "preempt_requested", "job": "x", "epoch": 1, "victim_of": "drain", "reason": "drain", "preemptor": None,
      "lost_s": 10, "deadline_s": 40, "checkpoint": False},
     {"t": 12, "event": "exited", "job": "x", "epoch": 1, "status": "failed"},
@@ -74,7 +74,7 @@ def test_new_records_are_read_and_unknown_ones_skipped():
     # a record of a shape it does not know is skipped, counted out, and does not stop the replay
     assert tl.count == len(NEW) - 1
     report = static_report(tl)
-    assert report["queue"]["reservation"]["t"] == 500
+    assert report["queue"]["reservation"]["t"] == 500 and report["queue"]["reservation"]["pool"] == "od"
     assert report["job_pages"]["x"]["failed_reason"] == "too many failures"
 
 

@@ -21,7 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-PRIORITY_VICTIM_OF = frozenset({"reclaim", "node_loss", "cancel", "drain"})
+# victim_of words that name what asked, not a job (docs/SCHED.md; older records carry only victim_of)
+PRIORITY_VICTIM_OF = frozenset({"reclaim", "node_loss", "cancel", "drain", "time_limit"})
 
 
 @dataclass(slots=True)
@@ -195,6 +196,7 @@ class Timeline:
                 "job": jid,
                 "t": _num(rec.get("reserved_t"), math.inf),
                 "nodes": [str(n) for n in rec.get("nodes") or []],
+                "pool": str(rec.get("pool", "")) or None,
                 "at": t,
             }
             return

@@ -502,7 +502,7 @@ def static_report(
     running.sort(key=lambda r: -r["at_risk_gpu_s"])
     reservation = None
     if res is not None:
-        reservation = {"job": res["job"], "pool": None, "t": _f(res["t"]), "in_s": _f(res["t"] - end)}
+        reservation = {"job": res["job"], "pool": res.get("pool"), "t": _f(res["t"]), "in_s": _f(res["t"] - end)}
     # job pages: preempted jobs, running ones, then the most recent others, at most STATIC_JOB_PAGES
     chosen: dict[str, None] = {}
     for p in reversed(tl.preemptions):

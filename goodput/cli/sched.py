@@ -79,6 +79,9 @@ def sim(
     except ValueError as e:
         _fail(str(e))
     notes: list[str] = []
+    given = [f for f, v in (("--workload", workload), ("--alibaba", alibaba), ("--philly", philly)) if v]
+    if len(given) > 1:
+        _fail(f"give one workload, not {' and '.join(given)}")
     try:
         if philly:
             job_list, cl, replay = W.read_philly(philly, gpus=gpus, start=philly_from, days=philly_days, seed=seed)

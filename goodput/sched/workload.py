@@ -980,6 +980,10 @@ def read_philly(
         rows.append(((ts - t0).total_seconds(), line, tenant, dur, g))
     rows.sort()
     n_jobs = len(rows)
+    if not n_jobs:
+        raise WorkloadError(
+            f"{path}: no job submitted in {days:g} days from {start} (the trace spans 2017-09-04 to 2017-12-22)"
+        )
     rng = np.random.default_rng(seed)
     submit = np.array([r[0] for r in rows], dtype=float)
     duration = np.array([r[3] for r in rows], dtype=float)

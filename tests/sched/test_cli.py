@@ -120,6 +120,12 @@ def test_jobs_no_pool_holds_are_an_error_listing_their_ids(tmp_path):
     assert any("2 jobs fit no pool" in n for n in out["notes"])
 
 
+def test_one_workload_at_a_time(tmp_path):
+    w, _ = _files(tmp_path)
+    res = runner.invoke(app, ["sched", "sim", "--workload", str(w), "--philly", str(tmp_path)])
+    assert res.exit_code == 2 and "give one workload, not --workload and --philly" in " ".join(res.output.split())
+
+
 def test_ids_with_spaces_are_refused(tmp_path):
     w, c = _files(tmp_path)
     w.write_text(CSV.replace("small,b,1900", " small ,b,1900"))

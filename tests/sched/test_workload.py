@@ -578,6 +578,8 @@ def test_read_philly_options(tmp_path):
         W.read_philly(tmp_path, gpus=8)
     with pytest.raises(W.WorkloadError, match="no such file"):
         W.read_philly(tmp_path / "nowhere")
+    with pytest.raises(W.WorkloadError, match="no job submitted in 2 days from 2018-01-01"):
+        W.read_philly(tmp_path, start="2018-01-01", days=2)
 
 
 @need(PHILLY)

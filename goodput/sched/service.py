@@ -578,6 +578,7 @@ class Service:
             h = digest(tok)
             ent = self._tokens.get(h)
             if ent is None or time.monotonic() - self._tokens_at > TOKEN_STALE_S:
+                self._rate("unknown tokens", rate=50.0)  # lookups of tokens not cached: the store's, bounded
                 try:  # a token added since the last refresh, or a cache too old to trust
                     ent = await anyio.to_thread.run_sync(self._lookup, h, limiter=self._auth_limiter)
                 except StoreError as e:
@@ -606,23 +607,25 @@ class Service:
             raise unknown
         return Caller(job.tenant, "job", job_id, epoch, f"job:{job_id}")
 
-    def _rate(self, key: str) -> None:
-        """At most ``rate_per_s`` requests a second per token, in bursts of ``rate_burst``: 429 beyond."""
-        if self.rate_per_s <= 0:
+    def _rate(self, key: str, rate: float | None = None) -> None:
+        """At most ``rate_per_s`` requests a second per token (``rate`` for ``key``), in bursts of twice
+        as many: 429 beyond. On the event loop's thread only."""
+        per_s = self.rate_per_s if rate is None else rate
+        if per_s <= 0:
             return
+        burst = self.rate_burst if rate is None else 2 * rate
         now = time.monotonic()
         b = self._buckets.get(key)
         if b is None:
             if len(self._buckets) > 100_000:
                 self._buckets.clear()
-            b = self._buckets[key] = _Bucket(self.rate_burst, now)
-        b.level = min(self.rate_burst, b.level + (now - b.t) * self.rate_per_s)
+            b = self._buckets[key] = _Bucket(burst, now)
+        b.level = min(burst, b.level + (now - b.t) * per_s)
         b.t = now
         if b.level < 1.0:
-            wait = max(1, math.ceil((1.0 - b.level) / self.rate_per_s))
-            raise HTTPException(
-                429, f"more than {self.rate_per_s:g} requests a second with this token", {"Retry-After": str(wait)}
-            )
+            wait = max(1, math.ceil((1.0 - b.level) / per_s))
+            what = "with this token" if rate is None else f"for {key}"
+            raise HTTPException(429, f"more than {per_s:g} requests a second {what}", {"Retry-After": str(wait)})
         b.level -= 1.0
 
     def caller(self, authorization: str | None) -> Caller:
@@ -704,9 +707,12 @@ class Service:
             if real != prefix and not real.startswith(prefix.rstrip("/") + "/"):
                 return None
             on_disk = latest(real)
+            # again after reading: a root swapped for a link while it was read shows nothing either
+            if on_disk is None or not os.path.realpath(on_disk).startswith(prefix.rstrip("/") + "/"):
+                return None
         except Exception:  # noqa: BLE001 - a damaged root must not break the detail view
             return None
-        return str(on_disk) if on_disk is not None else None
+        return str(on_disk)
 
     # -- event streams -----------------------------------------------------------------------------------
 

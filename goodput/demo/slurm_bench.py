@@ -144,15 +144,18 @@ def run_slurm_native(cluster, base: Path, py: str, pp: str, interval: int, no_no
         sbatch(n, "low", 1)
     _wait(lambda: all(_committed(roots[n], interval) for n in "abcd"), 300, "low jobs committed")
     t0 = time.time()
-    sbatch("h", "high", 2)
+    hid = sbatch("h", "high", 2)
     _wait(lambda: (roots["h"] / "starts.log").exists(), 300, "high running")
     t_high = json.loads((roots["h"] / "starts.log").read_text().splitlines()[0])["t"]
+    q = json.loads(cluster.run(["squeue", "--json"]))
+    slurm_start = next((j.get("start_time") for j in q["jobs"] if j["job_id"] == hid), None)
     time.sleep(2.0)
     lost = _victims(roots, t_high)
     latency = t_high - t0
     cluster.run(["scancel", "--partition=low"], check=False)
     cluster.run(["scancel", "--partition=high"], check=False)
-    return {"latency_s": round(latency, 2), "victims": lost}
+    steps = {"slurm_started": round(slurm_start - t0, 2) if slurm_start else None, "training": round(latency, 2)}
+    return {"latency_s": round(latency, 2), "victims": lost, "steps_s": steps}
 
 
 def run_goodput(cluster, base: Path, py: str, pp: str, interval: int, grace: float) -> dict:  # noqa: ANN001
@@ -189,9 +192,24 @@ def run_goodput(cluster, base: Path, py: str, pp: str, interval: int, grace: flo
         time.sleep(2.0)
         lost = _victims(roots, t_high)
         latency = t_high - t0
+        from goodput.demo.slurm import events_of
+
+        ev = events_of(svc.url, admin)
+        h = next(j["id"] for j in get(svc.url + "/jobs", admin)["jobs"] if j["name"] == "h")
+
+        def at(kind: str, pick=lambda r: True) -> float | None:  # noqa: ANN001
+            ts = [r["t"] for r in ev if r["event"] == kind and pick(r)]
+            return round(max(ts) - t0, 2) if ts else None
+
+        steps = {  # where the time went: seconds after the high job's submission
+            "preempt_requested": at("preempt_requested"),
+            "victims_exited": at("exited"),
+            "started": at("started", lambda r: r["job"] == h),
+            "training": round(latency, 2),
+        }
         for j in get(svc.url + "/jobs", admin)["jobs"]:
             post_json(f"{svc.url}/jobs/{j['id']}/cancel", {}, admin)
-        return {"latency_s": round(latency, 2), "victims": lost}
+        return {"latency_s": round(latency, 2), "victims": lost, "steps_s": steps}
     finally:
         svc.stop()
 

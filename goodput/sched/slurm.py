@@ -78,8 +78,9 @@ COMMENT = re.compile(r"^goodput:([0-9a-f]{12}):([A-Za-z0-9._-]{1,128}):([0-9]{1,
 META_KEY = "."  # the row of the slurm_runs table that holds this service's instance id
 
 
-class SlurmError(RuntimeError):
-    """A Slurm command failed or answered what cannot be read; the message names the command."""
+class SlurmError(OSError):
+    """A Slurm command failed or answered what cannot be read; the message names the command. An
+    OSError: like a store or a network that cannot be reached, it is the infrastructure's, not a job's."""
 
 
 # ---------------------------------------------------------------------- the commands
@@ -366,7 +367,6 @@ class SlurmExecutor:
         self.view = View()
         self.failures: list[str] = []  # Slurm commands that failed (kept short): what /healthz may show
         self._unreleased: list[str] = []
-        self._adopting = False
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -381,10 +381,13 @@ class SlurmExecutor:
                 self._cancel(old)
             try:
                 run = self._submit(job, nodes, resume_from_s)
-            except Exception as e:  # noqa: BLE001 - the pass must go on; the failure is the job's
+            except Exception as e:  # noqa: BLE001 - the pass must go on
+                # Slurm unreachable or refusing is the infrastructure's (lost: requeued, no failure
+                # counted); a job that cannot run (its user, its command) fails, saying why
                 log.error("job %s epoch %d: cannot submit to Slurm: %s", job.id, job.epoch, e)
                 self._note(f"sbatch for {job.id}: {e}")
-                run = SlurmRun(job.id, job.epoch, -1, list(nodes), "", "", released=True)
+                infra = isinstance(e, SlurmError)
+                run = SlurmRun(job.id, job.epoch, -1, list(nodes), "", "", released=True, stuck=infra)
             self.runs[job.id] = run
             if run.slurm_id >= 0:
                 self._unreleased.append(job.id)
@@ -433,7 +436,6 @@ class SlurmExecutor:
         """
         out: dict[str, str] = {}
         with self._lock:
-            self._adopting = True
             for run in self.table.load():
                 job = jobs.get(run.job)
                 live = job is not None and job.epoch == run.epoch and job.state.value in ("running", "preempting")
@@ -489,7 +491,7 @@ class SlurmExecutor:
             self.view = view
             for run in list(self.runs.values()):
                 if run.slurm_id < 0:
-                    done.append((run, "failed"))
+                    done.append((run, "lost" if run.stuck else "failed"))
                     continue
                 j = view.jobs.get(run.slurm_id)
                 if j is None:

@@ -175,3 +175,75 @@ def test_a_slurmd_killed_under_a_job_is_an_infrastructure_loss(slurm, tenant_use
         assert ok, worst
     finally:
         svc.stop()
+
+
+def test_a_restart_cancels_unrecorded_and_uncounted_runs_and_releases_a_counted_held_one(slurm, tmp_path):  # noqa: F811
+    """The executor's own crash safety, without the service: what a service killed between sbatch,
+    the store's record, the core's commit and the release leaves behind is settled by the next one."""
+    from goodput.sched.model import Job, JobState
+    from goodput.sched.slurm import Slurm, SlurmExecutor, discover
+    from goodput.sched.store import open_store
+
+    state = Path(slurm.root) / "goodput-state"
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+    sl = Slurm(conf=str(slurm.conf))
+    pools, nodes, seen = discover(sl, slurm.partition)
+    assert [n.name for n in nodes] == ["n1", "n2", "n3", "n4"] and all(n.gpus == 2 for n in nodes)
+    assert pools[0].name == "goodput" and pools[0].nodes == 4
+
+    def executor() -> SlurmExecutor:
+        ex = SlurmExecutor(state, store=store, partition=slurm.partition, slurm=sl, poll_s=0.2)
+        ex.nodes.update(seen)
+        return ex
+
+    def job(name: str, epoch: int, st: JobState) -> Job:
+        j = Job(id=name, tenant="t", priority=0, nodes=1, gpus_per_node=1, submit_s=0.0, command=("sleep", "60"))
+        j.epoch, j.state = epoch, st
+        return j
+
+    first = executor()
+    counted, uncounted = job("counted.00000001", 1, JobState.RUNNING), job("gone.00000002", 1, JobState.RUNNING)
+    first.start(counted, ("n1",), 0.0)  # held, recorded, never released: the service died before after_pass
+    first.start(uncounted, ("n2",), 0.0)  # held, recorded, but its start never reached the store
+    # submitted with this service's comment, then killed before the record: no row names it
+    stray = int(
+        sl.run(
+            ["sbatch", "--parsable", "--hold", f"--partition={slurm.partition}", "--nodelist=n3", "-N1",
+             f"--comment=goodput:{first.instance}:stray.00000003:1", "--wrap", "sleep 60", "-o", "/dev/null"]
+        ).split(";")[0]
+    )  # fmt: skip
+    ids = {r.job: r.slurm_id for r in first.runs.values()}
+
+    def states() -> dict[int, str]:
+        q = json.loads(sl.run(["squeue", "--json"]))
+        return {j["job_id"]: j["job_state"] for j in q["jobs"]}
+
+    assert {states()[i] for i in [*ids.values(), stray]} == {"PENDING"}
+
+    second = executor()  # the restarted service: the store counts only `counted` as running, epoch 1
+    counted.state = JobState.RUNNING
+    adopted = second.adopt({"counted.00000001": counted, "gone.00000002": job("gone.00000002", 1, JobState.PENDING)})
+    assert adopted == {"counted.00000001": "released", "gone.00000002": "cancelled"}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        second.poll()
+        s = states()
+        if (
+            s[ids["counted.00000001"]] == "RUNNING"
+            and s[ids["gone.00000002"]] == "CANCELLED"
+            and s[stray] == "CANCELLED"
+        ):
+            break
+        time.sleep(0.5)
+    assert s[ids["counted.00000001"]] == "RUNNING", s
+    assert s[ids["gone.00000002"]] == "CANCELLED" and s[stray] == "CANCELLED", s
+    # the counted run is stopped by its kill, and its exit reads "killed" (ours), reported once
+    exits: list[tuple[str, int, str]] = []
+    second.on_exit = lambda j, e, st: exits.append((j, e, st))
+    second.kill(counted)
+    while time.monotonic() < deadline and not exits:
+        second.poll()
+        time.sleep(0.3)
+    assert exits == [("counted.00000001", 1, "killed")]
+    assert second.table.load() == []  # every row settled
+    store.close()

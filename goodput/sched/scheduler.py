@@ -345,12 +345,12 @@ class Scheduler:
         """May a priority or quota preemption take this running job? Not before it has run
         ``min_run_s`` in this run, and never once it was evicted ``max_preemptions`` times."""
         lim = self.gov.limits
-        return job.evictions < lim.max_preemptions and now - job.started_s >= lim.min_run_s
+        return job.evictions < lim.max_preemptions and now >= job.started_s + lim.min_run_s
 
     def _mature(self, job: Job) -> None:
         """A run reached ``min_run_s``: from now on a victim search may draw it."""
-        if job.id in self._order or not self._victim_ok(job, self.clock.now()):
-            return
+        if job.id in self._order or job.evictions >= self.gov.limits.max_preemptions:
+            return  # (its age is the timer's: started_s + min_run_s, whatever the float rounding)
         self._order_add(job)
         # a search that failed before may succeed now: count its nodes as releases for the memo
         self._unheld[job.pool] += len(job.placement)

@@ -262,5 +262,19 @@ def check_restored(s: Scheduler, events: list[dict[str, Any]]) -> None:
     # the timers: each leaving job's hard deadline and each backoff end is pending again
     due = [j.deadline_s for j in s.jobs.values() if j.state is JobState.PREEMPTING and j.substate != "killed"]
     due += [j.eligible_s for j in s.jobs.values() if j.state is JobState.PENDING and j.substate == "backoff"]
+    # and the governance's: time limits, runs reaching min_run_s, kills that never returned
+    lim, now = s.gov.limits, s.clock.now()
+    running = [j for j in s.jobs.values() if j.state is JobState.RUNNING]
+    due += [j.started_s + j.run_limit_s + lim.over_time_limit_s for j in running if j.limit_s > 0]
+    due += [
+        j.started_s + lim.min_run_s
+        for j in running
+        if now < j.started_s + lim.min_run_s and j.evictions < lim.max_preemptions
+    ]
+    due += [
+        j.killed_at + lim.unkillable_s
+        for j in s.jobs.values()
+        if j.state is JobState.PREEMPTING and j.substate == "killed" and j.killed_at >= 0
+    ]
     assert s.next_timer() == min(due, default=math.inf)
     assert s.terminal == sum(j.state.value in ("finished", "failed", "cancelled") for j in s.jobs.values())

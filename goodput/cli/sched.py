@@ -225,6 +225,8 @@ def check_cmd(
     nodes: int = typer.Option(0, "--nodes", help="A live service's local slots (as `serve --nodes`), no --cluster."),
     gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="With --nodes, as `serve --gpus-per-node`."),
     as_json: bool = typer.Option(False, "--json"),
+    partition: str = typer.Option("", "--partition", help="--executor slurm: this Slurm partition's nodes (sinfo)."),
+    slurm_conf: str = typer.Option("", "--slurm-conf", help="With --partition: slurm.conf (default: $SLURM_CONF)."),
 ) -> None:
     """Replay an event log with the independent checker and count invariant violations."""
     from goodput.sched import workload as W
@@ -240,6 +242,13 @@ def check_cmd(
         else:
             cl = W.synthetic_cluster()
         built = Capacity.build_nodes(cl.pools)
+        if partition:  # the nodes as Slurm names them (goodput.sched.slurm.discover, as serve does)
+            import dataclasses
+
+            from goodput.sched.slurm import Slurm, discover
+
+            slurm_pools, built, _ = discover(Slurm(conf=slurm_conf), partition)
+            cl = dataclasses.replace(cl, pools=slurm_pools)
         capacity = {n.name: n.gpus for n in built}
         node_pool = {n.name: n.pool for n in built}
         kinds = {p.name: p.kind.value for p in cl.pools}

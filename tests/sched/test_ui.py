@@ -370,13 +370,13 @@ def test_draining_busy_and_idle_gpus_and_a_node_under_notice_are_told_apart(serv
 
 
 def test_a_second_tenant_sees_neither_names_nor_logs_of_the_first(service, page_of):
-    svc = service(nodes=2).start()
+    svc = service(nodes=3).start()
     alice, bob = svc.token("alice"), svc.token("bob")
     secret = svc.submit(alice, "alice-secret-model", SLEEPER)
     svc.wait(secret, alice, lambda j: j["state"] == "running")
     mine = svc.submit(bob, "bob-run", SLEEPER)
     svc.wait(mine, bob, lambda j: j["state"] == "running")
-    queued = svc.submit(alice, "alice-queued-thing", SLEEPER, nodes=2)
+    queued = svc.submit(alice, "alice-queued-thing", SLEEPER, nodes=3)  # waits, with a reservation
     # the server cuts the JSON: neither alice's job ids (they carry the names) nor her tenant name
     code, ov = svc.call("GET", "/ui/api/overview", bob)
     raw = json.dumps(ov)
@@ -384,10 +384,16 @@ def test_a_second_tenant_sees_neither_names_nor_logs_of_the_first(service, page_
     for word in ("alice-secret-model", "alice-queued-thing", secret, queued, "alice"):
         assert word not in raw, word
     assert ov["queue"]["others"] == 1 and ov["running"]["others"] == 1  # type: ignore[index]
-    # ... while the cluster's shape is there: both nodes, each GPU busy, one of them anonymous
+    # ... while the cluster's shape is there: two GPUs busy, one of them anonymous, one idle
     segs = [s for n in ov["cluster"]["nodes"] for s in n["segments"]]  # type: ignore[index]
     assert sorted((s["job"] is None, s["gpus"]) for s in segs) == [(False, 1), (True, 1)]
     assert svc.call("GET", f"/ui/api/jobs/{secret}", bob)[0] == 404
+    # alice's gang is the head and holds a reservation: bob sees when, not whose
+    deadline = time.monotonic() + 20
+    while (res := svc.call("GET", "/ui/api/overview", bob)[1]["queue"]["reservation"]) is None:  # type: ignore[index]
+        assert time.monotonic() < deadline, "no reservation for the blocked gang"
+        time.sleep(0.2)
+    assert res["job"] is None and res["t"] > time.time() and res["in_s"] > 0
     page = page_of()
     _login(page, svc, bob)
     expect(page.locator("#running")).to_contain_text("bob-run")
@@ -403,6 +409,7 @@ def test_a_second_tenant_sees_neither_names_nor_logs_of_the_first(service, page_
     # alice herself sees her job's page with its log
     page2 = page_of()
     _login(page2, svc, alice)
+    expect(page2.locator("#reservation")).to_contain_text(queued, timeout=WAIT_MS)
     page2.goto(f"{svc.url}/ui#job/{secret}")
     expect(page2.locator("pre.log")).to_contain_text("hello from the job", timeout=WAIT_MS)
     assert "bob-run" not in page2.content()

@@ -347,7 +347,7 @@
     var r = q.reservation;
     body.appendChild(el("p", { cls: "note", id: "reservation" }, r
       ? ["Head's reservation: ", r.job ? jobLink(r.job) : "(another tenant's job)", " at " + when(r.t) + (r.in_s !== null && r.in_s !== undefined ? " (in " + dur(r.in_s) + ")" : "") + (r.pool ? " on pool " + r.pool : "")]
-      : "No reservation: the head of the queue is not blocked."));
+      : "No reservation in force."));
     if (!q.jobs.length) body.appendChild(el("p", { text: "No pending jobs" + (q.others ? " of yours." : ".") }));
     else body.appendChild(scroll("pending jobs", table("pending jobs", ["place", "job", "tenant", "priority", "shape", "wait", "why it waits"],
       q.jobs.map(function (j) {

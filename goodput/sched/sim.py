@@ -448,6 +448,8 @@ def _simulate(
     t0: float,
 ) -> SimResult:
     jobs = sorted((fresh(j) for j in jobs), key=lambda j: (j.submit_s, j.seq))  # stable: ties keep input order
+    for j in jobs:  # refused before the run, not minutes into it (SubmissionRejected names job and field)
+        cluster.governance.check(j)
     world = World(cluster, jobs)
     log = EventLog()
     sched = Scheduler(

@@ -472,3 +472,16 @@ def test_a_priority_preemption_is_made_only_when_cheaper_than_waiting() -> None:
         got = [r["job"] for r in recs(s, "preempt_requested") if r["reason"] == "priority"]
         assert got == (["low"] if preempted else []), (pol, wait_s)
         assert s.refused == (0 if preempted else 1)
+
+
+def test_a_simulation_refuses_a_job_outside_the_limits_before_it_runs() -> None:
+    from goodput.sched.governance import SubmissionRejected
+    from goodput.sched.workload import Cluster
+
+    gov = Governance(tenants={"a": TenantSpec("a", max_priority=3)})
+    cluster = Cluster(pools=[Pool("od", PoolKind.ON_DEMAND, 2, 8, 4.0)], governance=gov)
+    ok = job("ok", limit=10.0)
+    bad = job("bad", prio=4, limit=10.0, submit_s=1e6)
+    with pytest.raises(SubmissionRejected) as e:
+        simulate([ok, bad], cluster, POLICIES["goodput"])
+    assert e.value.field == "priority" and "'bad'" in str(e.value)

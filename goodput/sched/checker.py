@@ -166,6 +166,7 @@ class _Job:
         "resume",
         "run_pool",
         "last_exit",
+        "pools_seen",
     )
 
     def __init__(self, jid: str, nodes: int, gpn: int) -> None:
@@ -188,7 +189,7 @@ class _Job:
         self.limit_s = 0.0  # declared limit (0: not logged or none)
         self.grace_s = -1.0  # declared grace (-1: not logged)
         self.sub_pools: tuple[str, ...] | None = None  # pools the scheduler may use for it, when logged
-        self.ran_pools: set[str] = set()  # pools it started on: it may use them
+        self.ran_pools: tuple[str, ...] = ()  # pools it started on: it may use them
         self.gkey: tuple | None = None  # its key among the pending jobs the policy checks track
         self.claimant = False  # it preempted others and waits for them (its gang held back)
         self.claim_pool = ""
@@ -197,6 +198,7 @@ class _Job:
         self.resume = 0.0  # and its resume point
         self.run_pool = ""
         self.last_exit = ""
+        self.pools_seen: tuple[str, ...] | None = None  # allowed(): cached until its inputs change
 
 
 class _Auditor:
@@ -436,6 +438,8 @@ class _Auditor:
         """The pools ``j`` may use, as far as the log (and the cluster given) tells; None: unknown."""
         if j.sub_pools is not None:
             return j.sub_pools
+        if j.pools_seen is not None:
+            return j.pools_seen
         got = set(j.ran_pools)
         if self.kinds:  # every on-demand pool its shape fits is offered to every job
             for p, k in self.kinds.items():
@@ -443,7 +447,9 @@ class _Auditor:
                     got.add(p)
         elif not got and len(self.cnt) == 1:
             got.update(self.cnt)
-        return tuple(sorted(got)) if got else None
+            return tuple(got)  # not cached: a pool learned later may be another
+        j.pools_seen = tuple(sorted(got)) if got else None
+        return j.pools_seen
 
     def mark(self, t: float) -> None:
         """Something that can let a pending job start happened: a pass must follow within the window."""
@@ -468,7 +474,11 @@ class _Auditor:
         if key is None:
             return
         del self.groups[key][j.id]
-        self.prio_count[j.prio] -= 1
+        left = self.prio_count[j.prio] - 1
+        if left:
+            self.prio_count[j.prio] = left
+        else:
+            del self.prio_count[j.prio]  # so that max() over the keys is the highest waiting priority
         j.gkey = None
 
     def withdraw_claim(self, j: _Job, t: float) -> None:
@@ -617,6 +627,7 @@ class _Auditor:
         self.withdraw_claim(j, t)  # a resize withdraws a claim; its victims stay where they are
         self.clear_reservation(j.id, t)
         j.nodes, j.gpn = int(rec["nodes"]), int(rec["gpus_per_node"])
+        j.pools_seen = None
         if isinstance(rec.get("pools"), list):
             j.sub_pools = tuple(sorted(str(p) for p in rec["pools"]))
         self.track(j, t)
@@ -676,43 +687,53 @@ class _Auditor:
         self, j: _Job, rec: dict[str, Any], t: float, known: tuple[str, ...], gpn: int, resume: float
     ) -> None:
         """The policy checks of a start, on the state just before it binds its GPUs."""
-        self.untrack(j)
+        if j.gkey is not None:
+            self.untrack(j)
         pool = str(rec.get("pool", ""))
-        for n in known:
-            if n not in self.node_pool and pool:
-                self.learn(n, pool)
         if pool:
-            j.ran_pools.add(pool)
-        who = f"job {j.id}"
-        noticed = [n for n in known if n in self.notice]
-        if noticed:
-            self.flag("start_under_notice", t, who, f"started on {noticed}, whose reclaim or drain notice is out")
+            node_pool = self.node_pool
+            for n in known:
+                if n not in node_pool:
+                    self.learn(n, pool)
+            if pool not in j.ran_pools:
+                j.ran_pools += (pool,)
+                j.pools_seen = None
+        if self.notice:
+            noticed = [n for n in known if n in self.notice]
+            if noticed:
+                self.flag(
+                    "start_under_notice",
+                    t,
+                    f"job {j.id}",
+                    f"started on {noticed}, whose reclaim or drain notice is out",
+                )
         backfill = rec.get("backfill")
-        if j.limit_s > 0:
+        res = self.res
+        if j.limit_s > 0 and (backfill or res is not None):
             start = (j.id, frozenset(known), t + max(0.0, j.limit_s - resume), j.prio, t)
             if backfill:  # the pass's reservation is logged at the pass's end: checked against it then
                 self.backfilled.append(start)
             else:
-                self.check_backfill(start, self.res)
-        res = self.res
+                self.check_backfill(start, res)
         if res is not None and res[0] != j.id and j.prio > res[4]:
             self.res_excused = True  # a higher priority goes first: the head may wait longer
         if j.claimant:  # it starts on what it claimed: its own victims' nodes
             self.withdraw_claim(j, t)
         elif backfill:
             pass  # backfill's own rule (reservation_delayed) judges it: a long job was held off on purpose
-        elif self.prio_count and any(c > 0 and p > j.prio for p, c in self.prio_count.items()):
+        elif self.prio_count and max(self.prio_count) > j.prio:
             got = self.fitting(pool, j.prio)
             if got is not None:
                 hid, (_, hg, hn, hp) = got
                 self.flag(
                     "priority_inversion",
                     t,
-                    who,
+                    f"job {j.id}",
                     f"started at priority {j.prio} in pool {pool} while job {hid} ({hn} x {hg} GPUs, priority {hp}) "
                     "was pending and fitted there",
                 )
-        self.clear_reservation(j.id, t)
+        if res is not None and res[0] == j.id:
+            self.clear_reservation(j.id, t)
         j.start_t = t
         j.resume = resume
         j.run_pool = pool

@@ -169,3 +169,34 @@ def test_a_live_services_log_is_shown_on_the_wall_clock(tmp_path):
     assert data["clock"] == "wall" and data["preemptions"]["total"] == 1
     sim = write_report(OLD, tmp_path / "s.html").read_text()
     assert '"clock":"sim"' in sim
+
+
+def test_the_live_feed_reads_a_real_service_and_follows_a_rebuilt_scheduler(tmp_path):
+    import inspect
+
+    from goodput.sched.model import Checkpointing, Job
+    from goodput.sched.service import Service, local_pools
+    from goodput.sched.ui.routes import LiveFeed
+
+    kw = {"allow_root_jobs": True} if "allow_root_jobs" in inspect.signature(Service).parameters else {}
+    svc = Service(f"sqlite:///{tmp_path / 's.db'}", local_pools(2, 1), state_dir=tmp_path, url="http://x", **kw)
+    try:
+        feed = LiveFeed(svc)
+        with svc.lock:  # queued only: no pass runs, so nothing is started
+            now = svc.sched.clock.now()
+            svc.sched.submit(Job("big.0000000a", "alice", 0, 2, 1, now, limit_s=60.0, ckpt=Checkpointing()))
+        ov = feed.overview(Viewer("ops", True))
+        assert [j["id"] for j in ov["queue"]["jobs"]] == ["big.0000000a"] and ov["degraded"] is None
+        assert [n["name"] for n in ov["cluster"]["nodes"]] == ["local-00000", "local-00001"]
+        first = feed.timeline
+        assert first is not None and first.count == 1
+        if hasattr(svc, "_rebuild"):  # the service rebuilds its scheduler from the store after a failed write
+            with svc.lock:
+                svc._rebuild("a test")
+            ov = feed.overview(Viewer("ops", True))
+            assert feed.timeline is not first and feed.timeline.count == 1  # replayed from the new log, once
+            assert [j["id"] for j in ov["queue"]["jobs"]] == ["big.0000000a"]
+        assert feed.overview(Viewer("bob", False))["queue"] == {"jobs": [], "others": 1, "reservation": None}
+    finally:  # never started (no loop thread to stop): its executor and store are closed
+        svc.executor.close()
+        svc.store.close()

@@ -39,6 +39,7 @@ class LiveFeed:
         self.lock = threading.Lock()  # the timeline's own: never held while taking the service's lock
         self.timeline: Timeline | None = None
         self.cursor = 0
+        self._records: Any = None  # the scheduler's log list the cursor counts in
         self._shared: tuple[float, int, tuple[dict[str, Any], dict[str, Any]]] | None = None
 
     def snapshot(self) -> tuple[LiveState, list[dict[str, Any]]]:
@@ -98,7 +99,9 @@ class LiveFeed:
             tenants = {t.name: (float(t.weight), int(t.quota_gpus), int(t.usage_gpus)) for t in sched.tenants.values()}
             records = sched.log.records
             n = len(records)
-            if n < self.cursor:  # the log was replaced (a restore): start the replay again
+            if records is not self._records or n < self.cursor:
+                # another log (the service rebuilt its scheduler from the store): replay it from the start
+                self._records = records
                 self.cursor = 0
                 self.timeline = None
                 self._shared = None
@@ -127,7 +130,10 @@ class LiveFeed:
             if hit is None or hit[1] != tl.count or not 0 <= st.now - hit[0] < SHARED_FOR_S:
                 weights = {name: w for name, (w, _q, _u) in st.tenants.items()}
                 hit = self._shared = (st.now, tl.count, (tl.series(st.now), tl.ledger(st.now, weights)))
-            return live_overview(st, tl, viewer, hit[2])
+            out = live_overview(st, tl, viewer, hit[2])
+            # the service's store refused and memory could not be rebuilt: what is shown may be stale
+            out["degraded"] = str(getattr(self.svc, "degraded", "") or "") or None
+            return out
 
     def job(self, viewer: Viewer, job_id: str, extra: dict[str, Any]) -> dict[str, Any]:
         with self.lock:

@@ -236,6 +236,9 @@
       ? "static report of " + num(d.records, 0) + " events (at its last record, " + when(d.now) + ")"
       : (v.admin ? "admin: every tenant" : "tenant " + v.tenant + ": your jobs; the cluster's shape");
     if (d.title) { document.getElementById("title").textContent = d.title; document.title = d.title; }
+    var banner = document.getElementById("degraded");
+    if (d.degraded && !banner) { banner = el("p", { id: "degraded", cls: "error", role: "alert" }); app.insertBefore(banner, app.firstChild); }
+    if (banner) { banner.hidden = !d.degraded; banner.textContent = d.degraded ? "The service is degraded, what is shown may be stale: " + d.degraded : ""; }
     if (d.notes && d.notes.length && !document.getElementById("notes")) app.appendChild(el("p", { id: "notes", cls: "note", text: d.notes.join("; ") }));
     var sections = [
       ["summary", "Summary", drawSummary],

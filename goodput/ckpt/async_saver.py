@@ -204,6 +204,7 @@ class AsyncSaver:
             raise ValueError(f"if_busy must be 'wait' or 'skip', got {policy!r}")
         if policy == "wait":
             self.wait()
+            self.retire()
         busy = self.inflight is not None and not self.inflight.done()
         failed = self.pending_error is not None
         if self.world > 1:
@@ -332,7 +333,7 @@ class AsyncSaver:
         """Pop this thread's copy-first modes whose copy is done (each costs a Python call per
         torch call while pushed). The saver does it at its next call; the Checkpointer at every
         ``maybe_save``; a protected optimizer at its ``step()``."""
-        for m in list(self._modes):
+        for m in reversed(list(self._modes)):  # newest first: each is popped only from the top
             if m.retire():
                 self._modes.remove(m)
 

@@ -191,6 +191,13 @@ def test_lazy_checkpoints_of_a_training_loop_hold_their_step(tmp_path: Path, mod
         assert not same(t["optim"]["state"], final["optim"]["state"])
 
 
+def elsewhere(fn: object) -> None:
+    """Run ``fn`` to completion on another thread (no copy-first mode there)."""
+    t = threading.Thread(target=fn)  # type: ignore[arg-type]
+    t.start()
+    t.join()
+
+
 @pytest.mark.parametrize("device", ["cpu", CUDA])
 @pytest.mark.parametrize("mode", ["process", "thread"])
 def test_unprotected_change_before_the_copy_fails_the_save_naming_the_tensor(
@@ -200,7 +207,9 @@ def test_unprotected_change_before_the_copy_fails_the_save_naming_the_tensor(
     w = torch.randn(1 << 16, device=device)
     saver._lazy_gate = threading.Event()
     h = saver.save({"layer": {"w": w}, "b": torch.ones(3)}, tmp_path / "bad", step=1)
-    w.add_(1.0)  # the "optimizer" runs before the copy: the checkpoint would be of no step
+    # an "optimizer" on another thread runs before the copy (on the saving thread, copy-first
+    # would make it wait: test_lazy_torture.py): the checkpoint would be of no step
+    elsewhere(lambda: w.add_(1.0))
     saver._lazy_gate.set()
     saver._lazy_gate = None
     with pytest.raises(gc.SaveError, match=r"'layer\.w' was changed in place"):
@@ -338,11 +347,10 @@ def _lazy_change_on_one_rank(rank: int, world: int, root: str, bad: int) -> str:
     d = distribute_tensor(torch.ones(256, 256), mesh, [Shard(0)])
     saver._lazy_gate = threading.Event()
     h = saver.save({"w": w, "d": d}, root, step=1)
-    if rank == bad == 0:
-        w.add_(1.0)
-        w.sub_(1.0)  # the same values again, yet not the same tensor as at the request
+    if rank == bad == 0:  # on another thread: the saving thread's changes wait for the copy
+        elsewhere(lambda: (w.add_(1.0), w.sub_(1.0)))  # the same values again, yet not the same tensor
     elif rank == bad:
-        d.mul_(2.0)  # a DTensor's in-place change moves the DTensor's counter, not its local's
+        elsewhere(lambda: d.mul_(2.0))  # a DTensor's in-place change moves the DTensor's counter, not its local's
     saver._lazy_gate.set()
     saver._lazy_gate = None
     try:

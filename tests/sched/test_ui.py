@@ -231,6 +231,35 @@ def _shot(page, name: str) -> None:  # noqa: ANN001
     print(f"screenshot: {path}")
 
 
+# every visible text of the page against its effective background: WCAG's 4.5:1 for normal text
+CONTRAST = """() => {
+  const rgb = s => (s.match(/[\\d.]+/g) || []).map(Number);
+  const lum = c => { const a = c.slice(0, 3).map(v => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); });
+                     return 0.2126 * a[0] + 0.7152 * a[1] + 0.0722 * a[2]; };
+  const bg = el => { for (; el; el = el.parentElement) { const c = rgb(getComputedStyle(el).backgroundColor);
+                     if (c.length === 3 || (c.length === 4 && c[3] > 0.5)) return c; } return [255, 255, 255]; };
+  const bad = [];
+  for (const el of document.querySelectorAll("body *")) {
+    if (!el.getClientRects().length || ![...el.childNodes].some(n => n.nodeType === 3 && n.textContent.trim())) continue;
+    const a = lum(rgb(getComputedStyle(el).color)), b = lum(bg(el));
+    const r = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+    if (r < 4.5) bad.push(el.tagName + " '" + el.textContent.trim().slice(0, 30) + "' " + r.toFixed(2));
+  }
+  return bad;
+}"""
+
+
+def _accessible(page) -> None:  # noqa: ANN001
+    """Accessible basics: text contrast, a label for every control, a name for every chart."""
+    assert page.evaluate(CONTRAST) == []
+    unlabeled = page.evaluate(
+        "[...document.querySelectorAll('input, select, textarea')].filter(e => e.getClientRects().length"
+        " && !(e.labels && e.labels.length) && !e.getAttribute('aria-label')).map(e => e.id || e.name)"
+    )
+    assert unlabeled == []
+    assert page.evaluate("[...document.querySelectorAll('canvas')].every(c => c.getAttribute('aria-label'))")
+
+
 def _login(page, svc: Service, token: str) -> None:  # noqa: ANN001
     page.goto(svc.url + "/ui")
     page.get_by_label("Bearer token").fill(token)
@@ -257,6 +286,7 @@ def test_no_token_gets_only_the_login_form(service, page_of):
     expect(page.locator("#app")).to_be_hidden()
     assert page.evaluate("sessionStorage.getItem('goodput.token')") is None
     # the keyboard reaches the form: the token field, then the button
+    _accessible(page)
     page.get_by_label("Bearer token").focus()
     page.keyboard.press("Tab")
     assert page.evaluate("document.activeElement.textContent") == "Sign in"
@@ -289,6 +319,7 @@ def test_page_with_a_token_shows_the_cluster_and_a_job_moves_from_queue_to_runni
     expect(page.locator("#running tr", has_text="waiter")).to_be_visible(timeout=WAIT_MS)
     expect(page.locator("#queue tr", has_text="waiter")).to_have_count(0, timeout=WAIT_MS)
     assert page.evaluate("window.__same_document") is True, "the page reloaded"
+    _accessible(page)
     _shot(page, "overview")
     # the job's page: its state history and its own log tail
     page.locator("#running a", has_text="waiter").first.click()
@@ -482,6 +513,7 @@ def test_the_static_simulator_report_opens_with_the_same_charts(tmp_path, page_o
     _check_static(page, index, policies=True)
     page.goto(index.as_uri())
     expect(page.locator("#policies")).to_be_visible()
+    _accessible(page)
     _shot(page, "sim-report")
     # the same views from a bare event log: goodput sched report E.jsonl --html OUT
     out = tmp_path / "report.html"

@@ -236,6 +236,7 @@ class SlurmRun:
     notified: str = ""  # a notice asked while Slurm still had it pending: sent once it runs
     submitted: float = 0.0
     stuck: bool = False  # released, but Slurm would not start it where goodput placed it: cancelled, lost
+    released_at: float = 0.0
 
 
 class RunTable:
@@ -621,7 +622,7 @@ class SlurmExecutor:
             self._note(f"release {run.slurm_id}: {e}")
             self._unreleased.append(run.job)
             return
-        run.released = True
+        run.released, run.released_at = True, time.time()
         self.table.save(run)
 
     def _signal(self, run: SlurmRun, sig: str) -> bool:
@@ -691,7 +692,7 @@ class SlurmExecutor:
         drained or reserved in Slurm, a limit of the partition). Not while its nodes are still being
         cleaned up after the run before (``Resources``), nor within ``stuck_s`` of its release."""
         reason = str(j.get("state_reason") or "")
-        since = float(j.get("eligible_time") or 0) or run.submitted
+        since = max(float(j.get("eligible_time") or 0), run.released_at or run.submitted)
         return now - since > self.stuck_s and reason not in ("Resources", "Priority", "None", "BeginTime")
 
     def _current(self, job: Job) -> SlurmRun | None:

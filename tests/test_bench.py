@@ -114,31 +114,77 @@ def test_bench_raw_read_fills_one_buffer_without_copies(tmp_path) -> None:  # no
         raw_read_into(path, memoryview(np.zeros(n + 1, np.uint8)))
 
 
-def test_bench_cold_start_flushes_dirty_pages_before_dropping(tmp_path) -> None:  # noqa: ANN001
-    """A phase never inherits the previous one's dirty pages: pages written without fsync are
-    written back (and waited for) before the cache is dropped, and the ballast is read first."""
+def _resident_pages(path) -> int:  # noqa: ANN001
+    """Pages of ``path`` in the page cache (mincore(2) over a read-only mapping, which faults
+    nothing in)."""
+    import ctypes
+    import mmap
     import os
 
-    import pytest
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size = os.path.getsize(path)
+    pages = -(-size // mmap.PAGESIZE)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+        try:
+            vec = ctypes.create_string_buffer(pages)
+            assert libc.mincore(addr, size, vec) == 0, ctypes.get_errno()
+            return sum(b & 1 for b in vec.raw)
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
 
-    from goodput.bench.ckpt import cold_start, dirty_bytes, make_ballast
 
-    if dirty_bytes() is None:
-        pytest.skip("no /proc/meminfo: dirty pages cannot be counted here")
-    ballast = make_ballast(tmp_path, 8 << 20)
-    assert ballast.stat().st_size == 8 << 20
-    left = 160 << 20
-    fd = os.open(tmp_path / "dirty.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+def _write_dirty(path, nbytes: int) -> None:  # noqa: ANN001
+    import os
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         block = b"\x01" * (8 << 20)
-        for _ in range(left // len(block)):
+        for _ in range(nbytes // len(block)):
             os.write(fd, block)  # no fsync: these pages stay dirty until someone writes them back
     finally:
         os.close(fd)
+
+
+def test_bench_cold_start_flushes_dirty_pages_before_dropping(tmp_path) -> None:  # noqa: ANN001
+    """A phase never inherits the previous one's dirty pages. Dropping the cache alone leaves
+    them (``drop_caches`` frees clean pages only); the bench's cold start writes them back and
+    waits first, so after it none of the file is cached, and the ballast was read before the
+    drop. Checked on the file's own pages (mincore), not on machine-wide counters."""
+    import sys
+
+    import pytest
+
+    from goodput.bench.ckpt import cold_start, dirty_bytes, drop_caches, flush_writeback, make_ballast
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("mincore and /proc/meminfo are Linux's")
+    ballast = make_ballast(tmp_path, 8 << 20)
+    assert ballast.stat().st_size == 8 << 20
+    n = 64 << 20
+    pages = n // 4096
+    plain = tmp_path / "dropped-only.bin"
+    _write_dirty(plain, n)
+    if drop_caches(tmp_path) == "drop_caches":  # root: the drop the bench used before
+        left = _resident_pages(plain)
+        assert left > pages // 2, f"only {left} of {pages} dirty pages survived drop_caches"
+        flush_writeback()
+    flushed = tmp_path / "cold-started.bin"
+    _write_dirty(flushed, n)
+    assert _resident_pages(flushed) == pages
     rec = cold_start(tmp_path, ballast)
-    assert rec["dirty_before"] >= 128 << 20, rec  # ours, at least (others' add to them)
-    assert rec["dirty_after"] <= rec["dirty_before"] - (128 << 20), rec  # written back before the drop
+    assert _resident_pages(flushed) == 0, rec  # written back, then dropped
     assert rec["ballast_bytes"] == 8 << 20 and rec["drop"] in ("drop_caches", "fadvise")
+    if dirty_bytes() is not None:
+        assert rec["dirty_before"] is not None and rec["flushed"] is True, rec
 
 
 def test_bench_crc_small() -> None:

@@ -74,6 +74,7 @@ LIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED"
                   "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"})  # fmt: skip
 LOST_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL", "PREEMPTED"})
 DOWN_NODE_STATES = frozenset({"down", "fail", "failing"})
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 COMMENT = re.compile(r"^goodput:([0-9a-f]{12}):([A-Za-z0-9._-]{1,128}):([0-9]{1,9})$")
 META_KEY = "."  # the row of the slurm_runs table that holds this service's instance id
 
@@ -93,12 +94,13 @@ class Slurm:
     conf: str = ""  # SLURM_CONF; empty: Slurm's default
     timeout_s: float = 30.0
 
-    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+    def env(self) -> dict[str, str]:
+        """The commands' whole environment: the service's PATH and SLURM_CONF, nothing a tenant set
+        (sbatch runs as root and reads ``SBATCH_*``, ``SLURM_*`` and the loader's variables)."""
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         conf = self.conf or os.environ.get("SLURM_CONF", "")
         if conf:
             env["SLURM_CONF"] = conf
-        env.update(extra or {})
         return env
 
     def run(self, argv: list[str], *, env: dict[str, str] | None = None, stdin: str | None = None) -> str:
@@ -560,7 +562,6 @@ class SlurmExecutor:
         run_dir.mkdir(mode=0o700)
         os.chmod(run_dir, 0o700)
         argv = [self.python, "-m", "goodput.sched.slurm_launch", "batch", "--", *job.command]
-        script = "#!/bin/sh\nexec " + shlex.join(argv) + "\n"  # on sbatch's stdin: no file the job's user could swap
         token = run_dir / "token"
         token.write_text(self.token_for(job) if self.token_for is not None else "", encoding="ascii")
         log_file = run_dir / "log"
@@ -587,6 +588,16 @@ class SlurmExecutor:
         }
         spec_env = self.env_for(job) if self.env_for is not None else {}
         env = job_environment(dict(os.environ), spec_env, own, who)
+        # the job's environment is set by its batch script, never through root's sbatch process (whose
+        # own environment a tenant's SBATCH_*, SLURM_CONF, PATH or LD_PRELOAD must not reach); the
+        # script goes on sbatch's stdin: no file the job's user could swap before root reads it
+        lines = ["#!/bin/sh"]
+        for k, v in sorted(env.items()):
+            if not ENV_NAME.match(k) or "\0" in v:
+                raise ValueError(f"job {job.id!r}: environment variable {k!r} cannot be exported")
+            lines.append(f"export {k}={shlex.quote(v)}")
+        lines.append("exec " + shlex.join(argv))
+        script = "\n".join(lines) + "\n"
         grace = max(1, int(job.ckpt.grace_s))
         cmd = [
             "sbatch", "--parsable", "--hold", f"--partition={self.partition}",
@@ -601,7 +612,7 @@ class SlurmExecutor:
             cmd.append("--exclusive")
         if who is not None:
             cmd += [f"--uid={who.uid}", f"--gid={who.gid}"]
-        out = self.slurm.run(cmd, env=self.slurm.env(env), stdin=script).strip()
+        out = self.slurm.run(cmd, stdin=script).strip()
         m = re.match(r"^([0-9]+)", out)
         if m is None:
             raise SlurmError(f"sbatch answered {out!r}, not a job id")

@@ -10,6 +10,8 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -74,6 +76,13 @@ def test_a_gang_preempts_the_cheapest_victims_through_slurm(slurm, tenant_users,
         assert out.finals[v][0], f"{v}: final weights differ from an uninterrupted run's"
     uid = {t: __import__("pwd").getpwnam(u).pw_uid for t, u in tenant_users.items()}
     assert out.uids["a"] == {uid["alice"]} and out.uids["c"] == {uid["bob"]} and out.uids["h"] == {uid["bob"]}
+    # the operator's checker over the log, with the partition's nodes as Slurm names them
+    log = base / "events.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in ev))
+    argv = [sys.executable, "-m", "goodput.cli.main", "sched", "check", str(log), "--partition", slurm.partition]
+    argv += ["--slurm-conf", str(slurm.conf), "--cluster", str(base / "cluster.json"), "--json"]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and json.loads(p.stdout)["total"] == 0, p.stdout + p.stderr
 
 
 @pytest.mark.slow
@@ -246,4 +255,50 @@ def test_a_restart_cancels_unrecorded_and_uncounted_runs_and_releases_a_counted_
         time.sleep(0.3)
     assert exits == [("counted.00000001", 1, "killed")]
     assert second.table.load() == []  # every row settled
+    store.close()
+
+
+def test_a_tenant_env_reaches_the_job_never_root_sbatch(slurm, tmp_path):  # noqa: F811
+    """A spec's env naming sbatch's own inputs (SBATCH_PARTITION, SBATCH_TIMELIMIT, LD_PRELOAD) is the
+    job's environment only: root's sbatch neither reads it (the job lands in goodput's partition with
+    no time limit) nor loads a library it names; the job sees every variable."""
+    from goodput.sched.model import Job, JobState
+    from goodput.sched.slurm import Slurm, SlurmExecutor, discover
+    from goodput.sched.store import open_store
+
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+    sl = Slurm(conf=str(slurm.conf))
+    _pools, _nodes, seen = discover(sl, slurm.partition)
+    # (not SLURM_CONF: the job's own srun reads it too, and a job that breaks its own srun only fails)
+    bad = {"SBATCH_PARTITION": "low", "SBATCH_TIMELIMIT": "1", "LD_PRELOAD": "/nonexistent.so",
+           "ODD": "it's \"quoted\" $HOME `x`"}  # fmt: skip
+    out = Path(slurm.root) / "envout"
+    out.mkdir()
+    os.chmod(out, 0o777)
+    ex = SlurmExecutor(Path(slurm.root) / "gp", store=store, partition=slurm.partition, slurm=sl,
+                       env_for=lambda j: dict(bad))  # fmt: skip
+    ex.nodes.update(seen)
+    exits: list[str] = []
+    ex.on_exit = lambda j, e, st: exits.append(st)
+    cmd = ("/usr/bin/env", "-0")
+    job = Job(id="envjob.00000001", tenant="t", priority=0, nodes=1, gpus_per_node=1, submit_s=0.0, command=cmd)
+    job.epoch, job.state = 1, JobState.RUNNING
+    ex.start(job, ("n2",), 0.0)
+    run = ex.runs[job.id]
+    assert run.slurm_id > 0, ex.failures
+    q = json.loads(sl.run(["squeue", "--json"]))
+    mine = next(j for j in q["jobs"] if j["job_id"] == run.slurm_id)
+    assert mine["partition"] == slurm.partition and mine["time_limit"] != 1, mine
+    ex.after_pass()
+    deadline = time.monotonic() + 60
+    while not exits and time.monotonic() < deadline:
+        ex.poll()
+        time.sleep(0.3)
+    assert exits == ["finished"]
+    # NUL-separated (env -0); the loader's complaint about LD_PRELOAD may precede a variable on its line
+    pieces = [x.rsplit("\n", 1)[-1] for x in (Path(run.dir) / "log").read_text().split("\0")]
+    seen_env = dict(x.split("=", 1) for x in pieces if "=" in x)
+    for k, v in bad.items():
+        assert seen_env.get(k) == v, (k, seen_env.get(k))
+    assert seen_env["GOODPUT_JOB_ID"] == job.id and seen_env["SLURM_JOB_ID"] == str(run.slurm_id)
     store.close()

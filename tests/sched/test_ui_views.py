@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 from goodput.sched.ui.page import static_html, write_report
 from goodput.sched.ui.timeline import Timeline
@@ -171,12 +172,15 @@ def test_a_live_services_log_is_shown_on_the_wall_clock(tmp_path):
     assert '"clock":"sim"' in sim
 
 
-def test_the_live_feed_reads_a_real_service_and_follows_a_rebuilt_scheduler(tmp_path):
+def test_the_live_feed_reads_a_real_service_and_follows_a_rebuilt_scheduler(tmp_path, monkeypatch):
     import inspect
 
     from goodput.sched.model import Checkpointing, Job
     from goodput.sched.service import Service, local_pools
+    from goodput.sched.ui import routes
     from goodput.sched.ui.routes import LiveFeed
+
+    monkeypatch.setattr(routes, "SHARED_FOR_S", 0.0)  # every call copies afresh (viewers share it for 1 s)
 
     kw = {"allow_root_jobs": True} if "allow_root_jobs" in inspect.signature(Service).parameters else {}
     svc = Service(f"sqlite:///{tmp_path / 's.db'}", local_pools(2, 1), state_dir=tmp_path, url="http://x", **kw)
@@ -193,10 +197,13 @@ def test_the_live_feed_reads_a_real_service_and_follows_a_rebuilt_scheduler(tmp_
         if hasattr(svc, "_rebuild"):  # the service rebuilds its scheduler from the store after a failed write
             with svc.lock:
                 svc._rebuild("a test")
-            ov = feed.overview(Viewer("ops", True))
-            assert feed.timeline is not first and feed.timeline.count == 1  # replayed from the new log, once
+            deadline = time.monotonic() + 5  # a copy is shared a while (ten times what it held the lock)
+            while (ov := feed.overview(Viewer("ops", True))) and feed.timeline is first:
+                assert time.monotonic() < deadline, "the feed never read the rebuilt scheduler"
+                time.sleep(0.01)
+            assert feed.timeline is not None and feed.timeline.count == 1  # replayed from the new log, once
             assert [j["id"] for j in ov["queue"]["jobs"]] == ["big.0000000a"]
-        assert feed.overview(Viewer("bob", False))["queue"] == {"jobs": [], "others": 1, "reservation": None}
+        assert feed.overview(Viewer("bob", False))["queue"] == {"jobs": [], "others": 1, "more": 0, "reservation": None}
     finally:  # never started (no loop thread to stop): its executor and store are closed
         svc.executor.close()
         svc.store.close()

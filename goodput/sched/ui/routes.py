@@ -10,6 +10,7 @@ job's log file) happens outside it.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from ..model import JobState
 from . import page
 from .timeline import Timeline
-from .views import JobFacts, LiveState, NodeFacts, Viewer, job_page, live_overview
+from .views import QUEUE_SHOWN, JobFacts, LiveState, NodeFacts, Viewer, job_page, live_overview, queue_index
 
 LOG_TAIL_BYTES = 16_384
 SHARED_FOR_S = 1.0  # the series and the ledger are recomputed at most this often (every viewer polls)
@@ -31,18 +32,59 @@ _TYPES = {
 }
 
 
+def _facts(svc: Any, j: Any) -> JobFacts:
+    """What the overview shows of one job (the service's lock held)."""
+    fast = getattr(svc, "last_fast_commit", {}).get(j.id)
+    return JobFacts(
+        id=j.id,
+        name=j.name or j.id,
+        tenant=j.tenant,
+        state=j.state.value,
+        substate=j.substate,
+        priority=j.priority,
+        nodes=j.nodes,
+        gpus_per_node=j.gpus_per_node,
+        spot=j.spot,
+        submit_s=j.submit_s,
+        seq=j.seq,
+        eligible_s=j.eligible_s,
+        epoch=j.epoch,
+        pool=j.pool,
+        placement=tuple(j.placement),
+        started_s=j.started_s,
+        run_limit_s=j.run_limit_s,
+        committed_s=j.committed_s,
+        committed_at=j.committed_at,
+        interval_s=j.ckpt.interval_s,
+        write_s=j.ckpt.write_s,
+        deadline_s=j.deadline_s,
+        victim_of=j.victim_of,
+        claim=tuple(j.claim),
+        tier=_tier(svc.last_commit.get(j.id), fast, j.epoch),
+    )
+
+
 class LiveFeed:
-    """The service's event log, replayed incrementally: each request feeds the records appended since."""
+    """The service's state and event log as the dashboard reads them.
+
+    The service's lock is held only to copy: the nodes, the running jobs, the queue's order as
+    (key, id, tenant) tuples (not every pending job's facts: with 100,000 queued that copy alone held
+    the lock for over a second), the counts, and the log's new records; that copy is shared by every
+    viewer for ``SHARED_FOR_S``, or ten times as long as it held the lock when that was longer. The facts of the pending jobs a viewer is shown (at most ``QUEUE_SHOWN``)
+    are copied in a second short hold. Replay, sorting and views run outside it."""
 
     def __init__(self, svc: Any) -> None:
         self.svc = svc
-        self.lock = threading.Lock()  # the timeline's own: never held while taking the service's lock
+        # the feed's own lock: taken before the service's, never while holding it
+        self.lock = threading.Lock()
         self.timeline: Timeline | None = None
         self.cursor = 0
         self._records: Any = None  # the scheduler's log list the cursor counts in
+        self._base: tuple[float, LiveState, list[tuple[str, str]]] | None = None
+        self._keep_s = SHARED_FOR_S
         self._shared: tuple[float, int, tuple[dict[str, Any], dict[str, Any]]] | None = None
 
-    def snapshot(self) -> tuple[LiveState, list[dict[str, Any]]]:
+    def _copy(self) -> tuple[LiveState, list[tuple[Any, ...]], list[dict[str, Any]]]:
         svc = self.svc
         with svc.lock:
             sched = svc.sched
@@ -58,44 +100,23 @@ class LiveFeed:
                 )
                 for n in sched.cap.nodes.values()
             ]
-            jobs = []
-            for j in sched.jobs.values():
-                if j.state not in (JobState.PENDING, JobState.RUNNING, JobState.PREEMPTING):
-                    continue
-                fast = svc.last_fast_commit.get(j.id) if hasattr(svc, "last_fast_commit") else None
-                durable = svc.last_commit.get(j.id)
-                tier = _tier(durable, fast, j.epoch)
-                jobs.append(
-                    JobFacts(
-                        id=j.id,
-                        name=j.name or j.id,
-                        tenant=j.tenant,
-                        state=j.state.value,
-                        substate=j.substate,
-                        priority=j.priority,
-                        nodes=j.nodes,
-                        gpus_per_node=j.gpus_per_node,
-                        spot=j.spot,
-                        submit_s=j.submit_s,
-                        seq=j.seq,
-                        eligible_s=j.eligible_s,
-                        epoch=j.epoch,
-                        pool=j.pool,
-                        placement=tuple(j.placement),
-                        started_s=j.started_s,
-                        run_limit_s=j.run_limit_s,
-                        committed_s=j.committed_s,
-                        committed_at=j.committed_at,
-                        interval_s=j.ckpt.interval_s,
-                        write_s=j.ckpt.write_s,
-                        deadline_s=j.deadline_s,
-                        victim_of=j.victim_of,
-                        claim=tuple(j.claim),
-                        tier=tier,
-                    )
-                )
-            summary = sched.summary()
-            res = summary.get("reservation")
+            draining = sum(n.draining for n in sched.cap.nodes.values())
+            running: list[JobFacts] = []
+            keys: list[tuple[Any, ...]] = []
+            by_state: dict[JobState, int] = dict.fromkeys(JobState, 0)
+            pending, active = JobState.PENDING, (JobState.RUNNING, JobState.PREEMPTING)
+            for j in sched.jobs.values():  # one pass: the queue's order, the running jobs, the counts
+                state = j.state
+                by_state[state] += 1
+                if state is pending:
+                    keys.append((-j.priority, j.submit_s, j.seq, j.id, j.tenant))
+                elif state in active:
+                    running.append(_facts(svc, j))
+            r = sched.reservation
+            reservation = None
+            if r is not None:  # its tenant decides who may see whose it is (never sent to the page)
+                held = sched.jobs.get(r.job)
+                reservation = {"job": r.job, "pool": r.pool, "t": r.t, "tenant": held.tenant if held else ""}
             tenants = {t.name: (float(t.weight), int(t.quota_gpus), int(t.usage_gpus)) for t in sched.tenants.values()}
             records = sched.log.records
             n = len(records)
@@ -107,25 +128,64 @@ class LiveFeed:
                 self._shared = None
             new = list(records[self.cursor : n])
             self.cursor = n
-            counts = dict(summary.get("jobs", {}))
-            counts.update(
-                gpus=int(summary.get("gpus", 0)),
-                gpus_bound=int(summary.get("gpus_bound", 0)),
-                gpus_draining=int(summary.get("gpus_draining", 0)),
-                nodes_lost=int(summary.get("nodes_lost", 0)),
-            )
-        return LiveState(now=now, nodes=nodes, jobs=jobs, counts=counts, reservation=res, tenants=tenants), new
+        counts = {state.value: c for state, c in by_state.items()}
+        up = [n for n in nodes if n.health != "lost"]
+        counts.update(
+            gpus=sum(n.gpus for n in up),
+            gpus_bound=sum(sum(n.alloc.values()) for n in nodes),
+            gpus_draining=draining,
+            nodes_lost=len(nodes) - len(up),
+        )
+        st = LiveState(now=now, nodes=nodes, jobs=running, counts=counts, reservation=reservation, tenants=tenants)
+        return st, keys, new
+
+    def _state(self) -> tuple[LiveState, list[tuple[str, str]]]:
+        """The shared copy (at most ``SHARED_FOR_S`` old), the timeline fed up to it; the feed's lock held."""
+        base = self._base
+        if base is not None and 0 <= time.monotonic() - base[0] < self._keep_s and self.timeline is not None:
+            return base[1], base[2]
+        t0 = time.monotonic()
+        st, keys, new = self._copy()
+        # a copy that held the lock long (a very long queue) is kept longer: at most a tenth of the time
+        self._keep_s = max(SHARED_FOR_S, 10.0 * (time.monotonic() - t0))
+        keys.sort()
+        order = [(k[3], k[4]) for k in keys]
+        st.order, st.index = order, queue_index(order)
+        if self.timeline is None:
+            self.timeline = Timeline({n.name: n.gpus for n in st.nodes}, {n.pool: n.kind for n in st.nodes})
+        self.timeline.feed(new)
+        for n in st.nodes:
+            if n.health != "up":
+                n.notice_s = self.timeline.node_notice.get(n.name)
+        self._base = (time.monotonic(), st, order)
+        return st, order
 
     def overview(self, viewer: Viewer) -> dict[str, Any]:
         with self.lock:
-            st, new = self.snapshot()
-            if self.timeline is None:
-                self.timeline = Timeline({n.name: n.gpus for n in st.nodes}, {n.pool: n.kind for n in st.nodes})
-            self.timeline.feed(new)
-            for n in st.nodes:
-                if n.health != "up":
-                    n.notice_s = self.timeline.node_notice.get(n.name)
+            base, order = self._state()
+            res = base.reservation
+            if viewer.admin:
+                wanted = [jid for jid, _t in order[:QUEUE_SHOWN]]
+            else:
+                wanted = [jid for _p, jid in (base.index or {}).get(viewer.tenant, [])[:QUEUE_SHOWN]]
+            if res is not None and viewer.sees(str(res.get("tenant", ""))):
+                wanted.append(str(res["job"]))
+            svc = self.svc
+            with svc.lock:  # the second short hold: the facts of the pending jobs this viewer is shown
+                shown = [_facts(svc, j) for j in (svc.sched.jobs.get(i) for i in wanted) if j is not None]
+            shown = [j for j in shown if j.state == "pending"]
+            st = LiveState(
+                now=base.now,
+                nodes=base.nodes,
+                jobs=base.jobs + shown,
+                counts=base.counts,
+                reservation=res,
+                tenants=base.tenants,
+                order=order,
+                index=base.index,
+            )
             tl = self.timeline
+            assert tl is not None
             hit = self._shared
             if hit is None or hit[1] != tl.count or not 0 <= st.now - hit[0] < SHARED_FOR_S:
                 weights = {name: w for name, (w, _q, _u) in st.tenants.items()}
@@ -137,15 +197,13 @@ class LiveFeed:
 
     def job(self, viewer: Viewer, job_id: str, extra: dict[str, Any]) -> dict[str, Any]:
         with self.lock:
-            st, new = self.snapshot()
-            if self.timeline is None:
-                self.timeline = Timeline({n.name: n.gpus for n in st.nodes}, {n.pool: n.kind for n in st.nodes})
-            self.timeline.feed(new)
-            info = self.timeline.jobs.get(job_id)
+            st, _order = self._state()
+            tl = self.timeline
+            assert tl is not None
+            info = tl.jobs.get(job_id)
             if info is None:
                 raise HTTPException(404, f"no job {job_id!r}")
-            owner = {jid: x.tenant for jid, x in self.timeline.jobs.items()}
-            return job_page(info, self.timeline, st.now, extra, viewer, owner)
+            return job_page(info, tl, st.now, extra, viewer, tl.owner)
 
 
 def _tier(durable: Any, fast: Any, epoch: int) -> str:

@@ -153,6 +153,7 @@ class Timeline:
         self.inferred = capacity is None  # node sizes guessed from what ran on them
         self.pool_kinds = dict(pool_kinds or {})
         self.jobs: dict[str, JobInfo] = {}
+        self.owner: dict[str, str] = {}  # job -> tenant, as submitted
         self.runs: list[Run] = []
         self.active: dict[str, Run] = {}  # job -> its run not yet released
         self.preemptions: list[Preemption] = []
@@ -203,7 +204,7 @@ class Timeline:
         j = self._job(jid)
         j.records.append(rec)
         if kind == "submitted":
-            j.tenant = str(rec.get("tenant", ""))
+            j.tenant = self.owner[jid] = str(rec.get("tenant", ""))
             j.priority = int(rec.get("priority", 0))
             j.nodes = int(rec.get("nodes", 0))
             j.gpus_per_node = int(rec.get("gpus_per_node", 0))

@@ -10,13 +10,14 @@ log) sees everything.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .timeline import JobInfo, Preemption, Timeline
 
 OTHER = "(another tenant)"
 PREEMPTIONS_SHOWN = 200
+QUEUE_SHOWN = 500  # pending jobs listed (the rest are counted, "more")
 STATIC_JOB_PAGES = 400  # job pages embedded in a static report (preempted and running ones first)
 
 
@@ -81,7 +82,31 @@ class LiveState:
     counts: dict[str, int]
     reservation: dict[str, Any] | None
     tenants: dict[str, tuple[float, int, int]]  # name -> (weight, quota GPUs, GPUs held)
-    extra: dict[str, Any] = field(default_factory=dict)
+    # (id, tenant) of every pending job in queue order; ``jobs`` then holds the facts of only those shown
+    order: list[tuple[str, str]] | None = None
+    index: dict[str, list[tuple[int, str]]] | None = None  # queue_index(order), computed once per copy
+
+
+class Owners:
+    """Job -> tenant over several maps, first hit wins (no copy of a 100,000-entry map per request)."""
+
+    def __init__(self, *maps: dict[str, str]) -> None:
+        self.maps = maps
+
+    def get(self, jid: str, default: str = "") -> str:
+        for m in self.maps:
+            t = m.get(jid)
+            if t is not None:
+                return t
+        return default
+
+
+def queue_index(order: list[tuple[str, str]]) -> dict[str, list[tuple[int, str]]]:
+    """Each tenant's pending jobs as (place in the whole queue, id), in queue order."""
+    out: dict[str, list[tuple[int, str]]] = {}
+    for place, (jid, tenant) in enumerate(order, 1):
+        out.setdefault(tenant, []).append((place, jid))
+    return out
 
 
 def _f(x: float | None) -> float | None:
@@ -215,7 +240,7 @@ def job_page(
 ) -> dict[str, Any]:
     """A job's page from the log: state history, runs with their commits and ends, its preemptions.
     For a tenant ``viewer`` (its own job), another tenant's job named in a record is anonymous."""
-    owner = owner if owner is not None else {jid: x.tenant for jid, x in tl.jobs.items()}
+    owner = owner if owner is not None else tl.owner
     runs = []
     for r in j.runs:
         runs.append(
@@ -302,9 +327,7 @@ def live_overview(
     """The overview for ``viewer``; ``shared`` is (series, ledger) of ``tl`` when computed for another
     viewer moments ago (both are the same for every viewer before the ledger's per-tenant cut)."""
     now = st.now
-    owner = {jid: j.tenant for jid, j in tl.jobs.items()}
-    for j in st.jobs:
-        owner[j.id] = j.tenant
+    owner = Owners({j.id: j.tenant for j in st.jobs}, tl.owner)
     states = {j.id: j.state for j in st.jobs}
     pool_kind = {n.pool: n.kind for n in st.nodes}
     # free-GPU counts per (pool, GPUs free) over nodes that take new work, for "why it waits"
@@ -320,11 +343,22 @@ def live_overview(
             if p2 == pool and g2 <= free:
                 free_fit[(pool, g2)] = free_fit.get((pool, g2), 0) + cnt
 
-    pending = sorted((j for j in st.jobs if j.state == "pending"), key=lambda j: (-j.priority, j.submit_s, j.seq))
-    queue, others_pending = [], 0
-    for place, j in enumerate(pending, 1):
-        if not viewer.sees(j.tenant):
-            others_pending += 1
+    facts = {j.id: j for j in st.jobs if j.state == "pending"}
+    order = st.order
+    if order is None:
+        order = [(j.id, j.tenant) for j in sorted(facts.values(), key=lambda j: (-j.priority, j.submit_s, j.seq))]
+    index = st.index if st.index is not None else queue_index(order)
+    if viewer.admin:
+        entries = [(place, jid) for place, (jid, _t) in enumerate(order[:QUEUE_SHOWN], 1)]
+        visible, others_pending = len(order), 0
+    else:
+        own = index.get(viewer.tenant, [])
+        entries, visible, others_pending = own[:QUEUE_SHOWN], len(own), len(order) - len(own)
+    mine_pending = len(index.get(viewer.tenant, []))
+    queue: list[dict[str, Any]] = []
+    for place, jid in entries:
+        j = facts.get(jid)
+        if j is None:  # it left the queue between the copies
             continue
         why, detail = why_waits(j, st, free_fit, pool_kind)
         queue.append(
@@ -345,7 +379,7 @@ def live_overview(
     res = st.reservation
     reservation = None
     if res is not None:
-        vis = viewer.sees(owner.get(str(res.get("job")), ""))
+        vis = viewer.sees(res.get("tenant") or owner.get(str(res.get("job")), ""))
         reservation = {
             "job": res.get("job") if vis else None,
             "pool": res.get("pool"),
@@ -396,12 +430,12 @@ def live_overview(
     weights = {name: w for name, (w, _q, _u) in st.tenants.items()}
     counts = dict(st.counts)
     if not viewer.admin:
-        mine = [j for j in st.jobs if j.tenant == viewer.tenant]
+        active = [j for j in st.jobs if j.state in ("running", "preempting")]
         counts = {
-            "pending_all": sum(1 for j in st.jobs if j.state == "pending"),
-            "running_all": sum(1 for j in st.jobs if j.state in ("running", "preempting")),
-            "pending": sum(1 for j in mine if j.state == "pending"),
-            "running": sum(1 for j in mine if j.state in ("running", "preempting")),
+            "pending_all": len(order),
+            "running_all": len(active),
+            "pending": mine_pending,
+            "running": sum(1 for j in active if j.tenant == viewer.tenant),
         }
     return {
         "mode": "live",
@@ -410,7 +444,7 @@ def live_overview(
         "viewer": {"tenant": viewer.tenant, "admin": viewer.admin},
         "counts": counts,
         "cluster": cluster_view(st.nodes, states, viewer, owner),
-        "queue": {"jobs": queue, "others": others_pending, "reservation": reservation},
+        "queue": {"jobs": queue, "others": others_pending, "more": visible - len(queue), "reservation": reservation},
         "running": {"jobs": running, "others": others_running},
         "preemptions": preemptions_view(tl, viewer, owner),
         "series": shared[0] if shared else tl.series(now),
@@ -532,7 +566,12 @@ def static_report(
         "capacity_inferred": tl.inferred,
         "cluster": static_cluster(tl),
         "cluster_at": list(snapshots or []),
-        "queue": {"jobs": queue[:500], "others": max(0, len(queue) - 500), "reservation": reservation},
+        "queue": {
+            "jobs": queue[:QUEUE_SHOWN],
+            "others": 0,
+            "more": max(0, len(queue) - QUEUE_SHOWN),
+            "reservation": reservation,
+        },
         "running": {"jobs": running[:500], "others": max(0, len(running) - 500)},
         "preemptions": preemptions_view(tl, viewer, owner),
         "series": tl.series(end),

@@ -357,6 +357,7 @@
         return { cells: [j.place, jobLink(j.id, j.name !== j.id ? j.name + " (" + j.id + ")" : j.id), j.tenant, j.priority, j.nodes + "×" + j.gpus_per_node, dur(j.wait_s),
           el("span", { title: j.why_detail }, el("span", { cls: "badge" + (j.why === "backoff" || j.why === "quota" ? " warn" : ""), text: j.why }), " " + j.why_detail)] };
       }), [true, false, false, true, false, true, false])));
+    if (q.more) body.appendChild(el("p", { cls: "note", text: q.more + " more pending job(s) not listed." }));
     if (q.others) body.appendChild(el("p", { cls: "note", text: q.others + " more pending job(s) of other tenants." }));
   }
 

@@ -32,13 +32,13 @@ given nothing to decide (SchedMD's advice for an external scheduler):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import pwd
 import re
 import shlex
-import shutil
 import stat
 import subprocess
 import sys
@@ -524,6 +524,9 @@ class SlurmExecutor:
                 if self.runs.get(run.job) is run:
                     del self.runs[run.job]
                 self.table.delete(run.job, run.epoch)  # after the report: a crash in between re-reports, ignored
+            if run.dir:  # the run's log stays; its token goes with it (unlink removes a planted link, not its target)
+                with contextlib.suppress(OSError):
+                    os.unlink(Path(run.dir, "token"))
         self._poll_nodes()
         return len(done)
 
@@ -556,9 +559,9 @@ class SlurmExecutor:
         if not job.command:
             raise ValueError(f"job {job.id!r}: command is empty")
         who = self.run_as(job) if self.run_as is not None else None  # may refuse: the run fails, saying why
-        run_dir = self.dir / f"{job.id}.{job.epoch}"
-        if run_dir.is_symlink() or run_dir.exists():
-            shutil.rmtree(run_dir) if not run_dir.is_symlink() else run_dir.unlink()
+        # a folder per submission: a start of the same epoch after a restart (the first never committed)
+        # must not share it with the cancelled run, which may still be writing its status there
+        run_dir = self.dir / f"{job.id}.{job.epoch}.{uuid.uuid4().hex[:8]}"
         run_dir.mkdir(mode=0o700)
         os.chmod(run_dir, 0o700)
         argv = [self.python, "-m", "goodput.sched.slurm_launch", "batch", "--", *job.command]

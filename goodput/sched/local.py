@@ -465,9 +465,14 @@ class LocalExecutor:
                 self.last_exit.pop(next(iter(self.last_exit)))
             reported += 1
             with self._lock:
-                if self.runs.get(run.job) is run:
+                current = self.runs.get(run.job)
+                if current is run:
                     del self.runs[run.job]
-                self._forget(run)  # after the report: a crash in between re-reports, and the core ignores it
+                # after the report: a crash in between re-reports, and the core ignores it. Not when a new
+                # run of the same epoch replaced it (a start whose commit failed, started again): the
+                # files are named by job and epoch, and are the new run's now
+                if current is None or current is run or current.epoch != run.epoch:
+                    self._forget(run)
         return reported
 
     # ------------------------------------------------------------------ helpers

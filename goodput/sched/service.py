@@ -430,7 +430,8 @@ class Service:
     def close(self) -> None:
         self._stop.set()
         self.wake.set()
-        self._loop.join(timeout=5)
+        if self._loop.is_alive():
+            self._loop.join(timeout=5)
         if self._refresher.is_alive():
             self._refresher.join(timeout=5)
         self.executor.close()
@@ -444,38 +445,45 @@ class Service:
         while not self._stop.is_set():
             nxt = math.inf
             try:
-                t0 = time.perf_counter()
-                ran = False
-                with self.lock:
-                    t1 = time.perf_counter()
-                    if self.degraded:
-                        self._rebuild("retrying")
-                    else:
-                        passes = self.sched.passes
-                        try:
-                            if self.sched.next_timer() <= self.sched.clock.now():
-                                # only when a timer is due: advance() always commits (its meta), an fsync that
-                                # would otherwise be paid, under the lock, on every wake-up
-                                self.sched.advance()
-                            self.sched.tick()
-                            after = getattr(self.executor, "after_pass", None)  # Slurm: release what it started
-                            if after is not None:
-                                after()
-                        except StoreUnavailable as e:
-                            self._rebuild(f"a scheduling pass: {e}")
-                        except Exception:
-                            log.exception("scheduling pass failed")
-                            self._rebuild("an unexpected error in a scheduling pass")
-                        nxt = self.sched.next_timer() if not self.degraded else math.inf
-                        ran = self.sched.passes != passes
-                    t2 = time.perf_counter()
-                if ran:
-                    self.pass_times.append((time.time(), t2 - t1, t1 - t0))
+                nxt = self.pass_once()
             except Exception:  # noqa: BLE001 - one bad pass must not stop the service; it is logged
                 log.exception("scheduling pass failed")
             wait = self.tick_s if not math.isfinite(nxt) else max(0.01, min(self.tick_s, nxt - time.time()))
             self.wake.wait(wait)
             self.wake.clear()
+
+    def pass_once(self) -> float:
+        """One iteration of the loop thread (timers due, a pass); the next timer's time. A store that
+        refuses the pass's commit, or any error in it, rebuilds memory from the store."""
+        nxt = math.inf
+        t0 = time.perf_counter()
+        ran = False
+        with self.lock:
+            t1 = time.perf_counter()
+            if self.degraded:
+                self._rebuild("retrying")
+                return nxt
+            passes = self.sched.passes
+            try:
+                if self.sched.next_timer() <= self.sched.clock.now():
+                    # only when a timer is due: advance() always commits (its meta), an fsync that
+                    # would otherwise be paid, under the lock, on every wake-up
+                    self.sched.advance()
+                self.sched.tick()
+                after = getattr(self.executor, "after_pass", None)  # Slurm: release what it started
+                if after is not None:
+                    after()
+            except StoreUnavailable as e:
+                self._rebuild(f"a scheduling pass: {e}")
+            except Exception:
+                log.exception("scheduling pass failed")
+                self._rebuild("an unexpected error in a scheduling pass")
+            nxt = self.sched.next_timer() if not self.degraded else math.inf
+            ran = self.sched.passes != passes
+            t2 = time.perf_counter()
+        if ran:
+            self.pass_times.append((time.time(), t2 - t1, t1 - t0))
+        return nxt
 
     def _rebuild(self, why: str) -> None:
         """Memory back to what the store holds (the lock held): the scheduler restored from it, the

@@ -285,3 +285,48 @@ def test_another_tenants_job_is_never_named_and_its_checkpoints_never_listed(ser
     assert code == 201, peek
     jb = s.wait_job(peek["id"], bob, lambda j: j["state"] == "finished")
     assert jb["checkpoint"]["latest_on_disk"] is None  # its real path is alice's, outside bob's prefix
+
+
+def test_a_start_whose_commit_fails_is_killed_and_runs_once_after(tmp_path):
+    """In-process, passes run by hand: the pass that starts a job cannot commit (another process holds
+    SQLite's write lock), so memory is rebuilt from the store and the run it launched is killed; once
+    the lock is gone the job starts again, as the same epoch, and finishes: one `started` event."""
+    from goodput.sched.governance import Governance, TenantSpec
+    from goodput.sched.model import Job, JobState
+    from goodput.sched.service import Service, local_pools
+    from goodput.sched.store import open_store
+
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    gov = Governance(tenants={"t": TenantSpec("t", ckpt_prefix=str(tmp_path))})
+    svc = Service(db, local_pools(1, 1), state_dir=tmp_path / "state", url="http://127.0.0.1:9", governance=gov,
+                  allow_root_jobs=True, poll_s=0.05)  # fmt: skip
+    svc.executor.start_watcher()  # no loop thread: the test runs the passes
+    try:
+        job = Job(id="j.00000001", tenant="t", priority=0, nodes=1, gpus_per_node=1, submit_s=time.time())
+        job.command = (PY, "-c", "import time; time.sleep(1)")
+        job.ckpt_root = str(tmp_path / "j")
+        with svc.lock:
+            svc.sched.submit(job)
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLD, str(tmp_path / "s.db"), "5"], stdout=subprocess.PIPE, text=True
+        )
+        assert holder.stdout.readline().strip() == "locked"
+        svc.pass_once()  # launches the run, cannot commit the start: rebuilt, the run killed
+        j = svc.sched.jobs[job.id]
+        assert j.state is JobState.PENDING and j.epoch == 0 and not svc.degraded
+        first = svc.executor.runs.get(job.id)
+        assert first is None or first.killed
+        with open_store(db) as st:  # the store never saw the start
+            assert st.load().jobs[job.id].state is JobState.PENDING
+        holder.wait(timeout=30)
+        svc.pass_once()
+        deadline = time.monotonic() + 30
+        while svc.sched.jobs[job.id].state is not JobState.FINISHED:
+            assert time.monotonic() < deadline, svc.sched.jobs[job.id]
+            time.sleep(0.05)
+        assert svc.sched.jobs[job.id].epoch == 1
+        recs = [e for e in svc.sched.log.records if e.get("job") == job.id]
+        assert [e["event"] for e in recs].count("started") == 1
+        assert [e["status"] for e in recs if e["event"] == "exited"] == ["finished"]
+    finally:
+        svc.close()

@@ -394,8 +394,6 @@ def _slurm_options(cluster: str, executor: str, partition: str, conf: str, pytho
         "partition": partition,
         "slurm_conf": conf or str(section.get("slurm_conf", "")),
         "python": python or str(section.get("job_python", "")),
-        # the operator's consent, in the file only: a root service may run unmapped tenants' jobs as root
-        "allow_root_jobs": section.get("allow_root_jobs") is True,
     }
 
 

@@ -377,7 +377,8 @@ class SlurmExecutor:
     # ------------------------------------------------------------------ the Executor protocol
 
     def start(self, job: Job, nodes: tuple[str, ...], resume_from_s: float) -> None:
-        """Submit the gang held; never raises into the pass (a run that cannot be submitted is failed, 127)."""
+        """Submit the gang held; never raises into the pass (a run that cannot be submitted is reported at
+        the next poll: lost when Slurm would not take it, failed when the job cannot run)."""
         with self._lock:
             old = self.runs.get(job.id)
             if old is not None and old.epoch != job.epoch:  # a run the core no longer counts: never two

@@ -19,9 +19,11 @@ class Policy:
     backfill: bool = True  # False: the blocked head blocks everyone behind it
     spot_rule: str = "arithmetic"  # | "price": any spot-allowed job goes to the cheapest pool first
     preemption: bool = True
-    # a priority preemption is made only when its victims' expected loss is below the GPU-time the
-    # preemptor would wait for its reservation (False: whatever it costs, as Kueue and Slurm do)
+    # a priority preemption is made only when its victims' expected loss is at most ``wait_worth``
+    # times the GPU-time the preemptor would wait for its reservation (a victim's loss is waste; the
+    # preemptor's wait is not: others use the GPUs meanwhile). False: whatever it costs, as Kueue does
     weigh_wait: bool = True
+    wait_worth: float = 0.25
 
     def __reduce__(self) -> tuple[type[Policy], tuple[Any, ...]]:
         """Rebuilt through its constructor (pickle, copy): compiled, a frozen dataclass refuses the

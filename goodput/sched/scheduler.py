@@ -40,7 +40,7 @@ from .transitions import apply
 PREEMPT_SCANS_PER_PASS = 4  # victim searches per pass; needs beyond wait for the next pass (<= 1 s)
 # a priority preemption evicts at most this many jobs (Policy.weigh_wait): a gang that needs more
 # waits for its reservation, which time limits make hold, instead of disrupting a crowd
-MAX_VICTIMS = 4
+MAX_VICTIMS = 2
 LOGGED_CANDIDATES = 8  # a preemption's record lists this many of the cheapest candidates
 STOP_S = 10.0  # what a plain stop (no checkpoint) is expected to take, for pricing a victim
 
@@ -1198,9 +1198,10 @@ class Scheduler:
 
     def _worth(self, job: Job, cls: Class, victims: list[Candidate], now: float) -> bool:
         """Is evicting ``victims`` cheaper than letting ``job`` wait? Their expected loss (the work
-        they would redo, the restart they would pay again, their drain: GPU-seconds) is weighed
-        against the GPU-seconds the job would wait for its own reservation by the declared ends
-        (never, when no end frees enough: then it is worth it). ``Policy.weigh_wait`` False (the
+        they would redo, the restart they would pay again, their drain: GPU-seconds, all waste) must
+        be at most ``Policy.wait_worth`` (0.25) times the GPU-seconds the job would wait for its own
+        reservation by the declared ends (a wait wastes nothing: others use the GPUs meanwhile;
+        no end frees enough: it is worth it), and at most ``MAX_VICTIMS`` jobs. ``Policy.weigh_wait`` False (the
         Kueue baseline): evict whatever it costs, as Kueue and Slurm do."""
         if not self.policy.weigh_wait:
             return True
@@ -1212,7 +1213,7 @@ class Scheduler:
         r = self._reserve_now(job, cls, now)
         if r is None:
             return True
-        return cost <= job.gpus * (r.t - now)
+        return cost <= self.policy.wait_worth * job.gpus * (r.t - now)
 
     def _reclaim_for(self, job: Job, cls: Class, now: float, reservation: Reservation | None) -> bool:
         """A tenant under its quota takes borrowed GPUs back (Kueue's reclaim within a cohort):

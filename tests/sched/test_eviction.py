@@ -44,7 +44,7 @@ def _check_order(s: Scheduler, pool: str, prios: set[int], now: float) -> None:
     drawn = list(s._order.draw(pool, prios, now))
     assert sorted(drawn) == sorted(j.id for j in running)  # each running job once
     if s.policy.victims == "oblivious":
-        assert drawn == [j.id for j in sorted(running, key=lambda j: (j.priority, -j.started_s, j.id))]
+        assert drawn == [j.id for j in sorted(running, key=lambda j: (j.priority, -j.started_s, j.seq))]  # never by id
         return
     # the price per GPU never decreases along the draw (ties, equal up to rounding, in any order)
     per_gpu = [s._price(s.jobs[j], now).cost / s.jobs[j].gpus for j in drawn]

@@ -8,6 +8,7 @@ nodes, so each expected sequence can be worked out on paper; the comment above i
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -76,7 +77,12 @@ class Bench:
         self.clock = ManualClock(0.0)
         self.ex = RecordingExecutor()
         self.s = Scheduler(
-            self.pools, clock=self.clock, executor=self.ex, policy=POLICIES[policy], tenants=tenants, governance=gov
+            self.pools,
+            clock=self.clock,
+            executor=self.ex,
+            policy=replace(POLICIES[policy], weigh_wait=False),  # evict whatever it costs
+            tenants=tenants,
+            governance=gov,
         )
         self._seen = 0
         self._calls = 0

@@ -108,7 +108,10 @@ def sim(
             notes.append(f"synthetic cluster: {cl.gpus} GPUs in {', '.join(p.name for p in cl.pools)}")
             if not failures:
                 failures = "llama3"
-        job_list, skipped = _fit(job_list, cl, notes, skip_unplaceable)
+        # our own generator's gangs are capped at --nodes, not at the largest pool: its misfits are
+        # left out and listed; a user's workload (a file or a trace) is an error unless asked
+        synthetic = not (philly or alibaba or workload)
+        job_list, skipped = _fit(job_list, cl, notes, skip_unplaceable or synthetic)
         extra = []
         horizon = horizon_of(job_list)
         if failures:

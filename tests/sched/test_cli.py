@@ -120,6 +120,16 @@ def test_jobs_no_pool_holds_are_an_error_listing_their_ids(tmp_path):
     assert any("2 jobs fit no pool" in n for n in out["notes"])
 
 
+def test_the_synthetic_workloads_misfits_are_listed_not_fatal():
+    """Its gangs are capped at --nodes (16), the on-demand pool has 12: those are left out, by id."""
+    res = runner.invoke(app, ["sched", "sim", "--jobs", "400", "--nodes", "16", "--policy", "goodput", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output[res.output.index("{") :])
+    jobs = {j.id: j for j in W.synthetic(400, nodes=16)}
+    assert out["skipped_unplaceable"] and all(jobs[i].nodes > 12 for i in out["skipped_unplaceable"])
+    assert sum(out["policies"]["goodput"]["jobs"].values()) == 400 - len(out["skipped_unplaceable"])
+
+
 def test_one_workload_at_a_time(tmp_path):
     w, _ = _files(tmp_path)
     res = runner.invoke(app, ["sched", "sim", "--workload", str(w), "--philly", str(tmp_path)])

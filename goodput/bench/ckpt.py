@@ -313,11 +313,11 @@ def cold_start(directory: Path, ballast: Path | None = None) -> dict:
        ``drop_caches`` leaves dirty pages behind, and the next phase would pay for writing them).
     2. The ballast (as large as the state) is read, so that the drop below frees a cache of that
        size. On a VM that hands free memory back to its host (virtio-balloon free page reporting,
-       about two seconds after it is freed), a cold read or a buffered write of 512 MiB measured
-       2.8 GB/s right after a drop that freed a cache of its size and 0.57 GB/s after one that
-       freed nothing; without the ballast a phase that follows an O_DIRECT phase (which caches
-       nothing) was measured in the slow state and one that follows a buffered phase in the fast
-       one. On bare metal the ballast changes nothing.
+       about two seconds after it is freed), cold reads and buffered writes run several times
+       faster right after a drop that freed a cache of their size than after one that freed
+       nothing; without the ballast a phase that follows an O_DIRECT phase (which caches nothing)
+       ran in the slow state and one that follows a buffered phase in the fast one
+       (docs/BENCHMARKS.md). On bare metal the ballast changes nothing.
     3. The page cache is dropped (:func:`drop_caches`), so reads come from storage."""
     rec = flush_writeback()
     rec["ballast_bytes"] = read_ballast(ballast) if ballast is not None and ballast.exists() else 0

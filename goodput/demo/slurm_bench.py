@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -249,6 +250,7 @@ def main(argv: list[str]) -> int:
                                          kind == "slurm-no-notice")  # fmt: skip
             finally:
                 cluster.stop()
+                shutil.rmtree(base, ignore_errors=True)
             print(json.dumps({"kind": kind, "rep": rep, "grace_s": a.grace, **r}), flush=True)
     return 0
 

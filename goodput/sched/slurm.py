@@ -39,6 +39,7 @@ import os
 import pwd
 import re
 import shlex
+import shutil
 import stat
 import subprocess
 import sys
@@ -197,11 +198,27 @@ def exit_code(raw: Any) -> tuple[int | None, int | None]:
         return (raw >> 8) & 0xFF, sig or None
     if isinstance(raw, dict):
         rc = raw.get("return_code")
-        sig = (raw.get("signal") or {}).get("id") if isinstance(raw.get("signal"), dict) else None
+        sg = raw.get("signal")
+        sig = (sg.get("id", sg.get("signal_id")) if isinstance(sg, dict) else None) or None
         if isinstance(rc, dict):
             rc = rc.get("number") if rc.get("set", True) else None
         return (int(rc) if isinstance(rc, int) else None), (int(sig) if isinstance(sig, int) and sig else None)
     return None, None
+
+
+def parse_sacct(d: dict[str, Any]) -> dict[int, tuple[str, Any]]:
+    """Slurm id -> (state, exit code) from ``sacct --json`` (``state.current``: a string in 22.05, a
+    list in 23.02+; ``exit_code`` as :func:`exit_code` reads it)."""
+    out: dict[int, tuple[str, Any]] = {}
+    for j in d.get("jobs") or ():
+        if not isinstance(j, dict) or not isinstance(j.get("job_id"), int):
+            continue
+        st = j.get("state")
+        cur = st.get("current") if isinstance(st, dict) else st
+        if isinstance(cur, list):
+            cur = cur[0] if cur else ""
+        out[j["job_id"]] = (str(cur or ""), j.get("exit_code"))
+    return out
 
 
 def status_of(state: str, raw_exit: Any, *, killed: bool) -> str:
@@ -491,6 +508,7 @@ class SlurmExecutor:
             if isinstance(j, dict) and isinstance(j.get("job_id"), int):
                 view.jobs[j["job_id"]] = j
         done: list[tuple[SlurmRun, str]] = []
+        forgotten: list[SlurmRun] = []  # runs squeue no longer lists (older than MinJobAge)
         with self._lock:
             self.view = view
             for run in list(self.runs.values()):
@@ -501,7 +519,7 @@ class SlurmExecutor:
                 if j is None:
                     if run.submitted and view.t - run.submitted < 5.0:
                         continue  # just submitted: a view taken before sbatch answered
-                    done.append((run, self._status_file(run)))
+                    forgotten.append(run)
                     continue
                 state = str(j.get("job_state", ""))
                 if state in LIVE:
@@ -518,6 +536,12 @@ class SlurmExecutor:
                     continue
                 done.append((run, "lost" if run.stuck else status_of(state, j.get("exit_code"), killed=run.killed)))
             self._cancel_strays(view)
+            if forgotten:  # accounting where it is kept (one sacct for all of them), else the status files
+                acct = self._sacct([r.slurm_id for r in forgotten])
+                for run in forgotten:
+                    a = acct.get(run.slurm_id)
+                    ended = a is not None and a[0] not in LIVE
+                    done.append((run, status_of(a[0], a[1], killed=run.killed) if ended else self._status_file(run)))
         for run, status in done:
             if self.on_exit is not None:
                 self.on_exit(run.job, run.epoch, status)
@@ -676,6 +700,17 @@ class SlurmExecutor:
             log.warning("slurm job %d (%s epoch %s) is not a run of the store: cancelled", sid, m.group(2), m.group(3))
             self._scancel(sid)
 
+    def _sacct(self, ids: list[int]) -> dict[int, tuple[str, Any]]:
+        """Slurm id -> (state, exit code) from accounting; {} where none is kept (sacct absent or
+        refusing: accounting is off by default) or its answer cannot be read."""
+        if not ids or shutil.which("sacct", path=self.slurm.env()["PATH"]) is None:
+            return {}
+        try:
+            d = self.slurm.json(["sacct", "--json", "-X", "-j", ",".join(str(i) for i in ids)])
+        except SlurmError:
+            return {}
+        return parse_sacct(d)
+
     def _status_file(self, run: SlurmRun) -> str:
         """The status of a run Slurm no longer lists, from its batch step's status file; else lost.
         The file sits in the job user's folder: opened without following a link, never blocking on a
@@ -746,6 +781,7 @@ __all__ = [
     "discover",
     "exit_code",
     "node_changes",
+    "parse_sacct",
     "read_nodes",
     "service_executor",
     "status_of",

@@ -45,6 +45,52 @@ def test_slurm_states_map_to_report_exit_words():
     assert status_of("FAILED", 75 << 8, killed=True) == "preempted"  # it left with its checkpoint before our kill
 
 
+def test_sacct_records_of_both_versions():
+    from goodput.sched.slurm import parse_sacct
+
+    d = {
+        "jobs": [
+            {"job_id": 7, "state": {"current": "FAILED", "reason": "None"}, "exit_code": {"status": "FAILED",
+             "return_code": 75, "signal": {"signal_id": 0, "name": ""}}},  # 22.05
+            {"job_id": 8, "state": {"current": ["COMPLETED"]}, "exit_code": {"status": ["SUCCESS"],
+             "return_code": {"set": True, "infinite": False, "number": 0}}},  # 23.02+
+            {"job_id": "9", "state": "RUNNING"},  # not an id: ignored
+        ]
+    }  # fmt: skip
+    got = parse_sacct(d)
+    assert sorted(got) == [7, 8]
+    assert status_of(*got[7], killed=False) == "preempted"
+    assert status_of(*got[8], killed=False) == "finished"
+
+
+def test_a_run_slurm_forgot_is_read_from_its_status_file_never_trusting_it(tmp_path):
+    """Past MinJobAge, without accounting, the batch step's status file decides; it sits in the job
+    user's folder, so a link, a FIFO (which would block the watcher) or a non-integer rc reads lost."""
+    from goodput.sched.slurm import SlurmExecutor, SlurmRun
+    from goodput.sched.store import open_store
+
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+    ex = SlurmExecutor(tmp_path / "state", store=store, partition="p")
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"rc": 0}')
+
+    def read(setup) -> str:  # noqa: ANN001
+        d = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        d.mkdir()
+        setup(d / "status.json")
+        return ex._status_file(SlurmRun("j.00000001", 1, 5, ["n1"], "u", str(d)))
+
+    assert read(lambda p: p.write_text('{"rc": 0}')) == "finished"
+    assert read(lambda p: p.write_text('{"rc": 75}')) == "preempted"
+    assert read(lambda p: p.write_text('{"rc": 3}')) == "failed"
+    assert read(lambda p: p.write_text('{"rc": "75"}')) == "lost"
+    assert read(lambda p: p.write_text('{"rc": 0' + " " * 5000 + "}")) == "lost"
+    assert read(lambda p: p.symlink_to(secret)) == "lost"
+    assert read(lambda p: os.mkfifo(p)) == "lost"  # returns at once: opened O_NONBLOCK, refused as no file
+    assert read(lambda p: None) == "lost"
+    store.close()
+
+
 # ---------------------------------------------------------------------- on a real Slurm
 
 
@@ -301,4 +347,6 @@ def test_a_tenant_env_reaches_the_job_never_root_sbatch(slurm, tmp_path):  # noq
     for k, v in bad.items():
         assert seen_env.get(k) == v, (k, seen_env.get(k))
     assert seen_env["GOODPUT_JOB_ID"] == job.id and seen_env["SLURM_JOB_ID"] == str(run.slurm_id)
+    # no accounting on this cluster: sacct refuses, which reads as "nothing known" (the status file decides)
+    assert ex._sacct([run.slurm_id]) == {}
     store.close()

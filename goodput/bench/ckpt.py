@@ -902,9 +902,9 @@ def render(res: dict, console: Any) -> None:
             f"[yellow]{rounds} round{'s' if rounds > 1 else ''}: the order of phases favours one side; "
             "use an even --rounds[/yellow]"
         )
-    flushed = [c for p in ph.values() for c in p.get("cold_start_per_repeat", []) if c]
-    if any(not c["flushed"] for c in flushed):
-        worst = max(c["dirty_after"] or 0 for c in flushed)
+    unflushed = [c for p in ph.values() for c in p.get("cold_start_per_repeat", []) if c and not c["flushed"]]
+    if unflushed:
+        worst = max(c["dirty_after"] or 0 for c in unflushed)
         console.print(
             f"[yellow]dirty pages stayed above the threshold before some repeats (up to {fmt_bytes(worst)}): "
             "another process was writing[/yellow]"

@@ -330,3 +330,31 @@ def test_a_start_whose_commit_fails_is_killed_and_runs_once_after(tmp_path):
         assert [e["status"] for e in recs if e["event"] == "exited"] == ["finished"]
     finally:
         svc.close()
+
+
+def test_a_tokens_first_use_never_holds_up_the_event_loop(server, tmp_path, fresh_pg_url):  # noqa: F811
+    """PostgreSQL, whose reads wait for a table lock: another session locks ``tokens`` for 3 s; a token
+    the cache does not hold is looked up meanwhile (it waits, on a thread of its own); /healthz and a
+    cached token's GET /jobs answer within a second all the same."""
+    import psycopg
+
+    s = server(db=fresh_pg_url)
+    alice = s.token("alice")
+    s.start()
+    assert s.get("/jobs", alice)[0] == 200  # cached
+    results: list[int] = []
+    with psycopg.connect(fresh_pg_url) as conn:
+        conn.execute("LOCK TABLE tokens IN ACCESS EXCLUSIVE MODE")
+        t = threading.Thread(target=lambda: results.append(s.get("/jobs", "gp_not_a_token_in_the_cache")[0]))
+        t.start()
+        time.sleep(0.5)  # the lookup is waiting for the lock now
+        for path, tok in (("/healthz", ""), ("/jobs", alice)):  # a bound on one request, not a benchmark
+            conn2 = http.client.HTTPConnection("127.0.0.1", s.port, timeout=1.0)
+            conn2.request("GET", path, headers={"Authorization": f"Bearer {tok}"} if tok else {})
+            assert conn2.getresponse().status == 200
+            conn2.close()
+        assert not results  # still waiting
+        time.sleep(2.5)
+        conn.rollback()  # the lock goes
+    t.join(timeout=30)
+    assert results == [401]

@@ -608,9 +608,9 @@ class _Auditor:
         j = self.jobs[jid] = _Job(jid, int(rec["nodes"]), int(rec["gpus_per_node"]))
         j.prio = int(rec.get("priority", 0))
         lim = rec.get("limit_s")
-        j.limit_s = float(lim) if isinstance(lim, (int, float)) and lim > 0 else 0.0
+        j.limit_s = float(lim) if _num(lim) and lim > 0 else 0.0
         g = rec.get("grace_s")
-        j.grace_s = float(g) if isinstance(g, (int, float)) and g >= 0 else -1.0
+        j.grace_s = float(g) if _num(g) and g >= 0 else -1.0
         if isinstance(rec.get("pools"), list):
             j.sub_pools = tuple(sorted(str(p) for p in rec["pools"]))
         self.track(j, t)
@@ -882,7 +882,7 @@ class _Auditor:
             )
         j.phase = _PENDING
         eligible = rec.get("eligible_s")
-        if isinstance(eligible, (int, float)):
+        if _num(eligible):
             j.backoff_until = float(eligible)
         elif reason != "preempted" or j.last_exit == "failed":
             j.backoff_until = t + self.rules.max_backoff_s  # it may sit out a backoff the log does not state
@@ -949,6 +949,11 @@ class _Auditor:
         if node in self.eff:
             self.refresh(node)
         self.mark(t)
+
+
+def _num(v: Any) -> bool:
+    """A finite number as JSON carries one (a bool is not)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _who(rec: dict[str, Any]) -> str:

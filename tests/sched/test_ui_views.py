@@ -207,3 +207,111 @@ def test_the_live_feed_reads_a_real_service_and_follows_a_rebuilt_scheduler(tmp_
     finally:  # never started (no loop thread to stop): its executor and store are closed
         svc.executor.close()
         svc.store.close()
+
+
+def test_a_tenant_learns_neither_how_many_other_jobs_share_a_node_nor_how_their_ids_sort():
+    """Segments were sorted by job id: whether another tenant's GPUs came before or after the viewer's
+    own told where its job's name sorts against names the viewer chose (an oracle, letter by letter)."""
+    st, tl = _state()
+
+    def seen(others: dict[str, int]) -> list[dict]:
+        st.nodes[1].alloc = {"mine.00000003": 1, **others}
+        for jid in others:
+            tl.owner[jid] = "a"
+        return live_overview(st, tl, Viewer("b", False))["cluster"]["nodes"][1]["segments"]
+
+    before = seen({"aaa.00000010": 1, "aab.00000011": 2})  # sort before "mine"
+    after = seen({"zzz.00000010": 2, "zzy.00000011": 1})  # sort after it
+    assert (
+        before
+        == after
+        == [
+            {"job": "mine.00000003", "gpus": 1, "state": "busy"},
+            {"job": None, "gpus": 3, "state": "busy"},
+        ]
+    )
+    # an admin still sees each job
+    admin = live_overview(st, tl, Viewer("ops", True))["cluster"]["nodes"][1]["segments"]
+    assert [s["job"] for s in admin] == ["mine.00000003", "zzy.00000011", "zzz.00000010"]
+
+
+def test_a_job_reference_whose_owner_is_unknown_is_anonymous():
+    """Fail closed: a record naming a job the replay has no owner for (a log cut short, a store
+    restored without its early records) shows it to no tenant; reason words still show."""
+    st, tl = _state()
+    st.jobs[0].victim_of = "stranger.0000beef"  # b's running job, preempted for a job nobody here knows
+    b = live_overview(st, tl, Viewer("b", False))
+    assert b["running"]["jobs"][0]["victim_of"] == "(another tenant)" and "stranger" not in json.dumps(b)
+    st.jobs[0].victim_of = "drain"
+    assert live_overview(st, tl, Viewer("b", False))["running"]["jobs"][0]["victim_of"] == "drain"
+    tl.feed([{"t": 310, "event": "preempt_requested", "job": "hi.00000001", "epoch": 1, "victim_of": "stranger.0000beef",
+              "preemptor": "stranger.0000beef", "reason": "priority", "lost_s": 1, "deadline_s": 400,
+              "checkpoint": False}])  # fmt: skip
+    page = job_page(tl.jobs["hi.00000001"], tl, 320.0, None, Viewer("b", False))
+    assert "stranger" not in json.dumps(page)
+    ov = live_overview(st, tl, Viewer("b", False))
+    assert "stranger" not in json.dumps(ov)
+
+
+def test_a_job_page_is_bounded_however_long_the_job_lived():
+    from goodput.sched.ui.views import CHECKPOINTS_SHOWN, HISTORY_SHOWN
+
+    recs = [
+        {"t": 0, "event": "submitted", "job": "long", "tenant": "a", "priority": 0, "nodes": 1, "gpus_per_node": 1,
+         "submit_s": 0},
+        {"t": 0, "event": "started", "job": "long", "epoch": 1, "pool": "od", "nodes": ["od-00000"], "gpus_per_node": 1,
+         "resume_from_s": 0},
+    ]  # fmt: skip
+    recs += [
+        {"t": i, "event": "checkpoint_committed", "job": "long", "epoch": 1, "progress_s": float(i)}
+        for i in range(1, 20_001)
+    ]
+    recs += [{"t": 20_001, "event": "commit_rejected", "job": "long", "epoch": 1, "progress_s": 1.0, "reason": "x"}]
+    tl = Timeline(None)
+    tl.feed(recs)
+    page = job_page(tl.jobs["long"], tl, 20_002.0, None, Viewer("a", False))
+    assert len(page["history"]) == HISTORY_SHOWN and page["history_total"] == len(recs)
+    assert page["history"][-1]["event"] == "commit_rejected"  # the newest kept
+    assert len(page["checkpoints"]) == CHECKPOINTS_SHOWN and page["checkpoints_total"] == 20_000
+    assert page["checkpoints"][-1]["progress_s"] == 20_000.0 and page["commits_rejected"] == 1
+    assert len(json.dumps(page)) < 200_000
+
+
+def test_a_log_tail_is_a_regular_file_never_a_link_or_a_fifo(tmp_path):
+    import os
+
+    import pytest
+
+    from goodput.sched.ui.routes import _tail
+
+    (tmp_path / "ok.log").write_bytes(b"x" * 20_000 + b"\nlast line\n")
+    assert _tail(tmp_path / "ok.log").endswith("last line\n")
+    (tmp_path / "secret").write_text("another tenant's log")
+    os.symlink(tmp_path / "secret", tmp_path / "link.log")
+    with pytest.raises(OSError):
+        _tail(tmp_path / "link.log")
+    os.mkfifo(tmp_path / "fifo.log")  # opening a FIFO for reading would wait for a writer for ever
+    with pytest.raises(OSError):
+        _tail(tmp_path / "fifo.log")
+
+
+def test_why_the_service_is_degraded_is_for_admins_only(tmp_path):
+    import inspect
+
+    from goodput.sched.service import Service, local_pools
+    from goodput.sched.ui.routes import DEGRADED_FOR_TENANTS, LiveFeed
+
+    kw = {"allow_root_jobs": True} if "allow_root_jobs" in inspect.signature(Service).parameters else {}
+    svc = Service(f"sqlite:///{tmp_path / 's.db'}", local_pools(1, 1), state_dir=tmp_path, url="http://x", **kw)
+    try:
+        feed = LiveFeed(svc)
+        assert feed.overview(Viewer("bob", False))["degraded"] is None
+        # what a store's error says: a database's host and user, a row's content
+        svc.degraded = 'the store cannot be read: connection to "db.internal" as user "goodput" failed'
+        feed._base = None  # the next overview copies afresh
+        assert feed.overview(Viewer("bob", False))["degraded"] == DEGRADED_FOR_TENANTS
+        assert "db.internal" in feed.overview(Viewer("ops", True))["degraded"]
+    finally:
+        svc.degraded = ""
+        svc.executor.close()
+        svc.store.close()

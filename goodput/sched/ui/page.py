@@ -6,6 +6,7 @@ library and the data, so it opens from disk in a browser with no network and no 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from importlib import resources
@@ -15,19 +16,34 @@ from typing import Any
 WALL_CLOCK_AFTER = 1e9  # seconds: a log whose first record is later than 2001 is on the wall clock
 STATIC_FILES = ("app.js", "app.css", "chart.umd.min.js", "chart.js.LICENSE.md")
 SECURITY_HEADERS = {
-    # the page's own files only: no CDN, no inline script; Chart.js sizes its canvases by style attributes
-    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    # the page's own files only: no CDN, no inline script, no inline style (the script sets styles
+    # through the CSSOM, as Chart.js does, which a policy does not restrict); never framed
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
     "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+# the JSON the page reads and the page's files (errors included): never sniffed as HTML, never run as a
+# document, never framed, never kept by a cache (the JSON is one viewer's cut)
+DATA_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
 
 
 def static_file(name: str) -> bytes | None:
-    """One of the dashboard's shipped files by its bare name (nothing else: no path is ever joined)."""
-    if name not in STATIC_FILES:
-        return None
+    """One of the dashboard's shipped files by its bare name (nothing else: no path is ever joined);
+    read once, not on every request (they are served without a token)."""
+    return _shipped(name) if name in STATIC_FILES else None
+
+
+@functools.cache  # keyed by the few shipped names only (an unknown name never reaches it)
+def _shipped(name: str) -> bytes:
     return resources.files(__package__).joinpath("static", name).read_bytes()
 
 

@@ -9,14 +9,19 @@ job's log file) happens outside it.
 
 from __future__ import annotations
 
+import os
+import stat
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+import anyio
+import anyio.to_thread
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.responses import HTMLResponse, Response
+from fastapi.routing import APIRoute
 
 from ..model import JobState
 from . import page
@@ -25,6 +30,13 @@ from .views import QUEUE_SHOWN, JobFacts, LiveState, NodeFacts, Viewer, job_page
 
 LOG_TAIL_BYTES = 16_384
 SHARED_FOR_S = 1.0  # the series and the ledger are recomputed at most this often (every viewer polls)
+# the dashboard's work runs on threads of its own, never more than this many at once: however many
+# tabs poll (or one tenant's burst of requests), the service's own worker threads stay free for the API
+UI_THREADS = 2
+UI_WAITING_MAX = 64  # requests waiting for one of those threads beyond this are refused (503)
+BUSY_WAIT_S = 10.0  # a request that cannot take the feed's lock in this long is refused (503)
+RETRY_AFTER_S = 2
+DEGRADED_FOR_TENANTS = "the scheduler's store cannot be read now; what is shown may be stale"
 _TYPES = {
     ".js": "text/javascript; charset=utf-8",
     ".css": "text/css; charset=utf-8",
@@ -160,8 +172,15 @@ class LiveFeed:
         self._base = (time.monotonic(), st, order)
         return st, order
 
+    def _locked(self) -> Any:
+        """The feed's lock, or a 503 when another request has held it for ``BUSY_WAIT_S`` (a replay of
+        a long log after a restart): a request waits a bounded time, never for ever."""
+        if not self.lock.acquire(timeout=BUSY_WAIT_S):
+            raise HTTPException(503, "the dashboard is busy; retry", headers={"Retry-After": str(RETRY_AFTER_S)})
+        return _Held(self.lock)
+
     def overview(self, viewer: Viewer) -> dict[str, Any]:
-        with self.lock:
+        with self._locked():
             base, order = self._state()
             res = base.reservation
             if viewer.admin:
@@ -191,12 +210,14 @@ class LiveFeed:
                 weights = {name: w for name, (w, _q, _u) in st.tenants.items()}
                 hit = self._shared = (st.now, tl.count, (tl.series(st.now), tl.ledger(st.now, weights)))
             out = live_overview(st, tl, viewer, hit[2])
-            # the service's store refused and memory could not be rebuilt: what is shown may be stale
-            out["degraded"] = str(getattr(self.svc, "degraded", "") or "") or None
+            # the service's store refused and memory could not be rebuilt: what is shown may be stale.
+            # Its reason is the store's own error (a database's host, user, a row's content): admins only
+            why = str(getattr(self.svc, "degraded", "") or "")
+            out["degraded"] = (why if viewer.admin else DEGRADED_FOR_TENANTS) if why else None
             return out
 
     def job(self, viewer: Viewer, job_id: str, extra: dict[str, Any]) -> dict[str, Any]:
-        with self.lock:
+        with self._locked():
             st, _order = self._state()
             tl = self.timeline
             assert tl is not None
@@ -204,6 +225,19 @@ class LiveFeed:
             if info is None:
                 raise HTTPException(404, f"no job {job_id!r}")
             return job_page(info, tl, st.now, extra, viewer, tl.owner)
+
+
+class _Held:
+    """A lock already acquired, released on leaving the ``with``."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.lock = lock
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
 
 
 def _tier(durable: Any, fast: Any, epoch: int) -> str:
@@ -216,41 +250,90 @@ def _tier(durable: Any, fast: Any, epoch: int) -> str:
 
 
 def _tail(path: Path) -> str:
-    with open(path, "rb") as f:
-        f.seek(0, 2)
-        size = f.tell()
+    """The last ``LOG_TAIL_BYTES`` of a job's log: a regular file only, its last component never a
+    link (a link or a FIFO where a log should be is an error, not someone else's file or a hang)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(0, "not a regular file")
+        size = os.fstat(fd).st_size
         f.seek(max(0, size - LOG_TAIL_BYTES))
         data = f.read(LOG_TAIL_BYTES)
     text = data.decode("utf-8", errors="replace")
     return text if size <= LOG_TAIL_BYTES else text.split("\n", 1)[-1]
 
 
+class _Guarded(APIRoute):
+    """A /ui route whose every answer, an error (401, 404, 503) included, carries the dashboard's
+    security headers (:data:`.page.SECURITY_HEADERS` for the page, :data:`.page.DATA_HEADERS` for the
+    JSON and the files)."""
+
+    def get_route_handler(self) -> Callable[[Request], Any]:
+        inner = super().get_route_handler()
+        headers = page.SECURITY_HEADERS if self.path == "/ui" else page.DATA_HEADERS
+
+        async def handler(request: Request) -> Response:
+            try:
+                resp = await inner(request)
+            except HTTPException as e:
+                e.headers = {**headers, **(e.headers or {})}
+                raise
+            for k, v in headers.items():
+                resp.headers.setdefault(k, v)
+            return resp
+
+        return handler
+
+
+class _Worker:
+    """Runs the dashboard's blocking work on at most ``UI_THREADS`` threads of its own (made on first
+    use: a limiter belongs to the running event loop)."""
+
+    def __init__(self) -> None:
+        self.limiter: anyio.CapacityLimiter | None = None
+
+    async def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self.limiter is None:
+            self.limiter = anyio.CapacityLimiter(UI_THREADS)
+        if self.limiter.statistics().tasks_waiting >= UI_WAITING_MAX:
+            raise HTTPException(503, "the dashboard is busy; retry", headers={"Retry-After": str(RETRY_AFTER_S)})
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+
+
 def router(svc: Any, person: Callable[..., Any]) -> APIRouter:
     """The dashboard's routes for ``svc``; ``person`` is the service's dependency that authenticates a
     tenant or admin token (and refuses job tokens)."""
-    r = APIRouter(include_in_schema=False)
+    r = APIRouter(include_in_schema=False, route_class=_Guarded)
     feed = LiveFeed(svc)
+    work = _Worker()
 
     def viewer_of(c: Any) -> Viewer:
         return Viewer(tenant=c.tenant, admin=c.role == "admin")
 
     @r.get("/ui", response_class=HTMLResponse)
-    def ui_page() -> HTMLResponse:
-        return HTMLResponse(page.live_html(), headers=page.SECURITY_HEADERS)
+    async def ui_page() -> HTMLResponse:
+        return HTMLResponse(page.live_html())
 
     @r.get("/ui/static/{name}")
-    def ui_static(name: str) -> Response:
+    async def ui_static(name: str) -> Response:
         body = page.static_file(name)
         if body is None:
-            raise HTTPException(404, f"no file {name!r}")
+            raise HTTPException(404, "no such file")
         return Response(body, media_type=_TYPES.get(Path(name).suffix, "application/octet-stream"))
 
+    # encoded on the dashboard's thread too (an admin's overview of a large cluster is not small), with
+    # non-finite numbers as null: JSON has no infinity, and one job's must not make the page a 500
     @r.get("/ui/api/overview")
-    def ui_overview(c: Any = Depends(person)) -> JSONResponse:
-        return JSONResponse(feed.overview(viewer_of(c)), headers={"Cache-Control": "no-store"})
+    async def ui_overview(c: Any = Depends(person)) -> Response:
+        body = await work(lambda v: page.to_json(feed.overview(v)).encode(), viewer_of(c))
+        return Response(body, media_type="application/json")
 
     @r.get("/ui/api/jobs/{job_id}")
-    def ui_job(job_id: str, c: Any = Depends(person)) -> JSONResponse:
+    async def ui_job(job_id: str, c: Any = Depends(person)) -> Response:
+        body = await work(lambda: page.to_json(_job_page(job_id, c)).encode())
+        return Response(body, media_type="application/json")
+
+    def _job_page(job_id: str, c: Any) -> dict[str, Any]:
         with svc.lock:
             job = svc.own_job(c, job_id)  # 404 for another tenant's job: its existence is not disclosed
             reports = {
@@ -287,8 +370,9 @@ def router(svc: Any, person: Callable[..., Any]) -> APIRouter:
                 log = {"epoch": e, "tail": "", "error": f"cannot read {p.name}: {err.strerror}"}
                 break
         extra["log"] = log
-        return JSONResponse(feed.job(viewer_of(c), jid, extra), headers={"Cache-Control": "no-store"})
+        return feed.job(viewer_of(c), jid, extra)
 
+    svc.ui_feed = feed  # the service's dashboard feed, for tools and tests (the service does not use it)
     return r
 
 

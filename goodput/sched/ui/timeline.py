@@ -172,8 +172,10 @@ class Timeline:
         for rec in records:
             try:
                 self._apply(rec)
-            except (TypeError, ValueError, KeyError, AttributeError):
-                continue  # a record of a shape this reader does not know: skipped, the rest still counts
+            except (TypeError, ValueError, KeyError, AttributeError, OverflowError):
+                # a record of a shape this reader does not know (or ``int(Infinity)``, which Python's JSON
+                # reads): skipped, the rest still counts
+                continue
             self.count += 1
 
     def _job(self, jid: str) -> JobInfo:

@@ -13,12 +13,17 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .timeline import JobInfo, Preemption, Timeline
+from .timeline import PRIORITY_VICTIM_OF, JobInfo, Preemption, Timeline
 
 OTHER = "(another tenant)"
 PREEMPTIONS_SHOWN = 200
 QUEUE_SHOWN = 500  # pending jobs listed (the rest are counted, "more")
 STATIC_JOB_PAGES = 400  # job pages embedded in a static report (preempted and running ones first)
+# a job's page lists at most this many of its newest records, runs and checkpoints: a job that posts
+# commit reports for weeks must not make its page (built under the dashboard's lock) megabytes long
+HISTORY_SHOWN = 500
+RUNS_SHOWN = 200
+CHECKPOINTS_SHOWN = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +92,16 @@ class LiveState:
     index: dict[str, list[tuple[int, str]]] | None = None  # queue_index(order), computed once per copy
 
 
+def shown_ref(ref: str, viewer: Viewer | None, owner: Any) -> str:
+    """A record's reference to a job (``victim_of``, ``preemptor``) as ``viewer`` may see it: a cluster
+    event's word (reclaim, drain, ...) or a job of the viewer's own tenant as it is; any other job,
+    including one whose owner is not known here, anonymous (fail closed: an unknown id may be another
+    tenant's, and its id carries its name)."""
+    if viewer is None or viewer.admin or not ref or ref in PRIORITY_VICTIM_OF:
+        return ref
+    return ref if viewer.sees(owner.get(ref, "") or "") else OTHER
+
+
 class Owners:
     """Job -> tenant over several maps, first hit wins (no copy of a 100,000-entry map per request)."""
 
@@ -123,12 +138,16 @@ def cluster_view(nodes: list[NodeFacts], states: dict[str, str], viewer: Viewer,
     for n in nodes:
         pools.setdefault(n.pool, n.kind)
         segs = []
+        anonymous: dict[str, int] = {}
         used = 0
         for jid, g in sorted(n.alloc.items()):
             used += g
             st = "draining" if states.get(jid) == "preempting" else "busy"
-            mine = viewer.sees(owner.get(jid, ""))
-            segs.append({"job": jid if mine else None, "gpus": g, "state": st})
+            if viewer.sees(owner.get(jid, "")):
+                segs.append({"job": jid, "gpus": g, "state": st})
+            else:  # merged per state, after the viewer's own: neither their number nor their ids' order shows
+                anonymous[st] = anonymous.get(st, 0) + g
+        segs += [{"job": None, "gpus": anonymous[st], "state": st} for st in ("busy", "draining") if st in anonymous]
         out.append(
             {
                 "name": n.name,
@@ -158,7 +177,7 @@ def preemption_view(p: Preemption, viewer: Viewer, owner: dict[str, str]) -> dic
         "tenant": p.tenant if victim_mine else None,
         "epoch": p.epoch,
         "reason": p.reason,
-        "victim_of": p.victim_of if (not p.preemptor or pre_mine) else None,
+        "victim_of": shown_ref(p.victim_of, viewer, owner) if (not p.preemptor or pre_mine) else None,
         "preemptor": (p.preemptor if pre_mine else OTHER) if p.preemptor else None,
         "checkpoint": p.checkpoint,
         "deadline_s": _f(p.deadline_s),
@@ -225,8 +244,8 @@ def _redact(rec: dict[str, Any], viewer: Viewer | None, owner: dict[str, str]) -
     if viewer is not None and not viewer.admin:
         for k in JOB_REFS:
             v = out.get(k)
-            if isinstance(v, str) and v in owner and not viewer.sees(owner[v]):
-                out[k] = OTHER
+            if v is not None:
+                out[k] = shown_ref(v, viewer, owner) if isinstance(v, str) else OTHER
     return out
 
 
@@ -242,7 +261,7 @@ def job_page(
     For a tenant ``viewer`` (its own job), another tenant's job named in a record is anonymous."""
     owner = owner if owner is not None else tl.owner
     runs = []
-    for r in j.runs:
+    for r in j.runs[-RUNS_SHOWN:]:
         runs.append(
             {
                 "epoch": r.epoch,
@@ -261,13 +280,14 @@ def job_page(
                 "account_gpu_s": r.account(now),
             }
         )
-    checkpoints = [
-        {"t": rec.get("t"), "epoch": rec.get("epoch"), "progress_s": rec.get("progress_s")}
-        for rec in j.records
-        if rec.get("event") == "checkpoint_committed"
-    ]
-    rejected = [rec for rec in j.records if rec.get("event") == "commit_rejected"]
-    history = [_redact(rec, viewer, owner) for rec in j.records]
+    checkpoints, rejected = [], 0
+    for rec in j.records:
+        kind = rec.get("event")
+        if kind == "checkpoint_committed":
+            checkpoints.append({"t": rec.get("t"), "epoch": rec.get("epoch"), "progress_s": rec.get("progress_s")})
+        elif kind == "commit_rejected":
+            rejected += 1
+    history = [_redact(rec, viewer, owner) for rec in j.records[-HISTORY_SHOWN:]]
     out: dict[str, Any] = {
         "id": j.id,
         "name": j.id.rsplit(".", 1)[0] if "." in j.id else j.id,
@@ -283,9 +303,12 @@ def job_page(
         "restarts": max(0, len(j.runs) - 1),
         "failed_reason": j.failed_reason or None,
         "history": history,
+        "history_total": len(j.records),
         "runs": runs,
-        "checkpoints": checkpoints,
-        "commits_rejected": len(rejected),
+        "runs_total": len(j.runs),
+        "checkpoints": checkpoints[-CHECKPOINTS_SHOWN:],
+        "checkpoints_total": len(checkpoints),
+        "commits_rejected": rejected,
         "reports": None,
         "log": None,
     }
@@ -420,9 +443,7 @@ def live_overview(
                 "at_risk_gpu_s": gpus * max(0.0, age),
                 "to_limit_s": j.started_s + j.run_limit_s - now,
                 "deadline_s": _f(j.deadline_s),
-                "victim_of": (j.victim_of if viewer.sees(owner.get(j.victim_of, j.tenant)) else OTHER)
-                if j.victim_of
-                else None,
+                "victim_of": shown_ref(j.victim_of, viewer, owner) or None,
             }
         )
     running.sort(key=lambda r: -r["at_risk_gpu_s"])

@@ -5,7 +5,9 @@
   "use strict";
   var TOKEN_KEY = "goodput.token";
   var POLL_MS = 2000;
-  var state = { data: null, charts: {}, timer: null, view: "", jobTimer: null };
+  var CELLS_MAX = 64;  // GPU cells drawn per node; a node (or a log) claiming more shows the rest as a count
+  // gen: bumped by every request and by signing out; an answer to an older one is dropped, never drawn
+  var state = { data: null, charts: {}, timer: null, view: "", jobTimer: null, gen: 0 };
   var embedded = document.getElementById("goodput-data");
   var STATIC = embedded ? JSON.parse(embedded.textContent) : null;
 
@@ -17,6 +19,7 @@
         if (!Object.prototype.hasOwnProperty.call(attrs, k) || attrs[k] === null || attrs[k] === undefined) continue;
         if (k === "text") e.textContent = String(attrs[k]);
         else if (k === "cls") e.className = attrs[k];
+        else if (k === "style") e.style.cssText = attrs[k];  // the CSSOM: the page's policy allows no inline style attribute
         else e.setAttribute(k, attrs[k]);
       }
     }
@@ -102,6 +105,7 @@
   // ------------------------------------------------------------------ auth and fetching
   function token() { try { return sessionStorage.getItem(TOKEN_KEY) || ""; } catch (e) { return ""; } }
   function showLogin(msg) {
+    state.gen++;  // an answer still on its way (to the token just dropped) is not drawn
     stopPolling();
     destroyCharts();
     document.getElementById("app").hidden = true;
@@ -116,7 +120,6 @@
   function api(path) {
     return fetch(path, { headers: { Authorization: "Bearer " + token() }, cache: "no-store", credentials: "omit" }).then(function (r) {
       if (r.status === 401 || (r.status === 403 && /^\/ui\/api\/overview/.test(path))) {
-        try { sessionStorage.removeItem(TOKEN_KEY); } catch (e) { /* private mode */ }
         var err = new Error("unauthorized"); err.status = 401; err.code = r.status; throw err;
       }
       if (!r.ok) {
@@ -134,31 +137,45 @@
     stopPolling();
     if (!STATIC) state.timer = setTimeout(refresh, document.hidden ? 5 * POLL_MS : POLL_MS);  // a hidden tab asks less
   }
+  function decodeId(s) {  // a hash anyone can write: a malformed escape is no job, not a stopped page
+    try { return decodeURIComponent(s); } catch (e) { return null; }
+  }
   function refresh() {
     var route = location.hash.replace(/^#/, "");
     var m = /^job\/(.+)$/.exec(route);
+    var id = m ? decodeId(m[1]) : null;
     var p;
     if (STATIC) {
-      if (m) { renderJob(STATIC.job_pages[decodeURIComponent(m[1])] || null, decodeURIComponent(m[1])); }
+      if (m) renderJob(id !== null && Object.prototype.hasOwnProperty.call(STATIC.job_pages, id) ? STATIC.job_pages[id] : null, id === null ? m[1] : id);
       else renderOverview(STATIC);
       return;
     }
-    if (!token()) { showLogin(""); return; }
-    p = m ? api("/ui/api/jobs/" + encodeURIComponent(decodeURIComponent(m[1]))) : api("/ui/api/overview");
+    var tok = token();
+    if (!tok) { showLogin(""); return; }
+    if (m && id === null) { renderJob(null, m[1]); schedule(); return; }
+    var gen = ++state.gen;
+    // drawn only if nothing was asked since (signing in or out asks anew) and with the same token
+    function current() { return gen === state.gen && token() === tok; }
+    p = m ? api("/ui/api/jobs/" + encodeURIComponent(id)) : api("/ui/api/overview");
     p.then(function (d) {
+      if (!current()) return;
       document.getElementById("login").hidden = true;
       document.getElementById("logout").hidden = false;
-      if (m) renderJob(d, decodeURIComponent(m[1])); else renderOverview(d);
+      if (m) renderJob(d, id); else renderOverview(d);
       setStatus("updated " + new Date().toLocaleTimeString());
       schedule();
     }).catch(function (e) {
+      if (!current()) return;  // a refusal of a token already replaced must not drop the new one
       if (e.status === 401) {
+        try { sessionStorage.removeItem(TOKEN_KEY); } catch (err) { /* private mode */ }
         showLogin(e.code === 403 ? "This token cannot view the dashboard (a job token only reports its commits)."
           : "That token was not accepted (unknown or expired).");
         return;
       }
-      if (m && e.status === 404) { renderJob(null, decodeURIComponent(m[1])); schedule(); return; }
-      setStatus("update failed: " + e.message + " (retrying)");
+      if (m && e.status === 404) { renderJob(null, id); schedule(); return; }
+      var msg = "update failed: " + e.message + " (retrying)";
+      setStatus(msg);
+      if (!document.getElementById("login").hidden) document.getElementById("login-error").textContent = msg;
       schedule();
     });
   }
@@ -322,8 +339,9 @@
       var flag = n.health === "lost" ? "LOST" : n.health === "reclaiming" ? "notice" + (n.notice_s ? " until " + whenShort(n.notice_s) : "") : "";
       var used = 0, parts = [];
       var cells = el("span", { cls: "cells" });
+      var drawn = 0;
       n.segments.forEach(function (s) {
-        for (var i = 0; i < s.gpus; i++) {
+        for (var i = 0; i < s.gpus && drawn < CELLS_MAX; i++, drawn++) {
           var cell = el("i", { cls: "cell" + (s.job ? "" : " other") + (s.state === "draining" ? " draining" : "") });
           if (s.job) cell.style.backgroundColor = jobColour(s.job);
           cells.appendChild(cell);
@@ -332,7 +350,8 @@
         if (s.state === "draining") draining += s.gpus; else busy += s.gpus;
         parts.push(s.gpus + " " + s.state + " (" + (s.job || "another tenant") + ")");
       });
-      for (var i = used; i < n.gpus; i++) cells.appendChild(el("i", { cls: "cell" + (n.health === "lost" ? " lost" : "") }));
+      for (var i = used; i < n.gpus && drawn < CELLS_MAX; i++, drawn++) cells.appendChild(el("i", { cls: "cell" + (n.health === "lost" ? " lost" : "") }));
+      if (n.gpus > drawn || used > drawn) cells.appendChild(el("span", { cls: "note", text: " +" + num(Math.max(n.gpus, used) - drawn, 0) + " GPUs" }));
       if (n.health === "lost") lost += n.gpus; else idle += Math.max(0, n.gpus - used);
       var label = n.name + ", pool " + n.pool + " (" + n.kind + "), " + n.health + (flag ? " " + flag : "") + ": " +
         (parts.length ? parts.join(", ") : "all idle") + ", " + Math.max(0, n.gpus - used) + " of " + n.gpus + " GPUs free";
@@ -518,6 +537,7 @@
     ].reduce(function (acc, kv) { acc.push(el("dt", { text: kv[0] }), el("dd", { text: kv[1] === null || kv[1] === undefined ? "–" : String(kv[1]) })); return acc; }, [])));
     app.appendChild(sec);
     var runs = panel("job-runs", "Runs and restarts");
+    if (j.runs_total > j.runs.length) runs.appendChild(el("p", { cls: "note", text: "the last " + j.runs.length + " of " + j.runs_total + " runs" }));
     runs.appendChild(table("runs", ["epoch", "pool", "nodes", "started", "resumed from", "commits", "last commit", "asked to leave", "exited", "status", "useful (GPU-h)", "lost (GPU-h)"],
       j.runs.map(function (r) {
         var a = r.account_gpu_s || {};
@@ -527,6 +547,7 @@
     app.appendChild(runs);
     var ck = panel("job-checkpoints", "Checkpoints");
     if (!j.checkpoints.length) ck.appendChild(el("p", { text: "No committed checkpoint yet." }));
+    else if (j.checkpoints_total > j.checkpoints.length) ck.appendChild(el("p", { cls: "note", text: "the last " + j.checkpoints.length + " of " + j.checkpoints_total + " checkpoints" }));
     else ck.appendChild(table("committed checkpoints", ["when", "epoch", "progress"], j.checkpoints.map(function (c) { return { cells: [when(c.t), c.epoch, dur(c.progress_s)] }; }), [false, true, true]));
     if (j.commits_rejected) ck.appendChild(el("p", { cls: "note", text: j.commits_rejected + " commit report(s) rejected (stale epoch or going backwards)." }));
     if (j.reports) {
@@ -539,6 +560,7 @@
     }
     app.appendChild(ck);
     var hist = panel("job-history", "State history");
+    if (j.history_total > j.history.length) hist.appendChild(el("p", { cls: "note", text: "the last " + j.history.length + " of " + j.history_total + " records" }));
     var cur = "";
     hist.appendChild(table("event history", ["when", "event", "state", "details"], j.history.map(function (h) {
       var rest = {};

@@ -397,9 +397,9 @@ class SlurmExecutor:
         """Submit the gang held; never raises into the pass (a run that cannot be submitted is reported at
         the next poll: lost when Slurm would not take it, failed when the job cannot run)."""
         with self._lock:
-            old = self.runs.get(job.id)
-            if old is not None and old.epoch != job.epoch:  # a run the core no longer counts: never two
-                self._cancel(old)
+            old = self.runs.pop(job.id, None)
+            if old is not None:  # the core starts only a job it does not count as running: never two
+                self._forget(old)
             try:
                 run = self._submit(job, nodes, resume_from_s)
             except Exception as e:  # noqa: BLE001 - the pass must go on
@@ -473,6 +473,31 @@ class SlurmExecutor:
                     self.table.delete(run.job, run.epoch)
                     out[run.job] = "cancelled"
         return out
+
+    def reconcile(self, jobs: dict[str, Job]) -> dict[str, str]:
+        """After the scheduler was rebuilt from its store in this process (a store write failed): every
+        run the store does not count (a start whose commit failed) is cancelled and forgotten, its exit
+        never reported (the same epoch may be started again, and that run's exit is the one to report)."""
+        out: dict[str, str] = {}
+        with self._lock:
+            for run in list(self.runs.values()):
+                job = jobs.get(run.job)
+                live = job is not None and job.epoch == run.epoch and job.state.value in ("running", "preempting")
+                if not live:
+                    del self.runs[run.job]
+                    self._forget(run)
+                    out[run.job] = "cancelled"
+        return out
+
+    def _forget(self, run: SlurmRun) -> None:
+        """Cancel a run no one counts and drop every trace of it but its log (the lock held)."""
+        if run.slurm_id >= 0:
+            self._cancel(run, save=False)
+        self._unreleased = [j for j in self._unreleased if j != run.job]
+        self.table.delete(run.job, run.epoch)
+        if run.dir:
+            with contextlib.suppress(OSError):
+                os.unlink(Path(run.dir, "token"))
 
     # ------------------------------------------------------------------ the watcher
 

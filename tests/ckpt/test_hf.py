@@ -189,3 +189,30 @@ def test_dcps_hugging_face_reader_and_writer_call_shapes(tmp_path: Path) -> None
     assert torch.equal(t["w"], w)
     with pytest.raises(TypeError, match="goodput.ckpt.export"):
         gc.save({"w": w}, storage_writer=HuggingFaceStorageWriter(str(tmp_path / "out")))
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux's VmHWM")
+def test_export_holds_one_shard_in_memory(tmp_path: Path) -> None:
+    """8 tensors of 8 MiB, shards of 16 MiB: the export's peak memory grows by about one shard,
+    not by the checkpoint's 64 MiB."""
+    import subprocess
+    import sys
+    import textwrap
+
+    gc.save({f"t{i}": torch.full((2 << 20,), float(i)) for i in range(8)}, tmp_path / "ck")
+    gc.save({"small": torch.ones(4)}, tmp_path / "small")
+    code = f"""
+        import json, torch, safetensors.torch, goodput.ckpt as gc
+        def peak():
+            with open("/proc/self/status") as f:
+                return next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmHWM:"))
+        gc.export({str(tmp_path / "small")!r}, {str(tmp_path / "warm")!r})  # imports and first use
+        base = peak()
+        res = gc.export({str(tmp_path / "ck")!r}, {str(tmp_path / "hf")!r}, max_shard_size=16 << 20)
+        print(json.dumps({{"delta": peak() - base, "files": res.files}}))
+    """
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert len(r["files"]) == 5  # 4 shards of 2 tensors, and the index
+    assert r["delta"] <= 24 << 20, r  # one 16 MiB shard and some slack; the whole is 64 MiB

@@ -1,13 +1,17 @@
-"""Executes a read plan: the byte runs read in parallel threads and verified against the block
-checksums, each thread with a scratch buffer carved from one bounded budget, so a load never holds
-a whole saved chunk it does not need (which is where DCP runs out of memory).
+"""Executes a read plan: the byte runs read and verified against the block checksums with
+bounded memory, so a load never holds a whole saved chunk it does not need (which is where DCP
+runs out of memory). On a file system each data file is read in order by one thread while a
+pool as wide as the cores checks and places the landed pieces; on an object store the pieces
+are read in parallel (:class:`ChunkReader`).
 
 numpy only: the torch-free reader uses it.
 """
 
 from __future__ import annotations
 
+import copy
 import os
+import queue
 import threading
 import time
 from collections import deque
@@ -24,7 +28,7 @@ import numpy as np
 from .crc import combine_blocks
 from .errors import CheckpointError
 from .format import Metadata
-from .read_plan import ChunkOps, ReadPlanner, Request
+from .read_plan import ChunkOps, ReadPlan, ReadPlanner, Request
 from .storage import Source, Storage, storage_for
 
 DEFAULT_READ_BUFFER = 256 << 20
@@ -188,7 +192,219 @@ def _corrupt(md: Metadata, ch: int, k: int, n: int) -> CheckpointError:
     )
 
 
+class _Stream:
+    """What one consumer of a chunk sequence remembers between its ChunkOps: a chunk with more
+    runs than a batch comes in parts, counted once, its checksum table read once."""
+
+    def __init__(self) -> None:
+        self.last_chunk = -1
+        self.table: tuple[int, _Once] | None = None
+
+
+class _Groups:
+    """The reads of a partial chunk read (some runs of a chunk, verified): the blocks the runs
+    touch, joined across gaps within the amplification budget, cut into groups of at most
+    ``piece`` bytes. A group is read back to back into one buffer (:meth:`read`), then verified
+    with one CRC and its runs copied out in one call (:meth:`place`): the per-read Python cost is
+    what bounds a load made of many small reads."""
+
+    def __init__(self, md: Metadata, o: ChunkOps, piece: int, max_amplification: float):
+        B = md.block_bytes
+        length = int(md.cols["length"][o.chunk])
+        # mark the blocks the runs touch; read maximal spans of them, bounded by the piece
+        # (over the blocks between this part's first and last run only: a chunk in many parts
+        # must not cost a pass over all its blocks for each)
+        self.ends = ends = o.src + o.nbytes
+        b_lo = int(o.src.min()) // B
+        nblocks = (int(ends.max()) - 1) // B + 1 - b_lo
+        marks = np.zeros(nblocks + 1, np.int64)
+        np.add.at(marks, o.src // B - b_lo, 1)
+        np.add.at(marks, (ends - 1) // B + 1 - b_lo, -1)
+        touched = np.cumsum(marks[:-1]) > 0
+        edges = np.flatnonzero(np.diff(np.concatenate([[False], touched, [False]]).astype(np.int8))) + b_lo
+        spans = coalesce(edges.reshape(-1, 2), B, max_amplification * int(o.nbytes.sum()))
+        longest = int(o.nbytes.max())
+        per_piece = max(1, piece // B)
+        groups: list[list[tuple[int, int]]] = [[]]
+        size = 0
+        for b0, b1 in spans.tolist():
+            for p0 in range(b0, b1, per_piece):
+                p1 = min(b1, p0 + per_piece)
+                if size + (p1 - p0) > per_piece and groups[-1]:
+                    groups.append([])
+                    size = 0
+                groups[-1].append((p0, p1))
+                size += p1 - p0
+        # per piece: its byte range and the runs that meet it, found for all pieces at once
+        flat = [pc for g in groups for pc in g]
+        self.p_lo = p_lo = np.array([p0 for p0, _ in flat], np.int64) * B
+        self.p_hi = p_hi = np.minimum(np.array([p1 for _, p1 in flat], np.int64) * B, length)
+        self.i0s = np.searchsorted(o.src, p_lo - longest, side="left")
+        self.i1s = np.searchsorted(o.src, p_hi, side="left")
+        cuts = np.cumsum([0] + [len(g) for g in groups if g])
+        self.bounds = list(zip(cuts[:-1].tolist(), cuts[1:].tolist()))
+        self.o = o
+
+    def size(self, g0: int, g1: int) -> int:
+        return int((self.p_hi[g0:g1] - self.p_lo[g0:g1]).sum())
+
+    def read(self, g0: int, g1: int, buf: memoryview, src: Source, base: int, fname: str) -> None:
+        """The group's pieces back to back into ``buf``: one system call each, nothing else."""
+        lo, hi = self.p_lo[g0:g1], self.p_hi[g0:g1]
+        n = hi - lo
+        pos = np.concatenate([[0], np.cumsum(n)])
+        fd = src.fd  # POSIX: os.preadv directly, without a method call per read
+        preadv = os.preadv
+        for a, m, at in zip((lo + base).tolist(), n.tolist(), pos[:-1].tolist()):
+            if fd is None:
+                src.read_into(buf[at : at + m], a, fname)
+                continue
+            try:
+                got = preadv(fd, [buf[at : at + m]], a)
+            except OSError:
+                got = 0  # read_into retries and, if it fails again, names the file
+            if got != m:  # short read: finish it, or fail naming the file
+                src.read_into(buf[at + max(got, 0) : at + m], a + max(got, 0), fname)
+
+    def place(self, reader: ChunkReader, g0: int, g1: int, buf: memoryview, expect: np.ndarray, dests: list) -> None:
+        """Verify the group in ``buf`` and copy every run meeting it into the destinations."""
+        o = self.o
+        lo, hi = self.p_lo[g0:g1], self.p_hi[g0:g1]
+        n = hi - lo
+        pos = np.concatenate([[0], np.cumsum(n)])
+        total = int(pos[-1])
+        nv = reader._verify_pieces(o.chunk, buf, lo, hi, pos, expect)
+        # the runs meeting each piece, clipped to it, at their place in the buffer
+        c0, c1 = self.i0s[g0:g1], self.i1s[g0:g1]
+        cnt = c1 - c0
+        idx = np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt) + np.repeat(c0, cnt)
+        plo, phi, ppos = np.repeat(lo, cnt), np.repeat(hi, cnt), np.repeat(pos[:-1], cnt)
+        ra = np.maximum(o.src[idx], plo)
+        rb = np.minimum(self.ends[idx], phi)
+        keep = ra < rb
+        if not keep.all():
+            idx, ra, rb, plo, ppos = idx[keep], ra[keep], rb[keep], plo[keep], ppos[keep]
+        copy_at(
+            np.frombuffer(buf, np.uint8),
+            ppos + (ra - plo),
+            rb - ra,
+            o.dst[idx] + (ra - o.src[idx]),
+            o.req[idx],
+            dests,
+        )
+        reader.stats.add(verified_blocks=nv, reads=len(n), bytes_read=total)
+
+
+class _Pipeline:
+    """Pieces landed by the file readers, checked and placed by a pool as wide as the cores.
+
+    A reader takes a slot (:meth:`acquire`) before it reads a piece and the task it hands over
+    (:meth:`submit`) gives it back when done, so at most ``slots`` pieces are in flight, and the
+    buffers pieces are read into when they are not read in place (``slots`` × ``slot_bytes``,
+    made on first use) stay within the load's read buffer. The pool starts with the second
+    piece: a load of one piece starts no thread. The first error (a reader's or a task's) stops
+    every reader at its next piece; :meth:`finish` waits for every task before it raises it, so
+    nothing writes into the caller's tensors after the load returns."""
+
+    def __init__(self, workers: int, slots: int, slot_bytes: int):
+        self.workers = max(1, workers)
+        self.slots = max(1, slots)
+        self.slot_bytes = slot_bytes
+        self._sem = threading.Semaphore(self.slots)
+        self._free: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
+        self._made = 0
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._held: Callable[[], None] | None = None
+        self.errors: list[BaseException] = []
+        self.failed = threading.Event()
+
+    def fail(self, e: BaseException) -> None:
+        with self._lock:
+            self.errors.append(e)
+        self.failed.set()
+
+    def acquire(self) -> bool:
+        """Wait for a slot; False once the load has failed (the reader stops)."""
+        if not self._sem.acquire(blocking=False):
+            with self._lock:
+                self._start()  # a task held back for a small load must run to free its slot
+            self._sem.acquire()
+        if self.failed.is_set():
+            self._sem.release()
+            return False
+        return True
+
+    def buffer(self) -> np.ndarray:
+        """A read buffer of ``slot_bytes`` (called holding a slot: one is free or can be made)."""
+        try:
+            return self._free.get_nowait()
+        except queue.Empty:
+            pass
+        with self._lock:
+            if self._made < self.slots:
+                self._made += 1
+                return np.empty(self.slot_bytes, np.uint8)
+        return self._free.get()
+
+    def release(self, buf: np.ndarray | None = None) -> None:
+        """Give a slot back unused (the read failed before its task was handed over)."""
+        if buf is not None:
+            self._free.put(buf)
+        self._sem.release()
+
+    def submit(self, fn: Callable[[], None], buf: np.ndarray | None = None) -> None:
+        def task() -> None:
+            try:
+                if not self.failed.is_set():
+                    fn()
+            except BaseException as e:
+                self.fail(e)
+            finally:
+                self.release(buf)
+
+        with self._lock:
+            if self._pool is None and self._held is None:
+                self._held = task
+                return
+            self._start()
+            assert self._pool is not None
+            self._pool.submit(task)
+
+    def _start(self) -> None:
+        if self._pool is None and self._held is not None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="goodput-check")
+        if self._held is not None:
+            assert self._pool is not None
+            self._pool.submit(self._held)
+            self._held = None
+
+    def finish(self) -> None:
+        """Run or wait for every task handed over; raise the first error."""
+        with self._lock:
+            held, self._held = (self._held, None) if self._pool is None else (None, self._held)
+            self._start()
+            pool = self._pool
+        if held is not None:
+            held()
+        if pool is not None:
+            pool.shutdown(wait=True)
+        if self.errors:
+            raise self.errors[0]
+
+
 class ChunkReader:
+    """Reads and verifies the byte runs of a plan into the destinations.
+
+    On storage with file descriptors (POSIX) each data file is read by one thread in file order,
+    in large pieces straight into the destination (or into a bounded read buffer where only some
+    bytes of a chunk are needed), while the checksums of landed pieces and their placement run
+    on a pool as wide as the cores: a file read in order at one offset gets the device's large
+    requests and the kernel's readahead, where pieces read at several interleaved offsets ran
+    at about half the throughput (docs/BENCHMARKS.md). Up to ``threads`` files are read at once.
+    On an object store, where every request is a round trip, ``threads`` pieces are read in
+    parallel instead, each verified by the thread that read it."""
+
     def __init__(
         self,
         directory: Path,
@@ -199,17 +415,19 @@ class ChunkReader:
         threads: int,
         max_amplification: float = 1.1,
         storage: Storage | None = None,
+        check_threads: int | None = None,
     ):
         self.md = md
         self.max_amplification = max_amplification
         self.files = Files(directory, md, storage)
         self.verify = verify
         self.threads = max(1, threads)
+        self.read_buffer = read_buffer
+        self.check_threads = max(1, check_threads or os.cpu_count() or 1)
         self.scratch_bytes = max(md.block_bytes, (read_buffer // self.threads) // md.block_bytes * md.block_bytes)
         self._local = threading.local()
         self.stats = ReadStats()
-        self._last_chunk = -1
-        self._table: tuple[int, _Once] | None = None
+        self._stream = _Stream()
 
     def scratch(self, n: int) -> memoryview:
         buf = getattr(self._local, "buf", None)
@@ -221,41 +439,158 @@ class ChunkReader:
     def run(self, ops: Iterable[ChunkOps], dests: list[np.ndarray]) -> ReadStats:
         t0 = time.perf_counter()
         try:
-            tasks = (t for o in ops for t in self.chunk_tasks(o, dests))
-            head = list(islice(tasks, 2))
-            if self.threads == 1 or len(head) <= 1:  # a small load starts no threads
-                for task in chain(head, tasks):
-                    task()
+            streams = self._file_streams(ops)
+            if streams is None:
+                self._run_parallel(ops, dests)
             else:
-                tasks = chain(head, tasks)
-                # tasks are made as the plan is consumed and at most 2 x threads wait at once,
-                # so the runs and checksum tables held stay bounded however large the load
-                with ThreadPoolExecutor(self.threads, thread_name_prefix="goodput-read") as pool:
-                    pending: deque[Future] = deque()
-                    for task in tasks:
-                        if len(pending) >= 2 * self.threads:
-                            pending.popleft().result()
-                        pending.append(pool.submit(task))
-                    while pending:
-                        pending.popleft().result()
+                self._run_sequential(streams, dests)
         finally:
             self.files.close()
         self.stats.seconds += time.perf_counter() - t0
         return self.stats
 
-    def chunk_tasks(self, o: ChunkOps, dests: list[np.ndarray]) -> list[Callable[[], None]]:
-        """Independent pieces of work (each at most one scratch buffer) for the thread pool, so
-        that one large chunk is still read and verified by all threads at once."""
+    def _file_streams(self, ops: Iterable[ChunkOps]) -> list[tuple[int, Iterable[ChunkOps]]] | None:
+        """The plan cut into one plan per data file (the plan is ordered by file), when every
+        file it reads has a descriptor; None otherwise (an object store, or ``ops`` that is not
+        a whole plan), for the parallel ranged reads."""
+        if not isinstance(ops, ReadPlan):
+            return None
+        chunk_col = ops.cols[4]
+        fids = self.md.cols["file"][ops.P[:, chunk_col]] if len(ops.P) else np.zeros(0, np.int64)
+        cuts = [0, *(np.flatnonzero(np.diff(fids)) + 1).tolist(), len(fids)]
+        streams = []
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            if a == b:
+                continue
+            fid = int(fids[a])
+            if self.files.source(fid).fd is None:
+                return None
+            sub = copy.copy(ops)
+            sub.P, sub.Q, sub.lo, sub.hi, sub.nruns = ops.P[a:b], ops.Q[a:b], ops.lo[a:b], ops.hi[a:b], ops.nruns[a:b]
+            streams.append((fid, sub))
+        return streams
+
+    def _pieces(self) -> tuple[int, int]:
+        """(slots, bytes a slot): the pieces in flight, within the read buffer."""
+        B = self.md.block_bytes
+        want = 2 * self.check_threads + min(self.threads, len(self.md.files))
+        piece = min(PIECE, max(B, self.read_buffer // want // B * B))
+        return max(1, min(want, self.read_buffer // piece)), piece
+
+    def _run_sequential(self, streams: list[tuple[int, Iterable[ChunkOps]]], dests: list[np.ndarray]) -> None:
+        slots, piece = self._pieces()
+        pipe = _Pipeline(self.check_threads, slots, piece)
+        try:
+            readers = min(self.threads, len(streams))
+            if readers <= 1:
+                for _, sub in streams:
+                    self._read_file(sub, dests, pipe, piece)
+            else:
+                with ThreadPoolExecutor(readers, thread_name_prefix="goodput-read") as rp:
+                    for f in [rp.submit(self._read_file, sub, dests, pipe, piece) for _, sub in streams]:
+                        f.result()
+        except BaseException as e:
+            pipe.fail(e)
+        pipe.finish()
+
+    def _read_file(self, ops: Iterable[ChunkOps], dests: list[np.ndarray], pipe: _Pipeline, piece: int) -> None:
+        """One data file's runs, in file order, by one thread; checks and copies go to the pool."""
+        st = _Stream()
+        try:
+            for o in ops:
+                if pipe.failed.is_set():
+                    return
+                self._read_chunk(o, dests, pipe, piece, st)
+        except BaseException as e:
+            pipe.fail(e)
+
+    def _begin(self, o: ChunkOps, st: _Stream) -> tuple[Source, str, int, int]:
         md = self.md
         ch = o.chunk
         src = self.files.source(int(md.cols["file"][ch]))
-        fd = src.fd  # POSIX: the hot loop below calls os.preadv directly
-        fname = md.describe_chunk(ch)  # read errors name the file and the tensor
-        base = int(md.cols["offset"][ch])
-        length = int(md.cols["length"][ch])
-        first_part = ch != self._last_chunk  # a chunk with more runs than a batch comes in parts
-        self._last_chunk = ch
+        first_part = ch != st.last_chunk  # a chunk with more runs than a batch comes in parts
+        st.last_chunk = ch
         self.stats.add(chunks=int(first_part), bytes_needed=int(o.nbytes.sum()))
+        # read errors name the file and the tensor
+        return src, md.describe_chunk(ch), int(md.cols["offset"][ch]), int(md.cols["length"][ch])
+
+    def _table(self, ch: int, st: _Stream) -> _Once:
+        if st.table is None or st.table[0] != ch:  # read once for all of a chunk's parts
+            st.table = (ch, _Once(partial(chunk_block_crcs, self.files, self.md, ch, self.stats)))
+        return st.table[1]
+
+    def _read_chunk(self, o: ChunkOps, dests: list[np.ndarray], pipe: _Pipeline, piece: int, st: _Stream) -> None:
+        md = self.md
+        ch = o.chunk
+        src, fname, base, length = self._begin(o, st)
+        if not self.verify:  # nothing to check: every run read straight into its destination
+            reads = 0
+            for s, d, n, r in zip(o.src.tolist(), o.dst.tolist(), o.nbytes.tolist(), o.req.tolist()):
+                view = memoryview(dests[r])[d : d + n]
+                for a in range(0, n, PIECE):
+                    src.read_into(view[a : a + PIECE], base + s + a, fname)
+                    reads += 1
+            self.stats.add(bytes_read=int(o.nbytes.sum()), reads=reads)
+            return
+        table = self._table(ch, st).get()  # on this thread: one read a file (or a chunk), in order
+        B = md.block_bytes
+        if len(o.src) == 1 and o.src[0] == 0 and o.nbytes[0] == length:
+            # whole chunk into one contiguous destination: read in place, verified there
+            view = memoryview(dests[int(o.req[0])])[int(o.dst[0]) : int(o.dst[0]) + length]
+            for a in range(0, length, PIECE):
+                if not pipe.acquire():
+                    return
+                part = view[a : a + PIECE]
+                try:
+                    src.read_into(part, base + a, fname)
+                except BaseException:
+                    pipe.release()
+                    raise
+                pipe.submit(partial(self._check_in_place, ch, part, a // B, table))
+            return
+        groups = _Groups(md, o, piece, self.max_amplification)
+        for g0, g1 in groups.bounds:
+            if not pipe.acquire():
+                return
+            buf = pipe.buffer()
+            mv = memoryview(buf)[: groups.size(g0, g1)]
+            try:
+                groups.read(g0, g1, mv, src, base, fname)
+            except BaseException:
+                pipe.release(buf)
+                raise
+            pipe.submit(partial(groups.place, self, g0, g1, mv, table, dests), buf)
+
+    def _check_in_place(self, ch: int, part: memoryview, first_block: int, table: np.ndarray) -> None:
+        self.stats.add(
+            verified_blocks=check_blocks(self.md, ch, part, first_block, table), reads=1, bytes_read=len(part)
+        )
+
+    def _run_parallel(self, ops: Iterable[ChunkOps], dests: list[np.ndarray]) -> None:
+        tasks = (t for o in ops for t in self.chunk_tasks(o, dests))
+        head = list(islice(tasks, 2))
+        if self.threads == 1 or len(head) <= 1:  # a small load starts no threads
+            for task in chain(head, tasks):
+                task()
+            return
+        tasks = chain(head, tasks)
+        # tasks are made as the plan is consumed and at most 2 x threads wait at once,
+        # so the runs and checksum tables held stay bounded however large the load
+        with ThreadPoolExecutor(self.threads, thread_name_prefix="goodput-read") as pool:
+            pending: deque[Future] = deque()
+            for task in tasks:
+                if len(pending) >= 2 * self.threads:
+                    pending.popleft().result()
+                pending.append(pool.submit(task))
+            while pending:
+                pending.popleft().result()
+
+    def chunk_tasks(self, o: ChunkOps, dests: list[np.ndarray]) -> list[Callable[[], None]]:
+        """Independent pieces of work (each at most one scratch buffer) for the parallel reads,
+        so that one large chunk is still read and verified by all threads at once."""
+        md = self.md
+        ch = o.chunk
+        src, fname, base, length = self._begin(o, self._stream)
         piece = min(self.scratch_bytes, PIECE)
         if not self.verify:
             groups: list[list[tuple[int, int, int, int]]] = [[]]
@@ -273,11 +608,10 @@ class ChunkReader:
                 self.stats.add(bytes_read=sum(g[2] for g in group), reads=len(group))
 
             return [partial(plain, g) for g in groups if g]
-        if self._table is None or self._table[0] != ch:  # read once for all of a chunk's parts
-            # by the first of its tasks to run, on a reader thread: the tables of the chunks in
-            # flight are fetched in parallel (on an object store each is a round trip)
-            self._table = (ch, _Once(partial(chunk_block_crcs, self.files, md, ch, self.stats)))
-        table = self._table[1]
+        # the table is read by the first of the chunk's tasks to run, on a reader thread: the
+        # tables of the chunks in flight are fetched in parallel (on an object store each is a
+        # round trip)
+        table = self._table(ch, self._stream)
         B = md.block_bytes
         if len(o.src) == 1 and o.src[0] == 0 and o.nbytes[0] == length:
             # whole chunk into one contiguous destination: read in place, verify there
@@ -286,86 +620,17 @@ class ChunkReader:
             def direct(a: int) -> None:
                 part = view[a : a + piece]
                 src.read_into(part, base + a, fname)
-                self.stats.add(
-                    verified_blocks=check_blocks(md, ch, part, a // B, table.get()), reads=1, bytes_read=len(part)
-                )
+                self._check_in_place(ch, part, a // B, table.get())
 
             return [partial(direct, a) for a in range(0, length, piece)]
-        # mark the blocks the runs touch; read maximal spans of them, bounded by the scratch
-        # (over the blocks between this part's first and last run only: a chunk in many parts
-        # must not cost a pass over all its blocks for each)
-        ends = o.src + o.nbytes
-        b_lo = int(o.src.min()) // B
-        nblocks = (int(ends.max()) - 1) // B + 1 - b_lo
-        marks = np.zeros(nblocks + 1, np.int64)
-        np.add.at(marks, o.src // B - b_lo, 1)
-        np.add.at(marks, (ends - 1) // B + 1 - b_lo, -1)
-        touched = np.cumsum(marks[:-1]) > 0
-        edges = np.flatnonzero(np.diff(np.concatenate([[False], touched, [False]]).astype(np.int8))) + b_lo
-        spans = coalesce(edges.reshape(-1, 2), B, self.max_amplification * int(o.nbytes.sum()))
-        longest = int(o.nbytes.max())
-        per_piece = max(1, piece // B)
-        groups: list[list[tuple[int, int]]] = [[]]
-        size = 0
-        for b0, b1 in spans.tolist():
-            for p0 in range(b0, b1, per_piece):
-                p1 = min(b1, p0 + per_piece)
-                if size + (p1 - p0) > per_piece and groups[-1]:
-                    groups.append([])
-                    size = 0
-                groups[-1].append((p0, p1))
-                size += p1 - p0
-
-        # per piece: its byte range and the runs that meet it, found for all pieces at once
-        flat = [pc for g in groups for pc in g]
-        p_lo = np.array([p0 for p0, _ in flat], np.int64) * B
-        p_hi = np.minimum(np.array([p1 for _, p1 in flat], np.int64) * B, length)
-        i0s = np.searchsorted(o.src, p_lo - longest, side="left")
-        i1s = np.searchsorted(o.src, p_hi, side="left")
-        cuts = np.cumsum([0] + [len(g) for g in groups if g])
+        g = _Groups(md, o, piece, self.max_amplification)
 
         def run_group(g0: int, g1: int) -> None:
-            """Read a group's pieces back to back into one scratch buffer (one syscall each and
-            nothing else in the loop), verify them with one CRC, copy every run in one call: the
-            per-read Python cost is what bounds a load made of many small reads."""
-            lo, hi = p_lo[g0:g1], p_hi[g0:g1]
-            n = hi - lo
-            pos = np.concatenate([[0], np.cumsum(n)])
-            total = int(pos[-1])
-            buf = self.scratch(total)
-            preadv = os.preadv
-            for a, m, at in zip((lo + base).tolist(), n.tolist(), pos[:-1].tolist()):
-                if fd is None:
-                    src.read_into(buf[at : at + m], a, fname)
-                    continue
-                try:
-                    got = preadv(fd, [buf[at : at + m]], a)
-                except OSError:
-                    got = 0  # read_into retries and, if it fails again, names the file
-                if got != m:  # short read: finish it, or fail naming the file
-                    src.read_into(buf[at + max(got, 0) : at + m], a + max(got, 0), fname)
-            nv = self._verify_pieces(ch, buf, lo, hi, pos, table.get())
-            # the runs meeting each piece, clipped to it, at their place in the buffer
-            c0, c1 = i0s[g0:g1], i1s[g0:g1]
-            cnt = c1 - c0
-            idx = np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt) + np.repeat(c0, cnt)
-            plo, phi, ppos = np.repeat(lo, cnt), np.repeat(hi, cnt), np.repeat(pos[:-1], cnt)
-            ra = np.maximum(o.src[idx], plo)
-            rb = np.minimum(ends[idx], phi)
-            keep = ra < rb
-            if not keep.all():
-                idx, ra, rb, plo, ppos = idx[keep], ra[keep], rb[keep], plo[keep], ppos[keep]
-            copy_at(
-                np.frombuffer(buf, np.uint8),
-                ppos + (ra - plo),
-                rb - ra,
-                o.dst[idx] + (ra - o.src[idx]),
-                o.req[idx],
-                dests,
-            )
-            self.stats.add(verified_blocks=nv, reads=len(n), bytes_read=total)
+            buf = self.scratch(g.size(g0, g1))
+            g.read(g0, g1, buf, src, base, fname)
+            g.place(self, g0, g1, buf, table.get(), dests)
 
-        return [partial(run_group, int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:])]
+        return [partial(run_group, g0, g1) for g0, g1 in g.bounds]
 
     def _verify_pieces(
         self,

@@ -12,7 +12,8 @@ the public map: each public name and the module that holds it.
 
 How the modules fit, for a reader of the code (each module's first line says what it holds):
 
-- the save path, from :mod:`.saver` down: :mod:`.state` (a state dict as leaves),
+- the save path, from :mod:`.saver` down: :mod:`.state` (a state dict as leaves; tensor
+  subclasses that describe their shards through DCP's protocol: :mod:`.tensor_protocol`),
   :mod:`.agreement` (rank 0's verdict and the save plan), :mod:`.writer` (data files),
   :mod:`.commit` (metadata, manifest, the commit round); asynchronous saves add
   :mod:`.async_saver`, :mod:`.staging` (the host copy), :mod:`.background` (the file-based

@@ -167,6 +167,7 @@ class _Job:
         "run_pool",
         "last_exit",
         "pools_seen",
+        "preempt_reason",
     )
 
     def __init__(self, jid: str, nodes: int, gpn: int) -> None:
@@ -199,6 +200,7 @@ class _Job:
         self.run_pool = ""
         self.last_exit = ""
         self.pools_seen: tuple[str, ...] | None = None  # allowed(): cached until its inputs change
+        self.preempt_reason = ""  # why the current run was asked to leave
 
 
 class _Auditor:
@@ -753,6 +755,8 @@ class _Auditor:
             )
             return
         j.preempted = True
+        r = rec.get("reason")
+        j.preempt_reason = r if isinstance(r, str) else ("" if rec.get("victim_of") not in _INFRA else rec["victim_of"])
         if "preemptor" in rec:
             pid = rec["preemptor"]
         else:
@@ -861,6 +865,7 @@ class _Auditor:
             self.flag("preemption_counted_as_failure", t, who, f"{event} as a failure though {why}")
         j.preempted = False
         j.lost_under = False
+        j.preempt_reason = ""
 
     def on_requeued(self, rec: dict[str, Any], t: float) -> None:
         j = self.job(rec, t, "requeued")
@@ -916,7 +921,13 @@ class _Auditor:
         if j is None:
             return
         flagged = j.phase != _AWAIT
-        self.dispose(j, t, "failed", True)
+        # a run stopped at its time limit ends failed (Slurm's TIMEOUT), and a job whose
+        # infrastructure budget is spent ends failed for it: neither is its own failure
+        reason = rec.get("reason")
+        ok = (reason == "time_limit" and j.preempt_reason == "time_limit") or (
+            reason == "infrastructure" and (j.preempted or j.lost_under)
+        )
+        self.dispose(j, t, f"failed ({reason})" if reason else "failed", not ok)
         self.end(j, t, "failed", flagged)
 
     def on_cancelled(self, rec: dict[str, Any], t: float) -> None:

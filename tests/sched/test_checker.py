@@ -293,6 +293,34 @@ def test_preemption_counted_as_failure(log: Log) -> None:
     only(check(log.records, CAP), "preemption_counted_as_failure")
 
 
+def stopped(reason: str, failed_reason: str | None, *, lost: bool = False) -> Log:
+    g = Log().submit("j").start("j", 1, ["a"])
+    if lost:
+        g.e("node_lost", node="a")
+    else:
+        g.e("preempt_requested", job="j", epoch=1, victim_of=reason, reason=reason, preemptor=None, lost_s=0.0,
+            deadline_s=30.0, checkpoint=False)  # fmt: skip
+    g.exit("j", 1, "killed").release("j", 1, ["a"])
+    return g.e("failed", job="j", **({"reason": failed_reason} if failed_reason else {}))
+
+
+@pytest.mark.parametrize(
+    ("reason", "failed_reason", "lost", "bad"),
+    [
+        ("time_limit", "time_limit", False, False),  # Slurm's TIMEOUT: the documented end
+        ("reclaim", "infrastructure", False, False),  # its infrastructure budget spent
+        ("", "infrastructure", True, False),
+        ("priority", "time_limit", False, True),  # a priority preemption read as a time limit
+        ("time_limit", "failure", False, True),
+        ("time_limit", None, False, True),  # an old log cannot say why: a failure after a notice
+    ],
+)
+def test_failed_for_a_time_limit_or_the_infrastructure(
+    reason: str, failed_reason: str | None, lost: bool, bad: bool
+) -> None:
+    only(pol(stopped(reason, failed_reason, lost=lost).records), "preemption_counted_as_failure" if bad else None)
+
+
 def test_failure_before_a_node_loss_is_a_failure() -> None:
     g = Log().submit("j").start("j", 1, ["a"]).exit("j", 1, "failed").e("node_lost", node="a")
     g.release("j", 1, ["a"]).requeue("j", "failure")

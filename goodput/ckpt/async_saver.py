@@ -264,6 +264,16 @@ class AsyncSaver:
         self._submit(target, args)
         return handle
 
+    def busy(self) -> bool:
+        """Whether a save is being written on any rank (a collective when there are several):
+        what ``if_busy="skip"`` would skip for, asked before the state is gathered for nothing."""
+        busy = self.inflight is not None and not self.inflight.done()
+        if self.world > 1:
+            flag = torch.tensor([int(busy)], dtype=torch.int32, device=collective.device(self.group))
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+            busy = bool(flag[0])
+        return busy
+
     def _submit(self, fn: Callable[..., None], args: tuple) -> None:
         """Hand work to the saver's background thread. One persistent thread, not one per save:
         starting a thread blocks the caller until the new thread has run, which on a busy

@@ -269,6 +269,8 @@ class Checkpointer:
         return h
 
     def _save(self, step: int, state: dict[str, Any], data: Any, if_busy: str | None) -> AsyncSave | None:
+        if (if_busy or self.saver.if_busy) == "skip" and self.saver.busy():
+            return None  # skipped before the RNG and the loader's state_dict() are taken for nothing
         full = self._full_state(state, data if data is not None else self.data)
         if self.fast is not None:  # written to the fast tier, committed through the durable one
             h = self.saver.save(

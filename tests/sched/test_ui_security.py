@@ -259,6 +259,7 @@ def test_the_static_report_of_a_hostile_log_runs_nothing_and_stays_usable(tmp_pa
     log.write_text("".join(json.dumps(r) + "\n" for r in recs))  # writes Infinity, as a careless tool would
     out = write_report(log, tmp_path / "r.html", title=ATTACK, notes=[ATTACK])
     page = page_of()
+    page.add_init_script(CSP_WATCH)
     page.goto(out.as_uri())
     expect(page.locator("#cluster")).to_be_visible(timeout=WAIT_MS)
     expect(page.locator("#preemptions")).to_contain_text("<img src=x")  # as text
@@ -268,5 +269,38 @@ def test_the_static_report_of_a_hostile_log_runs_nothing_and_stays_usable(tmp_pa
         page.goto(f"{out.as_uri()}#job/{bad}")
         expect(page.locator("#app h2")).to_contain_text("No job", timeout=WAIT_MS)
     assert page.evaluate("window.__xss") is None
+    assert page.evaluate("window.__csp") == []  # its own scripts and style run under its own policy
+    # ... which refuses any other script, should one ever reach the page
+    page.evaluate("(() => { const s = document.createElement('script'); s.textContent = 'window.__xss = 3';"
+                  " document.body.appendChild(s); })()")  # fmt: skip
+    assert page.evaluate("window.__xss") is None
     assert page.locator("#app img, #app script").count() == 0
     assert page.locator("#cluster .cell").count() <= 64 + 8  # the legend's cells and at most 64 per node
+
+
+def test_a_revoked_token_or_a_job_token_gets_nothing_and_the_page_returns_to_its_form(live, page_of):
+    s = live()
+    alice = s.token("alice")
+    jid = s.submit(alice, "seen-then-not")
+    s.wait_running(jid, alice)
+    with s.svc.lock:  # the run's own token, as the job reads it from its token file
+        job_token = s.svc._job_token(s.svc.sched.jobs[jid])
+    for path in ("/ui/api/overview", f"/ui/api/jobs/{jid}"):
+        code, _h, body = s.get(path, job_token)
+        assert code == 403 and b"seen-then-not" not in body, (path, code)
+    page = page_of()
+    _login(page, s, alice)
+    expect(page.locator("#running")).to_contain_text("seen-then-not", timeout=WAIT_MS)
+    prefix = alice[:11]
+    r = _cli("sched", "token", "revoke", prefix, "--db", s.db)
+    assert r.returncode == 0, r.stderr
+    expect(page.get_by_label("Bearer token")).to_be_visible(timeout=WAIT_MS)
+    expect(page.locator("#login-error")).to_contain_text("not accepted")
+    expect(page.locator("#app")).to_be_hidden()
+    assert page.evaluate("sessionStorage.getItem('goodput.token')") is None
+    assert s.get("/ui/api/overview", alice)[0] == 401
+    # a pasted value a header cannot carry is refused at once, not kept and retried
+    page.get_by_label("Bearer token").fill("gp_\u00e9t\u00e9 token")
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.locator("#login-error")).to_contain_text("not a token")
+    assert page.evaluate("sessionStorage.getItem('goodput.token')") is None

@@ -6,9 +6,12 @@ library and the data, so it opens from disk in a browser with no network and no 
 
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
 import json
 import math
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -76,16 +79,33 @@ def to_json(data: dict[str, Any]) -> str:
 
 
 def static_html(data: dict[str, Any]) -> str:
-    """One self-contained page: the script, the chart library and ``data`` inlined."""
+    """One self-contained page: the script, the chart library and ``data`` inlined.
+
+    It carries its own Content-Security-Policy (a ``<meta>``, the page opens from disk): only its own
+    two scripts and its stylesheet, by their SHA-256, run or apply, and nothing is fetched; should a
+    value of the log ever reach the markup, a script in it would not run."""
     css = static_file("app.css").decode()  # type: ignore[union-attr]
     chart = static_file("chart.umd.min.js").decode()  # type: ignore[union-attr]
     app = static_file("app.js").decode()  # type: ignore[union-attr]
     # inside <script>, "</script" would end the element: every "<" in the data is written as \u003c
     payload = to_json(data).replace("<", "\\u003c")
-    head = f"<style>\n{css}\n</style>\n<script>\n{_script_safe(chart)}\n</script>"
-    body = f'<script id="goodput-data" type="application/json">{payload}</script>\n<script>\n{_script_safe(app)}\n</script>'
+    style, lib, code = f"\n{css}\n", f"\n{_script_safe(chart)}\n", f"\n{_script_safe(app)}\n"
+    csp = (
+        f"default-src 'none'; script-src {_sha256(lib)} {_sha256(code)}; style-src {_sha256(style)}; "
+        "img-src data:; base-uri 'none'; form-action 'none'"
+    )
+    head = (
+        f'<meta http-equiv="Content-Security-Policy" content="{csp}">\n<style>{style}</style>\n<script>{lib}</script>'
+    )
+    body = f'<script id="goodput-data" type="application/json">{payload}</script>\n<script>{code}</script>'
     title = str(data.get("title") or "goodput sched report").replace("&", "&amp;").replace("<", "&lt;")
-    return _template().replace("<!--HEAD-->", head).replace("<!--DATA-->", body).replace("<!--TITLE-->", title)
+    parts = {"<!--HEAD-->": head, "<!--DATA-->": body, "<!--TITLE-->": title}
+    # one pass: a marker inside what was put in (the data, a title) is never replaced in its turn
+    return re.sub("<!--(HEAD|DATA|TITLE)-->", lambda m: parts[m.group(0)], _template())
+
+
+def _sha256(text: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
 
 
 def _script_safe(code: str) -> str:

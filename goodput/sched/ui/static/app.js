@@ -590,6 +590,11 @@
       e.preventDefault();
       var t = document.getElementById("token").value.trim();
       if (!t) return;
+      if (!/^[\x21-\x7e]{1,256}$/.test(t)) {  // a header cannot carry it: never kept, never retried
+        document.getElementById("token").value = "";
+        document.getElementById("login-error").textContent = "That is not a token (printable ASCII, no spaces, at most 256 characters).";
+        return;
+      }
       try { sessionStorage.setItem(TOKEN_KEY, t); } catch (err) { /* private mode: this page only */ }
       document.getElementById("token").value = "";
       document.getElementById("login-error").textContent = "";

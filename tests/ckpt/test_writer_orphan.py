@@ -62,3 +62,6 @@ def test_sigkilled_trainer_leaves_no_writer_no_segment_no_commit(tmp_path: Path)
     finally:
         if trainer.poll() is None:
             trainer.kill()
+            trainer.wait(30)
+        if trainer.stdout is not None:
+            trainer.stdout.close()

@@ -157,6 +157,9 @@ class Timeline:
         self.runs: list[Run] = []
         self.active: dict[str, Run] = {}  # job -> its run not yet released
         self.preemptions: list[Preemption] = []
+        # tenant -> indices into ``preemptions`` where its job was the victim or the preemptor: a
+        # tenant's view reads its own, not every preemption of the cluster on every poll
+        self.preemptions_of: dict[str, list[int]] = {}
         self.node_health: dict[str, str] = {}  # absent: up
         self.node_notice: dict[str, float] = {}
         self.node_down: dict[str, list[list[float]]] = {}  # node -> [[lost_t, up_t or inf], ...]
@@ -262,6 +265,9 @@ class Timeline:
                 candidates=[c for c in rec.get("candidates") or [] if isinstance(c, dict)],
             )
             self.preemptions.append(p)
+            k = len(self.preemptions) - 1
+            for tn in {j.tenant, self.owner.get(preemptor, "") if preemptor else ""} - {""}:
+                self.preemptions_of.setdefault(tn, []).append(k)
             if run is not None and run.preempt_t is None:
                 run.preempt_t = t
                 run.preemption = len(self.preemptions) - 1

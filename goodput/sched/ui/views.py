@@ -199,15 +199,20 @@ def preemption_view(p: Preemption, viewer: Viewer, owner: dict[str, str]) -> dic
 
 
 def preemptions_view(tl: Timeline, viewer: Viewer, owner: dict[str, str]) -> dict[str, Any]:
+    """The newest ``PREEMPTIONS_SHOWN`` preemptions the viewer may see, and how many it may see: an
+    admin's of every preemption, a tenant's of those of its own jobs (the timeline's index, so a poll
+    costs what it shows, not the length of the cluster's history)."""
+    idxs = range(len(tl.preemptions)) if viewer.admin else tl.preemptions_of.get(viewer.tenant, [])
     shown: list[dict[str, Any]] = []
-    total = 0
-    for p in reversed(tl.preemptions):
-        v = preemption_view(p, viewer, owner)
+    total = len(idxs)
+    for i in reversed(idxs):
+        if len(shown) >= PREEMPTIONS_SHOWN:
+            break
+        v = preemption_view(tl.preemptions[i], viewer, owner)
         if v is None:
+            total -= 1
             continue
-        total += 1
-        if len(shown) < PREEMPTIONS_SHOWN:
-            shown.append(v)
+        shown.append(v)
     return {"items": shown, "total": total}
 
 

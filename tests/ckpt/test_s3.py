@@ -297,6 +297,11 @@ def test_cli_commands_take_s3_locations(weed: Weed, bucket: str) -> None:
     assert v.returncode == 0 and f"ok: {root}/step_00000003" in " ".join(v.stdout.split()), v.stdout + v.stderr
     i = cli("inspect", f"{root}/step_00000003", "--json")
     assert i.returncode == 0 and "w" in i.stdout
+    assert json.loads(i.stdout)["path"] == f"{root}/step_00000003"  # a URL, never s3:/
+    vj = cli("verify", "--json", f"{root}/step_00000003")
+    assert vj.returncode == 0 and json.loads(vj.stdout)["path"] == f"{root}/step_00000003"
+    table = cli("ls", root)
+    assert table.returncode == 0 and "step_00000003" in table.stdout and "s3:/" + bucket not in table.stdout
     missing = cli("ls", f"s3://{bucket}/none")
     assert missing.returncode == 2 and "does not exist" in missing.stderr
 

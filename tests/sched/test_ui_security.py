@@ -14,6 +14,7 @@ import inspect
 import json
 import os
 import signal
+import sys
 import threading
 import time
 import urllib.error
@@ -68,8 +69,8 @@ class InProcess:
         except urllib.error.HTTPError as e:
             return e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()
 
-    def submit(self, token: str, name: str) -> str:
-        body = {"name": name, "command": SLEEPER, "limit_s": 600, "ckpt_interval_s": 0, "grace_s": 5}
+    def submit(self, token: str, name: str, command: list[str] | None = None) -> str:
+        body = {"name": name, "command": command or SLEEPER, "limit_s": 600, "ckpt_interval_s": 0, "grace_s": 5}
         req = urllib.request.Request(
             self.url + "/jobs",
             data=json.dumps(body).encode(),
@@ -304,3 +305,35 @@ def test_a_revoked_token_or_a_job_token_gets_nothing_and_the_page_returns_to_its
     page.get_by_role("button", name="Sign in").click()
     expect(page.locator("#login-error")).to_contain_text("not a token")
     assert page.evaluate("sessionStorage.getItem('goodput.token')") is None
+
+
+def test_what_a_job_writes_reaches_an_admins_page_as_text(live, page_of):
+    """A tenant's job prints markup to its log and reports a commit whose path is markup: the admin who
+    opens its page runs none of it."""
+    s = live()
+    admin, alice = s.token("ops", "--admin"), s.token("alice")
+    loud = [sys.executable, "-c", f"import time; print({ATTACK!r}, flush=True); time.sleep(120)"]
+    jid = s.submit(alice, "loud", loud)
+    s.wait_running(jid, alice)
+    with s.svc.lock:
+        job = s.svc.sched.jobs[jid]
+        tok, epoch = s.svc._job_token(job), job.epoch
+    req = urllib.request.Request(
+        f"{s.url}/jobs/{jid}/commits",
+        data=json.dumps({"epoch": epoch, "progress_s": 1.0, "path": ATTACK}).encode(),
+        method="POST",
+        headers={"Authorization": f"Bearer {tok}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            accepted = r.status == 200
+    except urllib.error.HTTPError as e:  # a path the service refuses is fine too: then only the log carries it
+        accepted = e.code // 100 == 2
+    page = page_of()
+    _login(page, s, admin)
+    page.goto(f"{s.url}/ui#job/{jid}")
+    expect(page.locator("pre.log")).to_contain_text("<img src=x", timeout=WAIT_MS)
+    if accepted:
+        expect(page.locator("#job-checkpoints")).to_contain_text("<img src=x", timeout=WAIT_MS)
+    assert page.evaluate("window.__xss") is None
+    assert page.locator("#app img, #app script").count() == 0

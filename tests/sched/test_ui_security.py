@@ -31,14 +31,14 @@ ATTACK = '<img src=x onerror="window.__xss=1"></script><script>window.__xss=2</s
 class InProcess:
     """`create_app` on a real `Service` in this process, served by uvicorn on a free loopback port."""
 
-    def __init__(self, tmp: Path, nodes: int = 1) -> None:
+    def __init__(self, tmp: Path, nodes: int = 1, port: int = 0) -> None:
         import uvicorn
 
         from goodput.sched.service import Service, create_app, local_pools
 
         self.tmp = tmp
         self.db = f"sqlite:///{tmp / 'sched.db'}"
-        self.port = _free_port()
+        self.port = port or _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         kw: dict[str, object] = {}
         params = inspect.signature(Service).parameters
@@ -101,8 +101,8 @@ class InProcess:
 def live(tmp_path):
     made: list[InProcess] = []
 
-    def make(nodes: int = 1) -> InProcess:
-        s = InProcess(tmp_path, nodes)
+    def make(nodes: int = 1, port: int = 0) -> InProcess:
+        s = InProcess(tmp_path, nodes, port)
         made.append(s)
         return s
 
@@ -337,3 +337,20 @@ def test_what_a_job_writes_reaches_an_admins_page_as_text(live, page_of):
         expect(page.locator("#job-checkpoints")).to_contain_text("<img src=x", timeout=WAIT_MS)
     assert page.evaluate("window.__xss") is None
     assert page.locator("#app img, #app script").count() == 0
+
+
+def test_a_service_that_restarts_leaves_the_page_marked_stale_then_live_again(live, page_of):
+    s = live()
+    alice = s.token("alice")
+    page = page_of()
+    _login(page, s, alice)
+    expect(page.locator("#stale")).to_have_count(0)
+    s.stop()  # the service goes away: the page keeps what it showed, says since when, and retries
+    expect(page.locator("#stale")).to_be_visible(timeout=WAIT_MS)
+    expect(page.locator("#stale")).to_contain_text("Not updated since")
+    expect(page.locator("#cluster")).to_be_visible()
+    s2 = live(port=s.port)  # the same store, state and port: the same token, no new sign-in
+    jid = s2.submit(alice, "after-restart")
+    expect(page.locator("#app")).to_contain_text("after-restart", timeout=WAIT_MS)
+    expect(page.locator("#stale")).to_be_hidden()
+    assert page.evaluate("sessionStorage.getItem('goodput.token')") == alice and jid

@@ -101,6 +101,14 @@
     return s;
   }
   function setStatus(msg) { document.getElementById("status").textContent = msg; }
+  // the service did not answer (restarting, 503, the network): what is shown stays, marked as old
+  function stale(msg) {
+    var app = document.getElementById("app"), b = document.getElementById("stale");
+    if (!msg) { if (b) b.hidden = true; return; }
+    if (!b) { b = el("p", { id: "stale", cls: "error", role: "alert" }); app.insertBefore(b, app.firstChild); }
+    b.hidden = false;
+    b.textContent = "Not updated since " + (state.lastOk ? state.lastOk.toLocaleTimeString() : "the page opened") + ": " + msg + " (retrying)";
+  }
 
   // ------------------------------------------------------------------ auth and fetching
   function token() { try { return sessionStorage.getItem(TOKEN_KEY) || ""; } catch (e) { return ""; } }
@@ -162,7 +170,9 @@
       document.getElementById("login").hidden = true;
       document.getElementById("logout").hidden = false;
       if (m) renderJob(d, id); else renderOverview(d);
-      setStatus("updated " + new Date().toLocaleTimeString());
+      state.lastOk = new Date();
+      stale("");
+      setStatus("updated " + state.lastOk.toLocaleTimeString());
       schedule();
     }).catch(function (e) {
       if (!current()) return;  // a refusal of a token already replaced must not drop the new one
@@ -176,6 +186,7 @@
       var msg = "update failed: " + e.message + " (retrying)";
       setStatus(msg);
       if (!document.getElementById("login").hidden) document.getElementById("login-error").textContent = msg;
+      else stale(e.message);
       schedule();
     });
   }

@@ -300,6 +300,15 @@ def test_a_revoked_token_or_a_job_token_gets_nothing_and_the_page_returns_to_its
     expect(page.locator("#app")).to_be_hidden()
     assert page.evaluate("sessionStorage.getItem('goodput.token')") is None
     assert s.get("/ui/api/overview", alice)[0] == 401
+    # a token that expires: data while it lives, the form after
+    brief = s.token("alice", "--expires", "3s")
+    assert s.get("/ui/api/overview", brief)[0] == 200
+    page.get_by_label("Bearer token").fill(brief)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.locator("#running")).to_contain_text("seen-then-not", timeout=WAIT_MS)
+    expect(page.get_by_label("Bearer token")).to_be_visible(timeout=WAIT_MS)
+    expect(page.locator("#app")).to_be_hidden()
+    assert s.get("/ui/api/overview", brief)[0] == 401
     # a pasted value a header cannot carry is refused at once, not kept and retried
     page.get_by_label("Bearer token").fill("gp_\u00e9t\u00e9 token")
     page.get_by_role("button", name="Sign in").click()

@@ -23,7 +23,7 @@ class Policy:
     # times the GPU-time the preemptor would wait for its reservation (a victim's loss is waste; the
     # preemptor's wait is not: others use the GPUs meanwhile). False: whatever it costs, as Kueue does
     weigh_wait: bool = True
-    wait_worth: float = 0.25
+    wait_worth: float = 0.1
 
     def __reduce__(self) -> tuple[type[Policy], tuple[Any, ...]]:
         """Rebuilt through its constructor (pickle, copy): compiled, a frozen dataclass refuses the

@@ -1200,7 +1200,7 @@ class Scheduler:
     def _worth(self, job: Job, cls: Class, victims: list[Candidate], now: float) -> bool:
         """Is evicting ``victims`` cheaper than letting ``job`` wait? Their expected loss (the work
         they would redo, the restart they would pay again, their drain: GPU-seconds, all waste) must
-        be at most ``Policy.wait_worth`` (0.25) times the GPU-seconds the job would wait for its own
+        be at most ``Policy.wait_worth`` (0.1) times the GPU-seconds the job would wait for its own
         reservation by the declared ends (a wait wastes nothing: others use the GPUs meanwhile;
         no end frees enough: it is worth it), and at most ``MAX_VICTIMS`` jobs. ``Policy.weigh_wait`` False (the
         Kueue baseline): evict whatever it costs, as Kueue and Slurm do."""

@@ -453,8 +453,8 @@ def test_the_default_limits_are_the_documented_ones() -> None:
 
 def test_a_priority_preemption_is_made_only_when_cheaper_than_waiting() -> None:
     # low never checkpoints and has run 2000 s: evicting it loses 8 x (2000 + 30 + 10) GPU-s; hi
-    # would otherwise wait for other's hold (its limit, over_time_limit_s 60, grace 30): that
-    # of that wait times Policy.wait_worth (0.1) must cover the loss
+    # would otherwise wait for other's hold (its limit, over_time_limit_s 60, grace 30): that wait
+    # in GPU-seconds times Policy.wait_worth (0.1) must cover the loss
     gov = Governance(limits=Limits(min_run_s=0.0))
     for pol, wait_s, preempted in [
         ("goodput", 100.0, False),

@@ -487,8 +487,13 @@ class ChunkReader:
                     self._read_file(sub, dests, pipe, piece)
             else:
                 with ThreadPoolExecutor(readers, thread_name_prefix="goodput-read") as rp:
-                    for f in [rp.submit(self._read_file, sub, dests, pipe, piece) for _, sub in streams]:
-                        f.result()
+                    futures = [rp.submit(self._read_file, sub, dests, pipe, piece) for _, sub in streams]
+                    try:
+                        for f in futures:
+                            f.result()
+                    except BaseException as e:  # (an interrupt) stops the readers before waiting on them
+                        pipe.fail(e)
+                        raise
         except BaseException as e:
             pipe.fail(e)
         pipe.finish()

@@ -33,6 +33,8 @@ from .storage import Source, Storage, storage_for
 
 DEFAULT_READ_BUFFER = 256 << 20
 PIECE = 16 << 20  # unit of work handed to one I/O thread
+INLINE = 1 << 20  # a landed piece smaller than this is checked by its reader: handing it over costs more
+MAX_IN_FLIGHT = 16  # pieces read and not yet checked: enough to keep a device and the checks busy
 TABLE_REGION_BYTES = 4 << 20  # a file's whole checksum table up to this is read in one request
 
 
@@ -353,7 +355,10 @@ class _Pipeline:
             self._free.put(buf)
         self._sem.release()
 
-    def submit(self, fn: Callable[[], None], buf: np.ndarray | None = None) -> None:
+    def submit(self, fn: Callable[[], None], buf: np.ndarray | None = None, inline: bool = False) -> None:
+        """Hand ``fn`` to the pool (``inline``: run it here, for work too small to hand over);
+        the slot (and ``buf``) is given back when it is done."""
+
         def task() -> None:
             try:
                 if not self.failed.is_set():
@@ -363,6 +368,9 @@ class _Pipeline:
             finally:
                 self.release(buf)
 
+        if inline:
+            task()
+            return
         with self._lock:
             if self._pool is None and self._held is None:
                 self._held = task
@@ -473,7 +481,7 @@ class ChunkReader:
     def _pieces(self) -> tuple[int, int]:
         """(slots, bytes a slot): the pieces in flight, within the read buffer."""
         B = self.md.block_bytes
-        want = 2 * self.check_threads + min(self.threads, len(self.md.files))
+        want = min(MAX_IN_FLIGHT, 2 * self.check_threads + min(self.threads, len(self.md.files)))
         piece = min(PIECE, max(B, self.read_buffer // want // B * B))
         return max(1, min(want, self.read_buffer // piece)), piece
 
@@ -551,7 +559,7 @@ class ChunkReader:
                 except BaseException:
                     pipe.release()
                     raise
-                pipe.submit(partial(self._check_in_place, ch, part, a // B, table))
+                pipe.submit(partial(self._check_in_place, ch, part, a // B, table), inline=len(part) < INLINE)
             return
         groups = _Groups(md, o, piece, self.max_amplification)
         for g0, g1 in groups.bounds:
@@ -564,7 +572,7 @@ class ChunkReader:
             except BaseException:
                 pipe.release(buf)
                 raise
-            pipe.submit(partial(groups.place, self, g0, g1, mv, table, dests), buf)
+            pipe.submit(partial(groups.place, self, g0, g1, mv, table, dests), buf, inline=len(mv) < INLINE)
 
     def _check_in_place(self, ch: int, part: memoryview, first_block: int, table: np.ndarray) -> None:
         self.stats.add(

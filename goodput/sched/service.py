@@ -304,6 +304,11 @@ class Service:
         self._tokens_at = 0.0
         self._auth_limiter = anyio.CapacityLimiter(4)  # first uses of tokens: the store, never the event loop
         self._read_limiter = anyio.CapacityLimiter(8)  # the event stream's store reads
+        # listings of checkpoint roots (a tenant's job decides how big its root is): never on the shared
+        # worker threads; one at a time per tenant, 4 in all, and concurrent views of a root share one
+        self._disk_limiter = anyio.CapacityLimiter(4)
+        self._tenant_disk: dict[str, anyio.CapacityLimiter] = {}
+        self._listing: dict[tuple[str, str], tuple[anyio.Event, dict]] = {}
         self._load_facts()
         nodes = None
         if executor == "slurm":  # Slurm launches; pools and nodes are the partition's (goodput.sched.slurm)
@@ -722,6 +727,32 @@ class Service:
             return None
         return str(on_disk)
 
+    async def latest_listed(self, tenant: str, root: str) -> str | None:
+        """:meth:`latest_on_disk` from the event loop: on the listing pool, one listing at a time per
+        tenant (a tenant whose root holds millions of entries waits for its own views only), and a view
+        of a root already being listed waits for that listing's answer instead of listing it again."""
+        if not root:
+            return None
+        key = (tenant, root)
+        running = self._listing.get(key)
+        if running is not None:
+            await running[0].wait()
+            return running[1].get("latest")
+        done, box = anyio.Event(), {}
+        self._listing[key] = (done, box)
+        try:
+            lim = self._tenant_disk.get(tenant)
+            if lim is None:
+                lim = self._tenant_disk[tenant] = anyio.CapacityLimiter(1)
+            async with lim:
+                box["latest"] = await anyio.to_thread.run_sync(
+                    self.latest_on_disk, tenant, root, limiter=self._disk_limiter
+                )
+        finally:
+            self._listing.pop(key, None)
+            done.set()
+        return box["latest"]
+
     # -- event streams -----------------------------------------------------------------------------------
 
     def stream_slot(self, tenant: str, *, check_only: bool = False, release: bool = False) -> None:
@@ -1027,13 +1058,16 @@ def create_app(svc: Service) -> FastAPI:
         return {"jobs": out}
 
     @app.get("/jobs/{job_id}")
-    def show(job_id: str, c: Caller = Depends(person)) -> dict[str, Any]:
-        with svc.lock:
-            job = svc.own_job(c, job_id)
-            d = svc.view(job, detail=True, caller=c)
-            tenant, root = job.tenant, job.ckpt_root
-        # the checkpoint root is listed outside the lock: a root of 40,000 entries holds up no one else
-        d["checkpoint"]["latest_on_disk"] = svc.latest_on_disk(tenant, root)
+    async def show(job_id: str, c: Caller = Depends(person)) -> dict[str, Any]:
+        def locked() -> tuple[dict[str, Any], str, str]:
+            with svc.lock:
+                job = svc.own_job(c, job_id)
+                return svc.view(job, detail=True, caller=c), job.tenant, job.ckpt_root
+
+        d, tenant, root = await anyio.to_thread.run_sync(locked)
+        # the checkpoint root is listed outside the lock and off the shared worker threads: a tenant's
+        # root of 60,000 entries, viewed 40 times at once, holds up no one else (test_isolation)
+        d["checkpoint"]["latest_on_disk"] = await svc.latest_listed(tenant, root)
         return d
 
     @app.post("/jobs/{job_id}/cancel")

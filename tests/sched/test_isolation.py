@@ -240,6 +240,55 @@ def test_files_are_private_and_a_root_service_refuses_a_tenant_without_a_user(se
         assert s.post(f"/jobs/{jid}/cancel", {}, tok)[0] == 200
 
 
+# bob's job fills its own checkpoint root with directories; the service lists that root, as root, for
+# every view of the job (latest_on_disk), seconds of work per view
+BIG_ROOT_JOB = 'cd "$GOODPUT_CKPT_ROOT" && seq 1 60000 | sed s/^/d/ | xargs mkdir && touch made && exec sleep 300\n'
+
+
+def test_bob_viewing_his_huge_checkpoint_root_holds_up_no_one_else(server, users, base):
+    """40 concurrent views of bob's job whose root holds 60,000 directories: each used to list the root
+    on a worker thread of the shared pool (40 threads), so every synchronous endpoint of every tenant
+    hung behind bob's listings. Now a tenant's listings run one at a time on a pool of their own (the
+    same root's views share one listing), and alice's requests answer at once meanwhile."""
+    import concurrent.futures as cf
+
+    alice_user, bob_user = users
+    tenants = [{"name": "alice", "user": alice_user}, {"name": "bob", "user": bob_user}]
+    s = _server(server, base, tenants, extra=("--rate-limit", "100"))
+    s.nodes = 2
+    from .test_service import cluster_json
+
+    s.cluster = cluster_json(base / "cluster.json", 2, tenants)
+    alice, bob = s.token("alice"), s.token("bob")
+    s.start()
+    code, b = s.post("/jobs", {"name": "big", "command": ["/bin/sh", "-c", BIG_ROOT_JOB]}, bob)
+    assert code == 201, b
+    jb = s.wait_job(b["id"], bob, lambda j: j["state"] == "running")
+    root = Path(jb["ckpt_root"])
+    deadline = time.monotonic() + 120
+    while not (root / "made").exists():
+        assert time.monotonic() < deadline, "bob's job did not make its directories"
+        time.sleep(0.2)
+    pool = cf.ThreadPoolExecutor(48)
+    try:
+        views = [pool.submit(s.get, f"/jobs/{b['id']}", bob) for _ in range(44)]
+        time.sleep(2.0)  # bob's views are in (each one a listing of 60,000 entries, before the fix)
+        t0 = time.monotonic()
+        code, listed = s.get("/jobs", alice)
+        waited = time.monotonic() - t0
+        assert code == 200 and listed == {"jobs": []}, listed
+        code, a = s.post("/jobs", {"name": "a", "command": ["/bin/sh", "-c", "exit 0"]}, alice)
+        waited = max(waited, time.monotonic() - t0)
+        assert code == 201, a
+        # generous for a machine shared by several test runs; before the fix alice waited for minutes
+        assert waited < 5.0, f"alice waited {waited:.1f} s behind bob's listings"
+    finally:
+        for f in views:
+            f.cancel()
+        pool.shutdown(wait=False, cancel_futures=True)
+    assert s.post(f"/jobs/{b['id']}/cancel", {}, bob)[0] == 200
+
+
 def _run_record_at(state: Path, jid: str, epoch: int) -> dict:
     return json.loads((state / "runs" / f"{jid}.{epoch}.json").read_text())
 

@@ -14,8 +14,10 @@ from goodput.ckpt.storage import POSIX, storage_for
 
 PKG = Path(gc.__file__).parent
 # modules whose own I/O is not checkpoint storage: the seam itself, the shared-memory staging
-# buffer, the writer process's pipe, and the importer of DCP's (foreign) format
-NOT_STORAGE = {"storage.py", "staging.py", "writer_process.py", "dcp_import.py"}
+# buffer, the writer process's pipe, and the readers and writers of foreign formats: DCP's importer,
+# Hugging Face directories (read where they lie, local only) and the safetensors export (the
+# safetensors library writes a local file, which the exporter commits by replace or uploads)
+NOT_STORAGE = {"storage.py", "staging.py", "writer_process.py", "dcp_import.py", "hf.py", "exporter.py"}
 OS_OPS = {
     "open",
     "replace",

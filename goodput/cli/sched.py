@@ -339,6 +339,12 @@ def serve_cmd(
         "machines only (docs/SCHED.md, Security model).",
     ),
     rate_limit: float = typer.Option(100.0, "--rate-limit", help="Requests a second per token (0: no limit)."),
+    max_user_procs: int = typer.Option(
+        0,
+        "--max-user-procs",
+        help="Processes and threads a tenant's Unix user may hold, all its jobs together (RLIMIT_NPROC); "
+        "0: a quarter of the kernel's pid_max.",
+    ),
 ) -> None:
     """Run the live scheduler: an HTTP API (OpenAPI at /openapi.json) that runs jobs as local process groups
     (or as Slurm jobs: --executor slurm --partition P)."""
@@ -356,6 +362,7 @@ def serve_cmd(
             db, pools, host=host, port=port, state_dir=state_dir, tick_s=tick_s,
             executor="slurm" if opts is not None else "local", executor_options=opts,
             governance=gov, allow_root_jobs=allow_root_jobs, rate_per_s=rate_limit,
+            max_user_procs=max_user_procs or None,
             on_start=lambda lines: [notes.print(f"goodput sched serve: {x}") for x in lines],
         )  # fmt: skip
     except (StoreError, ValueError, OSError) as e:

@@ -81,6 +81,18 @@ ENV_ALLOW_PREFIX = ("LC_",)
 JOB_UMASK = 0o077
 
 
+def default_user_procs() -> int:
+    """The processes (threads included) a tenant's user may hold at once, all its jobs together, unless
+    the operator says otherwise: a quarter of the kernel's pid space, so one tenant's fork bomb cannot
+    take every pid of the machine (the service could then start no one's job). No cgroups here: this
+    is ``RLIMIT_NPROC``, which counts per user, not per job."""
+    try:
+        pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        pid_max = 32768
+    return max(256, pid_max // 4)
+
+
 def job_environment(base: dict[str, str], spec_env: dict[str, str], own: dict[str, str], who: RunAs | None) -> dict:
     """A run's environment: the allowlisted variables of ``base`` (the service's), the user's identity
     (HOME, USER, LOGNAME), the spec's ``env``, then the run's own values, which nothing overrides."""
@@ -197,8 +209,11 @@ class LocalExecutor:
         poll_s: float = 0.1,
         run_as: Callable[[Job], RunAs | None] | None = None,
         env_for: Callable[[Job], dict[str, str]] | None = None,
+        max_user_procs: int | None = None,
     ) -> None:
         self.dir = Path(state_dir).absolute()
+        # RLIMIT_NPROC of a job run as a tenant's user (docs/SCHED.md, Security model)
+        self.max_user_procs = max_user_procs if max_user_procs else default_user_procs()
         self.runs_dir = self.dir / "runs"
         self.logs_dir = self.dir / "logs"
         self.work_dir = self.dir / "work"
@@ -278,6 +293,7 @@ class LocalExecutor:
                 "umask": JOB_UMASK,
                 "mkdir": [job.ckpt_root] if job.ckpt_root else [],
                 "user": who.to_obj() if who is not None else None,
+                "nproc": self.max_user_procs,
             }
             fd = os.open(spec_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -741,6 +757,16 @@ def _supervise(argv: list[str]) -> int:
         kw.update(env=spec["env"], cwd=spec["cwd"], umask=int(spec.get("umask", JOB_UMASK)))
         if user is not None and os.geteuid() == 0:
             kw.update(user=user["uid"], group=user["gid"], extra_groups=list(user["groups"]))
+            nproc = spec.get("nproc")
+            if isinstance(nproc, int) and nproc > 0 and user["uid"] != 0:
+                # inherited by the command (root, which the supervisor stays, is exempt): the tenant's
+                # user holds at most this many processes and threads, so its fork bomb leaves pids to others
+                import resource
+
+                try:
+                    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+                except (OSError, ValueError) as e:
+                    print(f"goodput.sched.local: cannot bound the user's processes: {e}", file=sys.stderr, flush=True)
     try:
         child = subprocess.Popen(cmd, **kw)
     except (OSError, subprocess.SubprocessError) as e:

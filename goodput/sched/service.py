@@ -271,6 +271,7 @@ class Service:
         streams_per_tenant: int = 4,
         streams_total: int = 64,
         store_timeout_s: float = 2.0,
+        max_user_procs: int | None = None,
     ) -> None:
         # first come, first served: neither the loop thread nor a request waits behind later ones
         self.lock = FairLock()
@@ -329,6 +330,7 @@ class Service:
                 poll_s=poll_s,
                 run_as=self._run_as,
                 env_for=lambda job: self.envs.get(job.id, {}),
+                max_user_procs=max_user_procs,
             )
         self._private_dirs()
         snap = self.store.load()
@@ -1332,6 +1334,7 @@ def serve(
     allow_root_jobs: bool = False,
     rate_per_s: float = 100.0,
     on_start: Any = None,
+    max_user_procs: int | None = None,
 ) -> None:
     """Run the service until interrupted (uvicorn in this thread). Files it creates are private
     (umask 077): the store, the state directory, logs and run records."""
@@ -1350,6 +1353,7 @@ def serve(
         allow_root_jobs=allow_root_jobs,
         rate_per_s=rate_per_s,
         rate_burst=2 * rate_per_s,
+        max_user_procs=max_user_procs,
     )
     if on_start is not None:
         on_start(svc.startup_notes())

@@ -289,6 +289,57 @@ def test_bob_viewing_his_huge_checkpoint_root_holds_up_no_one_else(server, users
     assert s.post(f"/jobs/{b['id']}/cancel", {}, bob)[0] == 200
 
 
+# bob's fork bomb, bounded so a failing run cannot take the machine's pids: children until fork fails
+FORK_JOB = r"""
+import os, time
+root = os.environ["GOODPUT_CKPT_ROOT"]
+n, why = 0, "none"
+for _ in range(400):
+    try:
+        pid = os.fork()
+    except OSError as e:
+        why = type(e).__name__
+        break
+    if pid == 0:
+        time.sleep(300)
+        os._exit(0)
+    n += 1
+limit = [x for x in open("/proc/self/limits") if x.startswith("Max processes")][0].split()[2]
+open(os.path.join(root, "forks.txt"), "w").write(f"{n} {why} {limit}\n")
+time.sleep(300)
+"""
+
+
+def test_bobs_fork_bomb_stops_at_his_process_limit_and_alices_job_still_runs(server, users, base):
+    """Without a bound, a tenant's user inherits the service's RLIMIT_NPROC (96,363 here, with a pid_max
+    of 32,768): one job could take every pid and the service could start no one's job. The supervisor
+    gives the command --max-user-procs (RLIMIT_NPROC of the user: all its jobs together, no cgroups)."""
+    alice_user, bob_user = users
+    tenants = [{"name": "alice", "user": alice_user}, {"name": "bob", "user": bob_user}]
+    s = _server(server, base, tenants, extra=("--rate-limit", "100", "--max-user-procs", "64"))
+    s.nodes = 2
+    from .test_service import cluster_json
+
+    s.cluster = cluster_json(base / "cluster.json", 2, tenants)
+    alice, bob = s.token("alice"), s.token("bob")
+    s.start()
+    code, b = s.post("/jobs", {"name": "bomb", "command": ["/usr/bin/python3", "-c", FORK_JOB]}, bob)
+    assert code == 201, b
+    jb = s.wait_job(b["id"], bob, lambda j: j["state"] == "running")
+    out = Path(jb["ckpt_root"]) / "forks.txt"
+    deadline = time.monotonic() + 60
+    while not out.exists():
+        assert time.monotonic() < deadline, "bob's job did not report its forks"
+        time.sleep(0.2)
+    n, why, limit = out.read_text().split()
+    assert limit == "64" and why == "BlockingIOError" and int(n) < 64, (n, why, limit)
+    code, a = s.post("/jobs", {"name": "a", "command": ["/bin/sh", "-c", "exit 0"]}, alice)
+    assert code == 201, a
+    ja = s.wait_job(a["id"], alice, lambda j: j["state"] in ("finished", "failed"), timeout=60)
+    assert ja["state"] == "finished", ja
+    assert s.post(f"/jobs/{b['id']}/cancel", {}, bob)[0] == 200
+
+
 def _run_record_at(state: Path, jid: str, epoch: int) -> dict:
     return json.loads((state / "runs" / f"{jid}.{epoch}.json").read_text())
 

@@ -1068,7 +1068,7 @@ def create_app(svc: Service) -> FastAPI:
 
         d, tenant, root = await anyio.to_thread.run_sync(locked)
         # the checkpoint root is listed outside the lock and off the shared worker threads: a tenant's
-        # root of 60,000 entries, viewed 40 times at once, holds up no one else (test_isolation)
+        # root of 30,000 entries, viewed 40 times at once, holds up no one else (test_isolation)
         d["checkpoint"]["latest_on_disk"] = await svc.latest_listed(tenant, root)
         return d
 

@@ -242,11 +242,11 @@ def test_files_are_private_and_a_root_service_refuses_a_tenant_without_a_user(se
 
 # bob's job fills its own checkpoint root with directories; the service lists that root, as root, for
 # every view of the job (latest_on_disk), seconds of work per view
-BIG_ROOT_JOB = 'cd "$GOODPUT_CKPT_ROOT" && seq 1 60000 | sed s/^/d/ | xargs mkdir && touch made && exec sleep 300\n'
+BIG_ROOT_JOB = 'cd "$GOODPUT_CKPT_ROOT" && seq 1 30000 | sed s/^/d/ | xargs mkdir && touch made && exec sleep 300\n'
 
 
 def test_bob_viewing_his_huge_checkpoint_root_holds_up_no_one_else(server, users, base):
-    """40 concurrent views of bob's job whose root holds 60,000 directories: each used to list the root
+    """40 concurrent views of bob's job whose root holds 30,000 directories: each used to list the root
     on a worker thread of the shared pool (40 threads), so every synchronous endpoint of every tenant
     hung behind bob's listings. Now a tenant's listings run one at a time on a pool of their own (the
     same root's views share one listing), and alice's requests answer at once meanwhile."""
@@ -272,7 +272,7 @@ def test_bob_viewing_his_huge_checkpoint_root_holds_up_no_one_else(server, users
     pool = cf.ThreadPoolExecutor(48)
     try:
         views = [pool.submit(s.get, f"/jobs/{b['id']}", bob) for _ in range(44)]
-        time.sleep(2.0)  # bob's views are in (each one a listing of 60,000 entries, before the fix)
+        time.sleep(2.0)  # bob's views are in (each one a listing of 30,000 entries, before the fix)
         t0 = time.monotonic()
         code, listed = s.get("/jobs", alice)
         waited = time.monotonic() - t0

@@ -57,8 +57,9 @@ class OptionalBuildExt(build_ext):
 
 
 def _fallback(why: str) -> None:
+    """Extensions of an earlier build would be imported over the new sources: remove them too."""
     print(f"goodput: {why}; the scheduler runs as pure Python", file=sys.stderr)
-    MANIFEST.unlink(missing_ok=True)
+    _remove_built()
 
 
 def _remove_built() -> None:

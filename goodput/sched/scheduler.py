@@ -113,7 +113,7 @@ class Scheduler:
         # takes its place): the next pass begins with it, before any other job is looked at
         self._head_res: Reservation | None = None
         self._pass_res: Reservation | None = None  # the reservation in force during this pass
-        self._volatile = False  # the last plan depended on the clock alone (see _reserve)
+        self._plan_on_clock = False  # the last plan depended on the clock alone (see _reserve)
         self.passes = 0
         self.refused = 0  # priority preemptions found but not made: the victims would lose more than the wait
         self.terminal = 0  # jobs finished, failed or cancelled
@@ -1498,11 +1498,11 @@ class Scheduler:
         cached = self._reservation_cache
         if cached is not None and cached[0] == key and (cached[1] is None or cached[1].t >= now):
             return cached[1]
-        self._volatile = False
+        self._plan_on_clock = False
         best = self._reserve_now(job, cls, now)
         # a claim whose victims' ends are past comes back at now + its hold: a plan that moves
         # with the clock alone is not kept
-        self._reservation_cache = None if self._volatile else (key, best)
+        self._reservation_cache = None if self._plan_on_clock else (key, best)
         return best
 
     def _reserve_now(self, job: Job, cls: Class, now: float) -> Reservation | None:
@@ -1534,7 +1534,7 @@ class Scheduler:
                     if e is not None and e[1] > start:
                         start = e[1]
             if start == now:
-                self._volatile = True
+                self._plan_on_clock = True
             claim_ends.append((start + self._hold(c), cid))
         claim_ends.sort(key=lambda e: (e[0], self.jobs[e[1]].seq))
         released: set[str] = set()

@@ -369,8 +369,10 @@ def _subdirs(storage: Storage, root: Path) -> list[str]:
     fails raises :class:`StorageError` naming ``root``."""
     try:
         return [e.name for e in storage.list(root) if e.kind == "dir"]
-    except (FileNotFoundError, NotADirectoryError):
+    except FileNotFoundError:
         return []
+    except NotADirectoryError:  # a resume pointed at a file: a mistake, not "no checkpoint yet"
+        raise StorageError(f"{display(root)!r} is not a directory") from None
     except StorageError:
         raise
     except OSError as e:
@@ -403,7 +405,15 @@ def list_checkpoints(root: str | os.PathLike) -> list[tuple[Path, Manifest]]:
     storage = storage_for(root)
     found: list[tuple[Path, Manifest]] = []
     for p in [root, *(root / n for n in _subdirs(storage, root))]:
-        m = committed_manifest(p, storage)
+        try:
+            m = committed_manifest(p, storage)
+        except StorageError as e:
+            if p == root or STEP_DIR.match(p.name):
+                raise
+            # a directory of someone else's that cannot be looked at (``lost+found`` at a mount's
+            # root): said, not fatal; a step directory that cannot be is an error
+            warnings.warn(f"skipping {display(p)!r}: {e}", RuntimeWarning, stacklevel=2)
+            continue
         if m is not None:
             found.append((p, m))
     found.sort(key=lambda pm: (pm[1].step if pm[1].step is not None else -1, pm[1].created))

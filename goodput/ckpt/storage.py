@@ -439,7 +439,18 @@ class PosixStorage(Storage):
         return read_inside(Path(directory) / name, what, limit)
 
     def exists(self, directory: Path, name: str) -> bool:
-        return os.path.lexists(Path(directory) / name)
+        """Not ``os.path.lexists``, which answers False when the file cannot be looked at
+        (a directory without search permission): "no manifest" where there may be one."""
+        from .errors import StorageError
+
+        path = Path(directory) / name
+        try:
+            os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except OSError as e:
+            raise StorageError(f"{str(path)!r} cannot be looked at: {e.strerror or e}") from None
+        return True
 
     def list(self, directory: Path) -> list[Entry]:
         out = []

@@ -183,3 +183,71 @@ def test_no_resource_warnings(tmp_path: Path) -> None:
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     assert "ResourceWarning" not in r.stderr, r.stderr[-2000:]
+
+
+def _latest_as_other_user(root: Path) -> str:
+    """``latest(root)`` in a process that permissions apply to (root's do not): what it returned
+    or raised, as text."""
+    import os
+
+    from goodput.ckpt.reader import latest
+
+    if os.geteuid() != 0:
+        try:
+            return f"returned {latest(root)}"
+        except Exception as e:  # noqa: BLE001 - the test reads what it was
+            return f"raised {type(e).__name__}: {e}"
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                out = f"returned {latest(root)}"
+            except Exception as e:  # noqa: BLE001
+                out = f"raised {type(e).__name__}: {e}"
+            os.write(w, out.encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        out = f.read().decode()
+    os.waitpid(pid, 0)
+    return out
+
+
+def test_latest_never_reads_an_unreadable_or_wrong_location_as_no_checkpoint(tmp_path: Path) -> None:
+    import shutil
+    import tempfile
+
+    from goodput.ckpt.errors import StorageError
+    from goodput.ckpt.reader import latest
+
+    a_file = tmp_path / "not-a-dir"
+    a_file.write_text("x")
+    with pytest.raises(StorageError, match="not a directory"):
+        latest(a_file)  # a resume pointed at a file is a mistake, not a first run
+    assert latest(tmp_path / "missing") is None  # a first run
+
+    base = Path(tempfile.mkdtemp(dir="/tmp"))  # reachable by another user, unlike tmp_path
+    try:
+        base.chmod(0o755)
+        root = base / "run"
+        root.mkdir()
+        root.chmod(0o755)
+        gc.save({"t": torch.zeros(1)}, root / "step_000000001")
+        (root / "lost+found").mkdir(mode=0o700)  # someone else's, unreadable: skipped with a word
+        (root / "lost+found").chmod(0o000)
+        assert _latest_as_other_user(root) == f"returned {root / 'step_000000001'}"
+        (root / "step_000000001").chmod(0o000)  # the checkpoint is there, the reader cannot see it
+        out = _latest_as_other_user(root)
+        assert out.startswith("raised StorageError") and "Permission denied" in out, out
+        root.chmod(0o000)
+        out = _latest_as_other_user(root)
+        assert out.startswith("raised StorageError") and "Permission denied" in out, out
+    finally:
+        for p in (base / "run", base / "run" / "step_000000001", base / "run" / "lost+found"):
+            if p.exists() or p.is_symlink():
+                p.chmod(0o755)
+        shutil.rmtree(base, ignore_errors=True)

@@ -754,6 +754,13 @@ class Checkpointer:
         err = self.saver.pending_error
         if err is not None:
             log.error("the last asynchronous save failed and nothing after it was saved: %s", err)
+        if self._owed and self.skipped:  # the run ended before a skipped due save was made up
+            log.warning(
+                "the due checkpoint of step %s was skipped and the run ended before it was made up: "
+                "the newest checkpoint is step %s; close(step, state) saves the final step",
+                self.skipped[-1].step,
+                self._last_step,
+            )
         self.saver.close()
         if self.drainer is not None:
             self.drainer.close()

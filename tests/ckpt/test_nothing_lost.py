@@ -251,3 +251,16 @@ def test_latest_never_reads_an_unreadable_or_wrong_location_as_no_checkpoint(tmp
             if p.exists() or p.is_symlink():
                 p.chmod(0o755)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_skipped_due_save_a_plain_close_leaves_unmade_is_said(tmp_path: Path, monkeypatch, caplog) -> None:
+    monkeypatch.setenv(SLOW_WRITE_ENV, "0.5")
+    ck = gc.Checkpointer(tmp_path, interval=1, keep=None, mode="thread")
+    state = {"w": torch.zeros(16)}
+    with caplog.at_level(logging.WARNING, logger="goodput.ckpt"):
+        assert ck.maybe_save(1, state) is not None
+        assert ck.maybe_save(2, state) is None  # the last step of the run, skipped: step 1 is in flight
+        ck.close()  # a plain close does not save it, and says so
+    said = [r.getMessage() for r in caplog.records if "run ended before it was made up" in r.getMessage()]
+    assert said and "step 2" in said[0] and "step 1" in said[0]
+    assert gc.latest(tmp_path).name == "step_000000001"

@@ -909,6 +909,18 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": body})
 
 
+def _summary_for(svc: Service, c: Caller) -> dict[str, Any]:
+    """The scheduler's summary as this caller may see it: the head's reservation names its job only
+    to an admin or to the job's own tenant (a job id carries its name); others learn that one holds."""
+    s = svc.sched.summary()
+    res = s.get("reservation")
+    if res is not None and c.role != "admin":
+        owner = svc.sched.jobs.get(res["job"])
+        if owner is None or owner.tenant != c.tenant:
+            s["reservation"] = {**res, "job": None}
+    return s
+
+
 def create_app(svc: Service) -> FastAPI:
     # every status any endpoint may answer, listed for every operation (the API fuzz test holds us to it)
     common: dict[int | str, dict[str, Any]] = {
@@ -922,11 +934,15 @@ def create_app(svc: Service) -> FastAPI:
         429: {"description": "rate limited, or too many streams; see Retry-After"},
         503: {"description": "the store refused the change (nothing changed); see Retry-After"},
     }
+    # no /docs or /redoc: their pages load scripts from a CDN, on the origin whose sessionStorage
+    # holds the dashboard's token; /openapi.json stays
     app = FastAPI(
         title="goodput.sched",
         version="1",
         description="The checkpoint-aware scheduler's live service.",
         responses=common,
+        docs_url=None,
+        redoc_url=None,
     )
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY)
 
@@ -1132,7 +1148,7 @@ def create_app(svc: Service) -> FastAPI:
     @app.get("/cluster")
     def cluster(c: Caller = Depends(person)) -> dict[str, Any]:
         with svc.lock:
-            s = svc.sched.summary()
+            s = _summary_for(svc, c)
             s["nodes"] = [
                 {
                     "name": n.name,
@@ -1153,7 +1169,7 @@ def create_app(svc: Service) -> FastAPI:
             pend = [j for j in svc.sched.jobs.values() if j.state is JobState.PENDING]
             pend.sort(key=lambda j: (-j.priority, j.submit_s, j.seq))
             mine = [svc.view(j) for j in pend if c.role == "admin" or j.tenant == c.tenant]
-            return {"pending": len(pend), "jobs": mine, "summary": svc.sched.summary()}
+            return {"pending": len(pend), "jobs": mine, "summary": _summary_for(svc, c)}
 
     @app.get("/events", responses={429: {"description": "too many follow streams open"}})
     async def events(

@@ -360,3 +360,37 @@ def test_a_tokens_first_use_never_holds_up_the_event_loop(server, tmp_path, fres
         conn.rollback()  # the lock goes
     t.join(timeout=30)
     assert results == [401]
+
+
+def test_the_heads_reservation_is_named_only_to_its_tenant_and_no_cdn_docs(server, tmp_path):  # noqa: F811
+    """alice's 2-node gang waits for her two running 1-node jobs and holds the reservation: bob's
+    /queue and /cluster say one is in force but never whose (a job id carries its name); alice and
+    the admin see it. /docs and /redoc (scripts from a CDN on the dashboard's origin) are off."""
+    (tmp_path / "alice").mkdir()
+    (tmp_path / "bob").mkdir()
+    tenants = [{"name": "alice", "ckpt_prefix": str(tmp_path / "alice")}, {"name": "bob"}]
+    s = server(nodes=2, tenants=tenants)
+    alice, bob = s.token("alice"), s.token("bob")
+    s.start()
+    runs = [s.post("/jobs", _spec(tmp_path / "alice" / f"r{i}", 2000, name=f"r{i}"), alice)[1] for i in range(2)]
+    for r in runs:
+        s.wait_job(r["id"], alice, lambda j: j["state"] == "running")
+    code, gang = s.post("/jobs", _spec(tmp_path / "alice" / "gang", 5, name="secret-gang", nodes=2), alice)
+    assert code == 201, gang
+    deadline = time.monotonic() + 60
+    while True:
+        res = s.get("/queue", alice)[1]["summary"]["reservation"]
+        if res is not None or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert res is not None and res["job"] == gang["id"], res
+    for path in ("/queue", "/cluster"):
+        seen = s.get(path, bob)[1]
+        assert seen["summary" if path == "/queue" else "reservation"] is not None
+        assert gang["id"] not in json.dumps(seen) and "secret-gang" not in json.dumps(seen), seen
+    assert s.get("/cluster", s._admin)[1]["reservation"]["job"] == gang["id"]
+    for path in ("/docs", "/redoc"):
+        assert _raw(s, "GET", path, b"", bob)[0] == 404
+    assert _raw(s, "GET", "/openapi.json", b"", bob)[0] == 200
+    for r in runs:
+        s.post(f"/jobs/{r['id']}/cancel", {}, alice)

@@ -137,6 +137,17 @@ def _spawn(start: Any) -> Any:
     return done.result()
 
 
+def _forget_spawner() -> None:
+    """A forked child has none of its parent's threads, and a lock held by one of them at the
+    fork would never be released in the child."""
+    global _spawner, _spawner_lock
+    _spawner, _spawner_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_spawner)
+
+
 def _spawn_loop(jobs: queue.SimpleQueue) -> None:
     while True:
         start, done = jobs.get()

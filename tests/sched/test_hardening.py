@@ -363,19 +363,19 @@ def test_a_tokens_first_use_never_holds_up_the_event_loop(server, tmp_path, fres
 
 
 def test_the_heads_reservation_is_named_only_to_its_tenant_and_no_cdn_docs(server, tmp_path):  # noqa: F811
-    """alice's 2-node gang waits for her two running 1-node jobs and holds the reservation: bob's
+    """alice's 3-node gang waits for her two running 1-node jobs and holds the reservation: bob's
     /queue and /cluster say one is in force but never whose (a job id carries its name); alice and
     the admin see it. /docs and /redoc (scripts from a CDN on the dashboard's origin) are off."""
     (tmp_path / "alice").mkdir()
     (tmp_path / "bob").mkdir()
     tenants = [{"name": "alice", "ckpt_prefix": str(tmp_path / "alice")}, {"name": "bob"}]
-    s = server(nodes=2, tenants=tenants)
+    s = server(nodes=3, tenants=tenants)  # one node stays free: a full cluster plans no reservation
     alice, bob = s.token("alice"), s.token("bob")
     s.start()
     runs = [s.post("/jobs", _spec(tmp_path / "alice" / f"r{i}", 2000, name=f"r{i}"), alice)[1] for i in range(2)]
     for r in runs:
         s.wait_job(r["id"], alice, lambda j: j["state"] == "running")
-    code, gang = s.post("/jobs", _spec(tmp_path / "alice" / "gang", 5, name="secret-gang", nodes=2), alice)
+    code, gang = s.post("/jobs", _spec(tmp_path / "alice" / "gang", 5, name="secret-gang", nodes=3), alice)
     assert code == 201, gang
     deadline = time.monotonic() + 60
     while True:

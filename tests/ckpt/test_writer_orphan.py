@@ -123,12 +123,14 @@ def test_idle_writer_dies_with_its_trainer_under_load(tmp_path: Path) -> None:
     _kill_trainer(tmp_path, "idle")
 
 
+@pytest.mark.slow  # ~30 s each under the load they make; the two above run by default
 def test_writer_that_gets_no_cpu_still_dies_with_its_trainer(tmp_path: Path) -> None:
     # stopped: the extreme of an idle-priority process starved on a loaded machine; a watchdog
     # thread of its own never runs, the kernel's parent-death signal does
     _kill_trainer(tmp_path, "writing", stop_writer=True)
 
 
+@pytest.mark.slow  # ~30 s each under the load they make; the two above run by default
 def test_writer_started_from_an_ended_thread_lives_until_the_trainer_dies(tmp_path: Path) -> None:
     # the parent-death signal follows the thread that forked the writer: a saver first used on a
     # thread that has ended keeps its writer (the second save runs on it), and it still dies

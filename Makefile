@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NATIVE := $(VENV)/.native
 # the scheduler modules mypyc compiles (goodput/sched/native.py names them): an edit rebuilds them
-NATIVE_SRC := setup.py $(addprefix goodput/sched/,native.py model.py queue.py capacity.py eviction.py placement.py policy.py executor.py events.py ledger.py scheduler.py sim.py)
+NATIVE_SRC := setup.py goodput/sched/native.py $(addprefix goodput/sched/core/,model.py queue.py capacity.py eviction.py placement.py policy.py executor.py events.py scheduler.py) $(addprefix goodput/sched/sim/,ledger.py simulator.py)
 
 .PHONY: demo test lint format clean venv
 
@@ -40,4 +40,4 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix goodput tests setup.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache *.so goodput/sched/*.so goodput/sched/native.json
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache *.so goodput/sched/*.so goodput/sched/*/*.so goodput/sched/native.json

@@ -35,7 +35,7 @@ def _load_native():
 
 
 _NATIVE = _load_native()
-NATIVE = [f"goodput/sched/{m}.py" for m in _NATIVE.MODULES]
+NATIVE = [f"goodput/sched/{_NATIVE.source_of(m)}" for m in _NATIVE.MODULES]
 MANIFEST = _NATIVE.MANIFEST
 
 
@@ -66,7 +66,8 @@ def _remove_built() -> None:
     """Pure means pure: extensions left in place by an earlier build would still be imported."""
     MANIFEST.unlink(missing_ok=True)
     for m in _NATIVE.MODULES:
-        for so in (HERE / "goodput" / "sched").glob(f"{m}.*.so"):
+        src = HERE / "goodput" / "sched" / _NATIVE.source_of(m)
+        for so in src.parent.glob(f"{src.stem}.*.so"):
             so.unlink()
     for so in HERE.glob("goodput_sched__mypyc.*.so"):
         so.unlink()

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from goodput.bench.sched import cap_gangs, full_sort_pass, run
 from goodput.cli.main import app
-from goodput.sched.model import Job, JobState
-from goodput.sched.workload import synthetic, synthetic_cluster
+from goodput.sched.core.model import Job, JobState
+from goodput.sched.sim.workload import synthetic, synthetic_cluster
 
 CONTRACT = ("tick_p50_ms", "tick_p99_ms", "growth_100k_over_10k", "speedup_vs_full_sort", "sim_events_per_s")
 
@@ -53,7 +53,7 @@ def test_cap_gangs_fits_the_pools() -> None:
 
 
 def test_full_sort_pass_orders_and_fits() -> None:
-    from goodput.sched.model import Node, PoolKind, Tenant
+    from goodput.sched.core.model import Node, PoolKind, Tenant
 
     nodes = {"od": [Node(f"n{i}", "od", PoolKind.ON_DEMAND, 8) for i in range(2)]}
     nodes["od"][0].used = 8

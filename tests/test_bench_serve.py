@@ -64,8 +64,8 @@ def test_stats_is_admin_only(tmp_path) -> None:
     """On a real uvicorn server in this process: /stats answers admins only, tokens are cached."""
     import uvicorn
 
-    from goodput.sched.local import free_port
-    from goodput.sched.service import Service, create_app, local_pools, new_token
+    from goodput.sched.live.local import free_port
+    from goodput.sched.live.service import Service, create_app, local_pools, new_token
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -84,7 +84,7 @@ def test_stats_is_admin_only(tmp_path) -> None:
         code, body = _get(url + "/stats", admin)
         assert code == 200 and set(body) >= {"passes", "pass_ms", "lock_wait_ms"}
         # a token's use is answered from the cache (refreshed from the store every half second)
-        from goodput.sched.service import digest
+        from goodput.sched.live.service import digest
 
         assert svc.caller(f"Bearer {tenant}") == svc.caller(f"Bearer {tenant}")
         assert digest(tenant) in svc._tokens

@@ -38,7 +38,7 @@ ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-TRAIN = [PY, "-m", "goodput.sched.example_job", "--steps", "100000", "--step-s", "0.05", "--interval", "20"]
+TRAIN = [PY, "-m", "goodput.demo.example_job", "--steps", "100000", "--step-s", "0.05", "--interval", "20"]
 SLEEP = [PY, "-c", "import time; time.sleep(900)"]
 STUBBORN = [PY, "-c", "import signal, time; [signal.signal(s, signal.SIG_IGN) for s in (1, 10, 15)]; time.sleep(900)"]
 
@@ -48,14 +48,14 @@ STUBBORN = [PY, "-c", "import signal, time; [signal.signal(s, signal.SIG_IGN) fo
 # jobs run as this user (a single-user machine)
 LAUNCH = """
 import inspect, sys, uvicorn
-from goodput.sched.service import Service, create_app, local_pools
+from goodput.sched.live.service import Service, create_app, local_pools
 db, port, state = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 kw = {}
 params = inspect.signature(Service).parameters
 if "allow_root_jobs" in params:
     kw["allow_root_jobs"] = True
 if "governance" in params:
-    from goodput.sched.governance import Governance
+    from goodput.sched.core.governance import Governance
     kw["governance"] = Governance.from_obj(None, {"min_run_s": 0})
 svc = Service(db, local_pools(4, 2), state_dir=state, url=f"http://127.0.0.1:{port}", tick_s=0.2, **kw)
 svc.start()

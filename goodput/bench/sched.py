@@ -1,8 +1,8 @@
 """``goodput bench sched``: the scheduler's pass at 10k and 100k queued jobs, against a full sort.
 
-The cluster (:func:`~goodput.sched.workload.synthetic_cluster`: an on-demand pool and a spot pool)
+The cluster (:func:`~goodput.sched.sim.workload.synthetic_cluster`: an on-demand pool and a spot pool)
 is filled with running jobs, then a backlog of pending jobs drawn like
-:func:`~goodput.sched.workload.synthetic` (mixed shapes, Zipf tenants, priorities 0-3) is
+:func:`~goodput.sched.sim.workload.synthetic` (mixed shapes, Zipf tenants, priorities 0-3) is
 submitted behind them, so the backlog waits. Each measured tick is preceded by a small batch of
 events, as a live cluster sends them: one arrival (more when the last pass started jobs, so the
 queue stays at its size), one exit of a random running job (``finished``), one commit report of
@@ -14,7 +14,7 @@ sorts the whole pending queue (priority, then fair share, then submit time) and 
 down the sorted list until the cluster is full. It does less than the real pass (no reservation,
 backfill or preemption), so the speedup is a lower bound.
 
-Simulator throughput is :func:`~goodput.sched.sim.simulate` of the goodput policy on
+Simulator throughput is :func:`~goodput.sched.sim.simulator.simulate` of the goodput policy on
 ``synthetic(sim_jobs)``: scheduler log events per wall second, the checker off.
 """
 
@@ -31,12 +31,12 @@ from collections.abc import Callable
 from typing import Any
 
 from goodput.sched import native
-from goodput.sched.executor import ManualClock
-from goodput.sched.model import Health, Job, JobState, Pool, PoolKind, Tenant
-from goodput.sched.placement import pools_for
-from goodput.sched.policy import POLICIES
-from goodput.sched.scheduler import Scheduler
-from goodput.sched.workload import synthetic, synthetic_cluster
+from goodput.sched.core.executor import ManualClock
+from goodput.sched.core.model import Health, Job, JobState, Pool, PoolKind, Tenant
+from goodput.sched.core.placement import pools_for
+from goodput.sched.core.policy import POLICIES
+from goodput.sched.core.scheduler import Scheduler
+from goodput.sched.sim.workload import synthetic, synthetic_cluster
 
 GOAL_P50_MS = 5.0
 GOAL_P99_MS = 50.0
@@ -456,7 +456,7 @@ def run(
 
 
 def _simulate(n: int, nodes: int, gpus_per_node: int, seed: int, say: Callable[[str], None]) -> dict[str, Any]:
-    from goodput.sched.sim import simulate
+    from goodput.sched.sim.simulator import simulate
 
     cluster = synthetic_cluster(nodes=nodes, gpus_per_node=gpus_per_node)
     say(f"simulator: drawing {n:,} jobs")

@@ -70,9 +70,9 @@ def sim(
     ),
 ) -> None:
     """Compare policies on one workload and one cluster: goodput, lost GPU-hours, waits, cost, violations."""
-    from goodput.sched import workload as W
-    from goodput.sched.compare import compare, horizon_of, ours, poisson_reclaims, resolve
-    from goodput.sched.report import plots, render
+    from goodput.sched.sim import workload as W
+    from goodput.sched.sim.compare import compare, horizon_of, ours, poisson_reclaims, resolve
+    from goodput.sched.sim.report import plots, render
 
     try:
         chosen = resolve(policy)
@@ -192,7 +192,7 @@ def sim(
 def _fit(job_list, cl, notes, skip: bool):  # noqa: ANN001, ANN202
     """Jobs no pool can ever hold (a trace's node can be smaller than its task) are an error listing
     their ids, or, with ``skip``, left out with their ids printed: never dropped in silence."""
-    from goodput.sched.placement import pools_for
+    from goodput.sched.core.placement import pools_for
 
     pools = {p.name: p for p in cl.pools}
     keep, out = [], []
@@ -232,10 +232,10 @@ def check_cmd(
     slurm_conf: str = typer.Option("", "--slurm-conf", help="With --partition: slurm.conf (default: $SLURM_CONF)."),
 ) -> None:
     """Replay an event log with the independent checker and count invariant violations."""
-    from goodput.sched import workload as W
-    from goodput.sched.capacity import Capacity
-    from goodput.sched.checker import check_file
-    from goodput.sched.compare import rules_of
+    from goodput.sched.core.capacity import Capacity
+    from goodput.sched.sim import workload as W
+    from goodput.sched.sim.checker import check_file
+    from goodput.sched.sim.compare import rules_of
 
     try:
         if cluster:
@@ -245,10 +245,10 @@ def check_cmd(
         else:
             cl = W.synthetic_cluster()
         built = Capacity.build_nodes(cl.pools)
-        if partition:  # the nodes as Slurm names them (goodput.sched.slurm.discover, as serve does)
+        if partition:  # the nodes as Slurm names them (goodput.sched.live.slurm.discover, as serve does)
             import dataclasses
 
-            from goodput.sched.slurm import Slurm, discover
+            from goodput.sched.live.slurm import Slurm, discover
 
             slurm_pools, built, _ = discover(Slurm(conf=slurm_conf), partition)
             cl = dataclasses.replace(cl, pools=slurm_pools)
@@ -277,8 +277,8 @@ def report_cmd(
     gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="With --nodes, as `serve --gpus-per-node`."),
 ) -> None:
     """Write the dashboard's views (cluster, queue, preemptions, goodput, ledger, job pages) of an event log."""
-    from goodput.sched import workload as W
-    from goodput.sched.capacity import Capacity
+    from goodput.sched.core.capacity import Capacity
+    from goodput.sched.sim import workload as W
     from goodput.sched.ui import write_report
 
     try:
@@ -297,8 +297,8 @@ def report_cmd(
 
 
 def _pools(cluster: str, nodes: int, gpus_per_node: int):  # noqa: ANN202
-    from goodput.sched import workload as W
-    from goodput.sched.service import local_pools
+    from goodput.sched.live.service import local_pools
+    from goodput.sched.sim import workload as W
 
     if cluster:
         try:
@@ -348,8 +348,8 @@ def serve_cmd(
 ) -> None:
     """Run the live scheduler: an HTTP API (OpenAPI at /openapi.json) that runs jobs as local process groups
     (or as Slurm jobs: --executor slurm --partition P)."""
-    from goodput.sched.service import serve
-    from goodput.sched.store import StoreError
+    from goodput.sched.live.service import serve
+    from goodput.sched.live.store import StoreError
 
     opts = _slurm_options(cluster, executor, partition, slurm_conf, job_python)
     pools = _pools(cluster, nodes, gpus_per_node) if opts is None else []
@@ -371,8 +371,8 @@ def serve_cmd(
 
 def _governance(cluster: str):  # noqa: ANN202
     """The cluster JSON's tenants (users, checkpoint prefixes, priority caps) and limits, or the defaults."""
-    from goodput.sched import workload as W
-    from goodput.sched.governance import Governance
+    from goodput.sched.core.governance import Governance
+    from goodput.sched.sim import workload as W
 
     if not cluster:
         return Governance()
@@ -422,12 +422,12 @@ def token_add(
     """Create a token; it is printed once, alone on the last line, and only its hash is stored."""
     import time
 
-    from goodput.sched.runas import RunAsError, resolve
-    from goodput.sched.service import new_token
-    from goodput.sched.store import StoreError, open_store
+    from goodput.sched.live.runas import RunAsError, resolve
+    from goodput.sched.live.service import new_token
+    from goodput.sched.live.store import StoreError, open_store
 
     until = time.time() + _duration(expires) if expires else None
-    from goodput.sched.service import NAME
+    from goodput.sched.live.service import NAME
 
     if not NAME.match(tenant):
         _fail(f"tenant {tenant!r}: letters, digits, '-' and '_' only (at most 48)")
@@ -468,7 +468,7 @@ def token_ls(
 
     from rich.table import Table
 
-    from goodput.sched.store import StoreError, open_store
+    from goodput.sched.live.store import StoreError, open_store
 
     try:
         with open_store(db) as store:
@@ -498,7 +498,7 @@ def token_revoke(
     db: str = typer.Option(..., "--db", help="The service's store URL."),
 ) -> None:
     """Revoke tokens: a running service refuses them within a second."""
-    from goodput.sched.store import StoreError, open_store
+    from goodput.sched.live.store import StoreError, open_store
 
     try:
         with open_store(db) as store:

@@ -1,7 +1,7 @@
 """``goodput demo --part live``: the live service preempts a real job, which resumes from its commit.
 
-1. The service (``goodput.sched.service``) starts on 127.0.0.1 with a temporary SQLite store and one
-   local slot; the jobs are ``goodput.sched.example_job`` (a Checkpointer, commit reports by HTTP).
+1. The service (``goodput.sched.live.service``) starts on 127.0.0.1 with a temporary SQLite store and one
+   local slot; the jobs are ``goodput.demo.example_job`` (a Checkpointer, commit reports by HTTP).
 2. A low-priority job starts and commits checkpoints; a high-priority job arrives and takes its slot:
    the victim is asked to checkpoint (SIGUSR1), leaves with exit 75, is requeued, and resumes from its
    committed checkpoint once the preemptor has finished.
@@ -61,11 +61,11 @@ def _view(jobs: list[dict], events: list[dict]) -> Group:
 def run_live_demo(workdir: str | None = None) -> int:
     import uvicorn
 
-    from goodput.sched.checker import check
-    from goodput.sched.client import post_json
-    from goodput.sched.example_job import expected_weights
-    from goodput.sched.local import free_port
-    from goodput.sched.service import Service, create_app, local_pools, new_token
+    from goodput.demo.example_job import expected_weights
+    from goodput.sched.live.client import post_json
+    from goodput.sched.live.local import free_port
+    from goodput.sched.live.service import Service, create_app, local_pools, new_token
+    from goodput.sched.sim.checker import check
 
     own = workdir is None
     base = Path(workdir or tempfile.mkdtemp(prefix="goodput-demo-live-"))
@@ -80,7 +80,7 @@ def run_live_demo(workdir: str | None = None) -> int:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         db = f"sqlite:///{base / 'sched.db'}"
-        from goodput.sched.governance import Governance, Limits, TenantSpec
+        from goodput.sched.core.governance import Governance, Limits, TenantSpec
 
         # one user's machine: the demo tenant's jobs run as this process's user (root included), their
         # checkpoints under the demo's directory, and a young run may be preempted (min_run_s 0)
@@ -98,12 +98,12 @@ def run_live_demo(workdir: str | None = None) -> int:
             if not thread.is_alive():
                 raise RuntimeError("the service did not start")
             time.sleep(0.05)
-        console.print(f"service on {url}, store {db}, 1 slot; jobs: python -m goodput.sched.example_job")
+        console.print(f"service on {url}, store {db}, 1 slot; jobs: python -m goodput.demo.example_job")
 
         def submit(name: str, steps: int, priority: int) -> str:
             body = {
                 "name": name,
-                "command": [sys.executable, "-m", "goodput.sched.example_job", "--steps", str(steps)]
+                "command": [sys.executable, "-m", "goodput.demo.example_job", "--steps", str(steps)]
                 + ["--step-s", str(STEP_S), "--interval", "10"],
                 "priority": priority,
                 "limit_s": 600,

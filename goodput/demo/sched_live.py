@@ -2,7 +2,7 @@
 
 1. The service (``goodput sched serve``, a separate process, SQLite in a temporary directory) runs
    with 4 local slots. Three real CPU training jobs start under torchrun (gloo):
-   ``goodput.sched.example_dist_job``, the project demo's TinyGPT with AdamW, saved by the sharded
+   ``goodput.demo.example_dist_job``, the project demo's TinyGPT with AdamW, saved by the sharded
    Checkpointer. ``a`` has 2 workers, ``b`` and ``c`` one each.
 2. Once all three have committed, a high-priority job ``h`` of 2 workers arrives: the scheduler
    prices every way to free 2 slots and picks the victim set with the least work to lose
@@ -56,7 +56,7 @@ class ServiceProcess:
     """``goodput sched serve`` as a child process, so that it can be SIGKILLed and restarted."""
 
     def __init__(self, base: Path) -> None:
-        from goodput.sched.local import free_port
+        from goodput.sched.live.local import free_port
 
         self.base = base
         self.db = f"sqlite:///{base / 'sched.db'}"
@@ -66,8 +66,8 @@ class ServiceProcess:
         self.health: dict[str, Any] = {}
 
     def token(self) -> str:
-        from goodput.sched.service import new_token
-        from goodput.sched.store import open_store
+        from goodput.sched.live.service import new_token
+        from goodput.sched.live.store import open_store
 
         store = open_store(self.db)
         try:
@@ -143,7 +143,7 @@ class ServiceProcess:
 def _command(steps: int) -> list[str]:
     # torchrun takes its worker count from PET_NPROC_PER_NODE, which the executor sets to the slots
     return [sys.executable, "-m", "torch.distributed.run", "--monitor-interval", "0.1"] + [
-        "-m", "goodput.sched.example_dist_job", "--steps", str(steps), "--step-s", str(STEP_S), "--interval", "5",
+        "-m", "goodput.demo.example_dist_job", "--steps", str(steps), "--step-s", str(STEP_S), "--interval", "5",
     ]  # fmt: skip
 
 
@@ -201,9 +201,9 @@ def _summary(events: list[dict], names: dict[str, str]) -> tuple[Table, float]:
 def run_sched_live_demo(workdir: str | None = None) -> int:
     import torch
 
-    from goodput.sched.checker import check
-    from goodput.sched.client import post_json
-    from goodput.sched.example_dist_job import compare, reference
+    from goodput.demo.example_dist_job import compare, reference
+    from goodput.sched.live.client import post_json
+    from goodput.sched.sim.checker import check
 
     t_start = time.monotonic()
     own = workdir is None
@@ -386,7 +386,7 @@ def run_sched_live_demo(workdir: str | None = None) -> int:
 
 def _kill_leftovers(base: Path) -> None:
     """No job outlives the demo: every run record the stopped service left is an orphan, killed."""
-    from goodput.sched.local import LocalExecutor
+    from goodput.sched.live.local import LocalExecutor
 
     if (base / "state" / "runs").is_dir():
         with contextlib.suppress(Exception):

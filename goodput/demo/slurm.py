@@ -4,7 +4,7 @@ A local Slurm (``goodput.demo.slurm_cluster``: munged, slurmctld and four slurmd
 with two fake GPUs each, on 127.0.0.1) runs under ``goodput sched serve --executor slurm
 --partition goodput`` (a child process; SQLite store). Two tenants submit through the API:
 
-1. four one-node jobs (the demo's TinyGPT, ``goodput.sched.example_dist_job``, two GPUs each:
+1. four one-node jobs (the demo's TinyGPT, ``goodput.demo.example_dist_job``, two GPUs each:
    the whole cluster), two of them with a short declared restart (the cheapest to preempt);
 2. once every one has committed a checkpoint, a 2-node gang at priority 10.
 
@@ -76,7 +76,7 @@ def runtime_for(users: list[str]) -> Runtime:
             pw = pwd.getpwnam(u)
             try:
                 p = subprocess.run(
-                    [rt.python, "-c", "import torch, goodput.sched.slurm_launch, goodput.demo.worker"],
+                    [rt.python, "-c", "import torch, goodput.sched.live.slurm_launch, goodput.demo.worker"],
                     env={"PATH": "/usr/bin:/bin", "PYTHONPATH": rt.pythonpath, "HOME": "/"},
                     user=pw.pw_uid, group=pw.pw_gid, extra_groups=[], capture_output=True, text=True, timeout=120,
                     cwd="/",
@@ -108,7 +108,7 @@ class SlurmService:
         allow_root_jobs: bool,
         users: dict[str, str] | None = None,
     ) -> None:
-        from goodput.sched.local import free_port
+        from goodput.sched.live.local import free_port
 
         self.base = base
         self.cluster = cluster
@@ -142,8 +142,8 @@ class SlurmService:
         )
 
     def token(self, tenant: str, *, admin: bool = False) -> str:
-        from goodput.sched.service import new_token
-        from goodput.sched.store import open_store
+        from goodput.sched.live.service import new_token
+        from goodput.sched.live.store import open_store
 
         store = open_store(self.db)
         try:
@@ -211,7 +211,7 @@ def events_of(url: str, token: str) -> list[dict]:
 
 
 def job_command(python: str, steps: int) -> list[str]:
-    return [python, "-m", "goodput.sched.example_dist_job", "--steps", str(steps), "--step-s", str(STEP_S),
+    return [python, "-m", "goodput.demo.example_dist_job", "--steps", str(steps), "--step-s", str(STEP_S),
             "--interval", str(INTERVAL)]  # fmt: skip
 
 
@@ -267,9 +267,9 @@ def preemption(
     """The scenario of the module docstring on ``cluster``; ``users`` maps tenants to Unix users
     (None: jobs run as this process's user, allowed explicitly). ``restart_mid``: SIGKILL the service
     while the victims are preempting, restart slurmctld while it is down, then start the service again."""
-    from goodput.sched.checker import check
-    from goodput.sched.client import post_json
-    from goodput.sched.example_dist_job import compare, reference
+    from goodput.demo.example_dist_job import compare, reference
+    from goodput.sched.live.client import post_json
+    from goodput.sched.sim.checker import check
 
     out = Outcome(base=base)
     base.mkdir(parents=True, exist_ok=True)

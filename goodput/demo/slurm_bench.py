@@ -49,9 +49,9 @@ def job_main(argv: list[str]) -> int:
     import torch
 
     from goodput.ckpt import Checkpointer
+    from goodput.demo.example_dist_job import build
     from goodput.demo.worker import train_step
-    from goodput.sched.client import CommitReporter
-    from goodput.sched.example_dist_job import build
+    from goodput.sched.live.client import CommitReporter
 
     torch.set_num_threads(1)
     root = Path(a.root or os.environ.get("GOODPUT_CKPT_ROOT") or "ckpt")
@@ -161,7 +161,7 @@ def run_slurm_native(cluster, base: Path, py: str, pp: str, interval: int, no_no
 
 def run_goodput(cluster, base: Path, py: str, pp: str, interval: int, grace: float) -> dict:  # noqa: ANN001
     from goodput.demo.slurm import Runtime, SlurmService, get
-    from goodput.sched.client import post_json
+    from goodput.sched.live.client import post_json
 
     base.mkdir(parents=True)
     os.chmod(base, 0o755)

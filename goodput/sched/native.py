@@ -16,20 +16,20 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-# the hot path of every scheduling pass and of the simulator, leaves first (transitions.py is not
-# here: mypyc cannot compile its RuntimeError subclass, and it is not hot)
+# the hot path of every scheduling pass and of the simulator, leaves first, named below goodput.sched
+# (core/transitions.py is not here: mypyc cannot compile its RuntimeError subclass, and it is not hot)
 MODULES: tuple[str, ...] = (
-    "model",
-    "queue",
-    "capacity",
-    "eviction",
-    "placement",
-    "policy",
-    "executor",
-    "events",
-    "ledger",
-    "scheduler",
-    "sim",
+    "core.model",
+    "core.queue",
+    "core.capacity",
+    "core.eviction",
+    "core.placement",
+    "core.policy",
+    "core.executor",
+    "core.events",
+    "sim.ledger",
+    "core.scheduler",
+    "sim.simulator",
 )
 HERE = Path(__file__).resolve().parent
 MANIFEST = HERE / "native.json"
@@ -52,6 +52,11 @@ class NativeStatus:
         return "compiled (mypyc)"
 
 
+def source_of(name: str) -> str:
+    """``core.model`` -> ``core/model.py``: the source of a listed module, below this package."""
+    return name.replace(".", "/") + ".py"
+
+
 def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -67,7 +72,8 @@ def status() -> NativeStatus:
         spec = importlib.util.find_spec(f"goodput.sched.{name}")
         native = spec is not None and isinstance(spec.loader, importlib.machinery.ExtensionFileLoader)
         (compiled if native else pure).append(name)
-        src = HERE / f"{name}.py"
-        if native and (built.get(f"goodput/sched/{name}.py") != (_digest(src) if src.exists() else None)):
+        rel = source_of(name)
+        src = HERE / rel
+        if native and (built.get(f"goodput/sched/{rel}") != (_digest(src) if src.exists() else None)):
             stale.append(name)
     return NativeStatus(tuple(compiled), tuple(pure), tuple(stale))

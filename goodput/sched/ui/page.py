@@ -155,7 +155,7 @@ def write_report(
     notes: list[str] | None = None,
 ) -> Path:
     """Write the static dashboard of an event log (a JSONL path or its records) to ``out`` (a file)."""
-    from ..events import read_jsonl
+    from ..core.events import read_jsonl
     from .timeline import Timeline
     from .views import static_report
 

@@ -44,7 +44,7 @@ def sim_report(
     notes: Sequence[str] = (),
 ) -> Path:
     """Write ``directory/index.html`` for the run of ``policy`` whose event log is ``events``."""
-    from goodput.sched.capacity import Capacity
+    from goodput.sched.core.capacity import Capacity
 
     meta = {
         j.id: {"interval_s": j.ckpt.interval_s, "write_s": j.ckpt.write_s, "limit_s": j.limit_s or j.duration_s}

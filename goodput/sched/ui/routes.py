@@ -23,7 +23,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import HTMLResponse, Response
 from fastapi.routing import APIRoute
 
-from ..model import JobState
+from ..core.model import JobState
 from . import page
 from .timeline import Timeline
 from .views import QUEUE_SHOWN, JobFacts, LiveState, NodeFacts, Viewer, job_page, live_overview, queue_index

@@ -1,0 +1,865 @@
+"""The Slurm executor: goodput decides, Slurm launches, tracks and signals.
+
+Behind the same :class:`goodput.sched.core.executor.Executor` interface as the local executor, driven
+the same way by the live service (``goodput sched serve --executor slurm --partition P``). Slurm is
+given nothing to decide (SchedMD's advice for an external scheduler):
+
+- **Nodes** come from ``sinfo --json``: every node of the partition, named as Slurm names it, with
+  its GPU count from its ``gpu`` GRES (a node without GPUs is one slot, run ``--exclusive``). One
+  goodput pool, named after the partition.
+- **start** submits ONE Slurm job per gang, held (``sbatch --hold``) to exactly the nodes goodput
+  chose (``-N n --nodelist=...`` and ``--gres=gpu:g`` or ``--exclusive``), ``--no-requeue`` (a
+  requeue is goodput's: a new run, a new Slurm job, the same goodput job), ``--signal=B:USR1@grace``
+  (a partition time limit warns like a preemption), as the tenant's Unix user (``--uid``/``--gid``;
+  sbatch must then run as root). Its Slurm id is written to the service's store (table
+  ``slurm_runs``) before it can run; it is released (``scontrol release``) after the scheduling pass
+  that started it is committed (:meth:`SlurmExecutor.after_pass`). A service killed anywhere in
+  between finds either nothing, a held job it cancels (a start the store does not count), or a
+  recorded one it releases or adopts: a run never starts twice.
+- **notify** is ``scancel -b --signal=USR1`` (checkpoint) or ``--signal=TERM`` (stop) to the batch
+  step, which passes it to every task (:mod:`goodput.sched.live.slurm_launch`); the job's Checkpointer
+  commits and exits 75. **kill** is ``scancel``.
+- **Exits** are read from one ``squeue --json`` per pass (no per-job polling): a job is gone when
+  Slurm says it ended (never while ``COMPLETING``), so the nodes go back to the core only once
+  Slurm has them free. ``COMPLETED`` → finished; exit 75 → preempted; cancelled by us → killed;
+  ``NODE_FAIL``, ``BOOT_FAIL``, Slurm's own ``PREEMPTED`` or a cancel not ours → lost (an
+  infrastructure loss); other exits → failed. A job Slurm no longer lists (older than
+  ``MinJobAge``) is read from the status file its batch step wrote, or is lost.
+- **Nodes** Slurm reports ``DOWN`` (or ``FAIL``) are lost to the core (their jobs resume from their
+  commits, counted as infrastructure, not failure); back up, they are returned.
+- A ``squeue`` or ``sinfo`` that fails (slurmctld restarting) changes nothing: the next pass asks again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pwd
+import re
+import shlex
+import shutil
+import stat
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..core.model import Job, Node, Pool, PoolKind
+from .local import (
+    ENV_CKPT_ROOT,
+    ENV_EPOCH,
+    ENV_JOB_ID,
+    ENV_NODES,
+    ENV_RESUME,
+    ENV_SLOTS,
+    ENV_TOKEN_FILE,
+    ENV_URL,
+    PREEMPTED_EXIT,
+    SAFE_ID,
+    job_environment,
+)
+from .runas import RunAs
+from .slurm_launch import ENV_GPUS_PER_NODE, ENV_NODE_ADDRS, ENV_STATUS_FILE
+
+log = logging.getLogger("goodput.sched.live.slurm")
+
+# Slurm's job states (squeue --json ``job_state``)
+LIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
+                  "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"})  # fmt: skip
+LOST_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL", "PREEMPTED"})
+DOWN_NODE_STATES = frozenset({"down", "fail", "failing"})
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+COMMENT = re.compile(r"^goodput:([0-9a-f]{12}):([A-Za-z0-9._-]{1,128}):([0-9]{1,9})$")
+META_KEY = "."  # the row of the slurm_runs table that holds this service's instance id
+
+
+class SlurmError(OSError):
+    """A Slurm command failed or answered what cannot be read; the message names the command. An
+    OSError: like a store or a network that cannot be reached, it is the infrastructure's, not a job's."""
+
+
+# ---------------------------------------------------------------------- the commands
+
+
+@dataclass
+class Slurm:
+    """Slurm's command-line tools, run with a clean environment (``SLURM_CONF`` and ``PATH`` only)."""
+
+    conf: str = ""  # SLURM_CONF; empty: Slurm's default
+    timeout_s: float = 30.0
+
+    def env(self) -> dict[str, str]:
+        """The commands' whole environment: the service's PATH and SLURM_CONF, nothing a tenant set
+        (sbatch runs as root and reads ``SBATCH_*``, ``SLURM_*`` and the loader's variables)."""
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        conf = self.conf or os.environ.get("SLURM_CONF", "")
+        if conf:
+            env["SLURM_CONF"] = conf
+        return env
+
+    def run(self, argv: list[str], *, env: dict[str, str] | None = None, stdin: str | None = None) -> str:
+        try:
+            p = subprocess.run(
+                argv,
+                env=env or self.env(),
+                input=stdin,
+                stdin=None if stdin is not None else subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=self.timeout_s,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise SlurmError(f"{argv[0]}: {e}") from None
+        if p.returncode != 0:
+            raise SlurmError(f"{' '.join(argv[:3])}...: exit {p.returncode}: {p.stderr.strip()[:500]}")
+        return p.stdout
+
+    def json(self, argv: list[str]) -> dict[str, Any]:
+        out = self.run(argv)
+        try:
+            d = json.loads(out)
+        except ValueError as e:
+            raise SlurmError(f"{argv[0]} --json: not JSON ({e})") from None
+        if not isinstance(d, dict):
+            raise SlurmError(f"{argv[0]} --json: not an object")
+        return d
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    name: str
+    gpus: int  # 0: no gpu GRES (run --exclusive, one slot)
+    addr: str
+    state: str  # sinfo's base state, lower case (idle, allocated, mixed, down, ...)
+    flags: tuple[str, ...]
+
+
+def _gpus(gres: str) -> int:
+    """GPUs in a GRES string: ``gpu:2``, ``gpu:a100:4(S:0-1)``, ``gpu:2,shard:8``."""
+    total = 0
+    for part in (gres or "").split(","):
+        fields = part.split("(")[0].split(":")
+        if fields[0] == "gpu" and len(fields) >= 2 and fields[-1].isdigit():
+            total += int(fields[-1])
+    return total
+
+
+def read_nodes(slurm: Slurm, partition: str) -> list[SlurmNode]:
+    """The partition's nodes from one ``sinfo --json`` (Slurm 22.05 has no ``scontrol --json``)."""
+    d = slurm.json(["sinfo", "--json"])
+    out: dict[str, SlurmNode] = {}
+    for n in d.get("nodes") or ():
+        if not isinstance(n, dict):
+            continue
+        name = str(n.get("name", ""))
+        if not SAFE_ID.match(name) or partition not in (n.get("partitions") or ()):
+            continue
+        state = n.get("state", "")
+        if isinstance(state, list):  # newer Slurm: a list of flags, the base state first
+            flags = tuple(str(s).upper() for s in state[1:]) + tuple(str(s).upper() for s in n.get("state_flags") or ())
+            state = state[0] if state else ""
+        else:
+            flags = tuple(str(s).upper() for s in n.get("state_flags") or ())
+        out[name] = SlurmNode(
+            name, _gpus(str(n.get("gres", ""))), str(n.get("address") or name), str(state).lower(), flags
+        )
+    return [out[k] for k in sorted(out, key=_natural)]
+
+
+def _natural(name: str) -> tuple:
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
+
+
+def discover(slurm: Slurm, partition: str) -> tuple[list[Pool], list[Node], dict[str, SlurmNode]]:
+    """goodput's pool and nodes for a Slurm partition: one pool named after it, one node per Slurm node."""
+    nodes = read_nodes(slurm, partition)
+    if not nodes:
+        raise SlurmError(f"partition {partition!r}: sinfo lists no node in it")
+    slots = {n.name: n.gpus or 1 for n in nodes}
+    pool = Pool(name=partition, kind=PoolKind.ON_DEMAND, nodes=len(nodes), gpus_per_node=max(slots.values()))
+    recs = [Node(name=n.name, pool=partition, kind=PoolKind.ON_DEMAND, gpus=slots[n.name]) for n in nodes]
+    return [pool], recs, {n.name: n for n in nodes}
+
+
+def exit_code(raw: Any) -> tuple[int | None, int | None]:
+    """(status, signal) from squeue's ``exit_code``: a wait status (22.05) or an object (23.02+)."""
+    if isinstance(raw, bool):
+        return None, None
+    if isinstance(raw, int):
+        sig = raw & 0x7F
+        return (raw >> 8) & 0xFF, sig or None
+    if isinstance(raw, dict):
+        rc = raw.get("return_code")
+        sg = raw.get("signal")
+        sig = (sg.get("id", sg.get("signal_id")) if isinstance(sg, dict) else None) or None
+        if isinstance(rc, dict):
+            rc = rc.get("number") if rc.get("set", True) else None
+        return (int(rc) if isinstance(rc, int) else None), (int(sig) if isinstance(sig, int) and sig else None)
+    return None, None
+
+
+def parse_sacct(d: dict[str, Any]) -> dict[int, tuple[str, Any]]:
+    """Slurm id -> (state, exit code) from ``sacct --json`` (``state.current``: a string in 22.05, a
+    list in 23.02+; ``exit_code`` as :func:`exit_code` reads it)."""
+    out: dict[int, tuple[str, Any]] = {}
+    for j in d.get("jobs") or ():
+        if not isinstance(j, dict) or not isinstance(j.get("job_id"), int):
+            continue
+        st = j.get("state")
+        cur = st.get("current") if isinstance(st, dict) else st
+        if isinstance(cur, list):
+            cur = cur[0] if cur else ""
+        out[j["job_id"]] = (str(cur or ""), j.get("exit_code"))
+    return out
+
+
+def status_of(state: str, raw_exit: Any, *, killed: bool) -> str:
+    """``Scheduler.report_exit``'s word for a Slurm job that ended in ``state``."""
+    rc, sig = exit_code(raw_exit)
+    if state == "COMPLETED" and rc == 0:
+        return "finished"
+    if state in LOST_STATES:
+        return "lost"
+    if state == "CANCELLED":
+        return "killed" if killed else "lost"
+    if rc == PREEMPTED_EXIT and not sig:
+        return "preempted"
+    if killed:
+        return "killed"
+    return "failed"
+
+
+# ---------------------------------------------------------------------- the records
+
+
+@dataclass
+class SlurmRun:
+    """One run (job, epoch) as one Slurm job; stored before Slurm may start it."""
+
+    job: str
+    epoch: int
+    slurm_id: int
+    nodes: list[str]
+    user: str
+    dir: str
+    released: bool = False
+    killed: bool = False  # we cancelled it: CANCELLED reads as killed, not lost
+    notified: str = ""  # a notice asked while Slurm still had it pending: sent once it runs
+    submitted: float = 0.0
+    stuck: bool = False  # released, but Slurm would not start it where goodput placed it: cancelled, lost
+    released_at: float = 0.0
+
+
+class RunTable:
+    """The ``slurm_runs`` table in the service's own store (SQLite or PostgreSQL): one row per live
+    run plus this service's instance id. A separate table, so the store's schema stays the store's."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        with store._use(), store._transaction(write=True) as cur:
+            cur.execute("CREATE TABLE IF NOT EXISTS slurm_runs (job TEXT PRIMARY KEY, body TEXT NOT NULL)")
+
+    def _put(self, key: str, body: str) -> None:
+        s = self.store
+        with s._use(), s._transaction(write=True) as cur:
+            cur.execute(
+                s._sql(
+                    "INSERT INTO slurm_runs (job, body) VALUES (?, ?) ON CONFLICT (job) DO UPDATE SET body = excluded.body"
+                ),
+                (key, body),
+            )
+
+    def instance(self) -> str:
+        s = self.store
+        with s._use(), s._transaction(write=False) as cur:
+            cur.execute(s._sql("SELECT body FROM slurm_runs WHERE job = ?"), (META_KEY,))
+            row = cur.fetchone()
+        if row is not None and re.fullmatch(r"[0-9a-f]{12}", str(row[0])):
+            return str(row[0])
+        inst = uuid.uuid4().hex[:12]
+        self._put(META_KEY, inst)
+        return inst
+
+    def save(self, run: SlurmRun) -> None:
+        self._put(run.job, json.dumps(asdict(run), sort_keys=True))
+
+    def delete(self, job: str, epoch: int) -> None:
+        s = self.store
+        with s._use(), s._transaction(write=True) as cur:
+            cur.execute(s._sql("SELECT body FROM slurm_runs WHERE job = ?"), (job,))
+            row = cur.fetchone()
+            if row is not None and _epoch_of(row[0]) == epoch:
+                cur.execute(s._sql("DELETE FROM slurm_runs WHERE job = ?"), (job,))
+
+    def load(self) -> list[SlurmRun]:
+        s = self.store
+        with s._use(), s._transaction(write=False) as cur:
+            cur.execute("SELECT job, body FROM slurm_runs")
+            rows = cur.fetchall()
+        out = []
+        for key, body in rows:
+            if key == META_KEY:
+                continue
+            try:
+                raw = json.loads(body)
+                run = SlurmRun(**{k: raw[k] for k in SlurmRun.__dataclass_fields__ if k in raw})
+                if not SAFE_ID.match(run.job) or not isinstance(run.slurm_id, int):
+                    raise ValueError("bad job id or Slurm id")
+            except (ValueError, TypeError, KeyError) as e:
+                log.error("slurm_runs row %r does not decode (%s): left alone", key, e)
+                continue
+            out.append(run)
+        return out
+
+
+def _epoch_of(body: Any) -> int:
+    try:
+        return int(json.loads(body).get("epoch", -1))
+    except (ValueError, TypeError, AttributeError):
+        return -1
+
+
+# ---------------------------------------------------------------------- the executor
+
+
+@dataclass
+class View:
+    """One ``squeue --json`` of the cluster: Slurm id -> its job record."""
+
+    jobs: dict[int, dict[str, Any]] = field(default_factory=dict)
+    t: float = 0.0
+
+
+class SlurmExecutor:
+    """Runs each gang as one Slurm job; a watcher thread reads Slurm once per pass.
+
+    ``on_exit(job_id, epoch, status)`` as the local executor's; ``on_nodes(down, up)`` with the
+    node names Slurm reports down or back (all of them at the first pass, then changes; the caller
+    takes its own lock for both). ``run_as(job)`` is the identity a job runs as (None: the service's
+    own; may raise, which fails the run), ``env_for(job)`` its spec's environment; the rest of a
+    job's environment is the local executor's (``local.job_environment``), with its token in a file.
+    """
+
+    def __init__(
+        self,
+        state_dir: str | os.PathLike,
+        *,
+        store: Any,
+        partition: str,
+        url: str = "",
+        slurm: Slurm | None = None,
+        token_for: Callable[[Job], str] | None = None,
+        on_exit: Callable[[str, int, str], None] | None = None,
+        on_nodes: Callable[[list[str], list[str]], None] | None = None,
+        run_as: Callable[[Job], RunAs | None] | None = None,
+        env_for: Callable[[Job], dict[str, str]] | None = None,
+        python: str = "",
+        poll_s: float = 0.5,
+    ) -> None:
+        self.dir = Path(state_dir) / "slurm"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o711)  # traversable, not listable: each run's own folder below is its user's, 0700
+        self.partition = partition
+        self.url = url
+        self.slurm = slurm or Slurm()
+        self.token_for = token_for
+        self.on_exit = on_exit
+        self.on_nodes = on_nodes
+        self.run_as = run_as
+        self.env_for = env_for
+        self.python = python or sys.executable
+        self.poll_s = poll_s
+        self.stuck_s = 120.0
+        self.table = RunTable(store)
+        self.instance = self.table.instance()
+        self.runs: dict[str, SlurmRun] = {}
+        self.nodes: dict[str, SlurmNode] = {}
+        self.down: set[str] = set()  # nodes we reported down to the core
+        self._first_nodes = True
+        self.view = View()
+        self.failures: list[str] = []  # Slurm commands that failed (kept short): what /healthz may show
+        self._unreleased: list[str] = []
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ the Executor protocol
+
+    def start(self, job: Job, nodes: tuple[str, ...], resume_from_s: float) -> None:
+        """Submit the gang held; never raises into the pass (a run that cannot be submitted is reported at
+        the next poll: lost when Slurm would not take it, failed when the job cannot run)."""
+        with self._lock:
+            old = self.runs.pop(job.id, None)
+            if old is not None:  # the core starts only a job it does not count as running: never two
+                self._forget(old)
+            try:
+                run = self._submit(job, nodes, resume_from_s)
+            except Exception as e:  # noqa: BLE001 - the pass must go on
+                # Slurm unreachable or refusing is the infrastructure's (lost: requeued, no failure
+                # counted); a job that cannot run (its user, its command) fails, saying why
+                log.error("job %s epoch %d: cannot submit to Slurm: %s", job.id, job.epoch, e)
+                self._note(f"sbatch for {job.id}: {e}")
+                infra = isinstance(e, SlurmError)
+                run = SlurmRun(job.id, job.epoch, -1, list(nodes), "", "", released=True, stuck=infra)
+            self.runs[job.id] = run
+            if run.slurm_id >= 0:
+                self._unreleased.append(job.id)
+
+    def notify(self, job: Job, *, checkpoint: bool, deadline_s: float) -> None:
+        sig = "USR1" if checkpoint else "TERM"
+        with self._lock:
+            run = self._current(job)
+            if run is None or run.slurm_id < 0:
+                return
+            state = str(self.view.jobs.get(run.slurm_id, {}).get("job_state", ""))
+            if not run.released or state == "PENDING":
+                self._cancel(run)  # it never ran: nothing to checkpoint, and a signal would be refused
+            elif not self._signal(run, sig):
+                run.notified = sig  # not running yet (or slurmctld away): sent by the first pass that can
+                self.table.save(run)
+
+    def kill(self, job: Job) -> None:
+        with self._lock:
+            run = self._current(job)
+            if run is not None and run.slurm_id >= 0:
+                self._cancel(run)
+
+    # ------------------------------------------------------------------ after the pass is committed
+
+    def after_pass(self) -> None:
+        """Release the runs the last scheduling pass started: its store commit (the core's ``started``)
+        is done, and each run's Slurm id was stored at its submission."""
+        with self._lock:
+            ids, self._unreleased = self._unreleased, []
+            for jid in ids:
+                run = self.runs.get(jid)
+                if run is not None and not run.released and not run.killed:
+                    self._release(run)
+
+    # ------------------------------------------------------------------ re-adoption after a restart
+
+    def adopt(self, jobs: dict[str, Job]) -> dict[str, str]:
+        """Take back the runs a previous service stored: ``{job id: adopted | released | cancelled}``.
+
+        A run the store counts (running or preempting, same epoch) is adopted, and released if the
+        previous service died between its start's commit and the release. Any other run is a start
+        that never committed, or one already accounted for: cancelled (if Slurm still has it) and
+        forgotten. Slurm jobs of this service that no record names (submitted, then the service
+        died before storing the id) are cancelled at the first pass that can read Slurm.
+        """
+        out: dict[str, str] = {}
+        with self._lock:
+            for run in self.table.load():
+                job = jobs.get(run.job)
+                live = job is not None and job.epoch == run.epoch and job.state.value in ("running", "preempting")
+                if live:
+                    self.runs[run.job] = run
+                    if not run.released and not run.killed and run.slurm_id >= 0:
+                        self._release(run)
+                        out[run.job] = "released"
+                    else:
+                        out[run.job] = "adopted"
+                else:
+                    if run.slurm_id >= 0:
+                        self._cancel(run, save=False)
+                    self.table.delete(run.job, run.epoch)
+                    out[run.job] = "cancelled"
+        return out
+
+    def reconcile(self, jobs: dict[str, Job]) -> dict[str, str]:
+        """After the scheduler was rebuilt from its store in this process (a store write failed): every
+        run the store does not count (a start whose commit failed) is cancelled and forgotten, its exit
+        never reported (the same epoch may be started again, and that run's exit is the one to report)."""
+        out: dict[str, str] = {}
+        with self._lock:
+            for run in list(self.runs.values()):
+                job = jobs.get(run.job)
+                live = job is not None and job.epoch == run.epoch and job.state.value in ("running", "preempting")
+                if not live:
+                    del self.runs[run.job]
+                    self._forget(run)
+                    out[run.job] = "cancelled"
+        return out
+
+    def _forget(self, run: SlurmRun) -> None:
+        """Cancel a run no one counts and drop every trace of it but its log (the lock held)."""
+        if run.slurm_id >= 0:
+            self._cancel(run, save=False)
+        self._unreleased = [j for j in self._unreleased if j != run.job]
+        self.table.delete(run.job, run.epoch)
+        if run.dir:
+            with contextlib.suppress(OSError):
+                os.unlink(Path(run.dir, "token"))
+
+    # ------------------------------------------------------------------ the watcher
+
+    def start_watcher(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="goodput-slurm-executor", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        """Stop watching (the Slurm jobs keep running: a restarted service re-adopts them)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001 - one bad pass must not stop the watcher; logged
+                log.exception("slurm executor: poll failed")
+            self._stop.wait(self.poll_s)
+
+    def poll(self) -> int:
+        """Read Slurm once (squeue, sinfo); report exits and node changes; the number of exits reported."""
+        try:
+            q = self.slurm.json(["squeue", "--json"])
+        except SlurmError as e:
+            self._note(str(e))
+            return 0  # slurmctld away (restarting): nothing is concluded from silence
+        view = View({}, time.time())
+        for j in q.get("jobs") or ():
+            if isinstance(j, dict) and isinstance(j.get("job_id"), int):
+                view.jobs[j["job_id"]] = j
+        done: list[tuple[SlurmRun, str]] = []
+        forgotten: list[SlurmRun] = []  # runs squeue no longer lists (older than MinJobAge)
+        with self._lock:
+            self.view = view
+            for run in list(self.runs.values()):
+                if run.slurm_id < 0:
+                    done.append((run, "lost" if run.stuck else "failed"))
+                    continue
+                j = view.jobs.get(run.slurm_id)
+                if j is None:
+                    if run.submitted and view.t - run.submitted < 5.0:
+                        continue  # just submitted: a view taken before sbatch answered
+                    forgotten.append(run)
+                    continue
+                state = str(j.get("job_state", ""))
+                if state in LIVE:
+                    if state == "PENDING" and run.released and not run.killed and self._stuck(run, j, view.t):
+                        log.error("slurm job %d of %s stays pending (%s): cancelled, an infrastructure loss",
+                                  run.slurm_id, run.job, j.get("state_reason"))  # fmt: skip
+                        run.stuck = True
+                        self._cancel(run)
+                    elif run.notified and state == "PENDING":
+                        self._cancel(run)
+                    elif run.notified and state == "RUNNING" and self._signal(run, run.notified):
+                        run.notified = ""
+                        self.table.save(run)
+                    continue
+                done.append((run, "lost" if run.stuck else status_of(state, j.get("exit_code"), killed=run.killed)))
+            self._cancel_strays(view)
+            if forgotten:  # accounting where it is kept (one sacct for all of them), else the status files
+                acct = self._sacct([r.slurm_id for r in forgotten])
+                for run in forgotten:
+                    a = acct.get(run.slurm_id)
+                    ended = a is not None and a[0] not in LIVE
+                    done.append((run, status_of(a[0], a[1], killed=run.killed) if ended else self._status_file(run)))
+        for run, status in done:
+            if self.on_exit is not None:
+                self.on_exit(run.job, run.epoch, status)
+            with self._lock:
+                if self.runs.get(run.job) is run:
+                    del self.runs[run.job]
+                self.table.delete(run.job, run.epoch)  # after the report: a crash in between re-reports, ignored
+            if run.dir:  # the run's log stays; its token goes with it (unlink removes a planted link, not its target)
+                with contextlib.suppress(OSError):
+                    os.unlink(Path(run.dir, "token"))
+        self._poll_nodes()
+        return len(done)
+
+    def _poll_nodes(self) -> None:
+        try:
+            nodes = read_nodes(self.slurm, self.partition)
+        except SlurmError as e:
+            self._note(str(e))
+            return
+        down, up = [], []
+        with self._lock:
+            first, self._first_nodes = self._first_nodes, False
+            for n in nodes:
+                self.nodes[n.name] = n
+                is_down = n.state in DOWN_NODE_STATES
+                if is_down and (first or n.name not in self.down):
+                    self.down.add(n.name)
+                    down.append(n.name)
+                elif not is_down and (first or n.name in self.down) and "NOT_RESPONDING" not in n.flags:
+                    self.down.discard(n.name)
+                    up.append(n.name)
+        if (down or up) and self.on_nodes is not None:
+            self.on_nodes(down, up)
+
+    # ------------------------------------------------------------------ Slurm calls
+
+    def _submit(self, job: Job, nodes: tuple[str, ...], resume_from_s: float) -> SlurmRun:
+        if not SAFE_ID.match(job.id):
+            raise ValueError(f"job id {job.id!r} is not a safe file name")
+        if not job.command:
+            raise ValueError(f"job {job.id!r}: command is empty")
+        who = self.run_as(job) if self.run_as is not None else None  # may refuse: the run fails, saying why
+        # a folder per submission: a start of the same epoch after a restart (the first never committed)
+        # must not share it with the cancelled run, which may still be writing its status there
+        run_dir = self.dir / f"{job.id}.{job.epoch}.{uuid.uuid4().hex[:8]}"
+        run_dir.mkdir(mode=0o700)
+        os.chmod(run_dir, 0o700)
+        argv = [self.python, "-m", "goodput.sched.live.slurm_launch", "batch", "--", *job.command]
+        token = run_dir / "token"
+        token.write_text(self.token_for(job) if self.token_for is not None else "", encoding="ascii")
+        log_file = run_dir / "log"
+        log_file.touch()
+        for p in (token, log_file):
+            os.chmod(p, 0o600)
+        if who is not None:
+            for p in (run_dir, log_file, token):
+                os.chown(p, who.uid, who.gid)
+        gpn = job.gpus_per_node
+        gpus = [self.nodes[n].gpus if n in self.nodes else gpn for n in nodes]
+        own = {
+            ENV_JOB_ID: job.id,
+            ENV_EPOCH: str(job.epoch),
+            ENV_URL: self.url,
+            ENV_TOKEN_FILE: str(token),
+            ENV_CKPT_ROOT: job.ckpt_root,
+            ENV_RESUME: repr(float(resume_from_s)),
+            ENV_NODES: ",".join(nodes),
+            ENV_SLOTS: str(len(nodes) * gpn),
+            ENV_GPUS_PER_NODE: str(gpn),
+            ENV_STATUS_FILE: str(run_dir / "status.json"),
+            ENV_NODE_ADDRS: ",".join(f"{n}={self.nodes[n].addr}" for n in nodes if n in self.nodes),
+        }
+        spec_env = self.env_for(job) if self.env_for is not None else {}
+        env = job_environment(dict(os.environ), spec_env, own, who)
+        # the job's environment is set by its batch script, never through root's sbatch process (whose
+        # own environment a tenant's SBATCH_*, SLURM_CONF, PATH or LD_PRELOAD must not reach); the
+        # script goes on sbatch's stdin: no file the job's user could swap before root reads it
+        lines = ["#!/bin/sh"]
+        for k, v in sorted(env.items()):
+            if not ENV_NAME.match(k) or "\0" in v:
+                raise ValueError(f"job {job.id!r}: environment variable {k!r} cannot be exported")
+            lines.append(f"export {k}={shlex.quote(v)}")
+        lines.append("exec " + shlex.join(argv))
+        script = "\n".join(lines) + "\n"
+        grace = max(1, int(job.ckpt.grace_s))
+        cmd = [
+            "sbatch", "--parsable", "--hold", f"--partition={self.partition}",
+            f"--nodes={len(nodes)}", f"--nodelist={','.join(nodes)}", "--ntasks-per-node=1",
+            f"--job-name=gp-{job.id}"[:120], f"--comment=goodput:{self.instance}:{job.id}:{job.epoch}",
+            "--no-requeue", f"--signal=B:USR1@{grace}", "--export=ALL", f"--chdir={run_dir}",
+            f"--output={log_file}", "--open-mode=append",
+        ]  # fmt: skip
+        if all(g > 0 for g in gpus):
+            cmd.append(f"--gres=gpu:{gpn}")
+        else:
+            cmd.append("--exclusive")
+        if who is not None:
+            cmd += [f"--uid={who.uid}", f"--gid={who.gid}"]
+        out = self.slurm.run(cmd, stdin=script).strip()
+        m = re.match(r"^([0-9]+)", out)
+        if m is None:
+            raise SlurmError(f"sbatch answered {out!r}, not a job id")
+        user = who.user if who is not None else pwd.getpwuid(os.geteuid()).pw_name
+        run = SlurmRun(job.id, job.epoch, int(m.group(1)), list(nodes), user, str(run_dir), submitted=time.time())
+        try:
+            self.table.save(run)  # before it may run
+        except Exception:
+            self._scancel(run.slurm_id)
+            raise
+        return run
+
+    def _release(self, run: SlurmRun) -> None:
+        try:
+            self.slurm.run(["scontrol", "release", str(run.slurm_id)])
+        except SlurmError as e:
+            # the next pass retries; a job Slurm no longer has is read as gone by the poll
+            self._note(f"release {run.slurm_id}: {e}")
+            self._unreleased.append(run.job)
+            return
+        run.released, run.released_at = True, time.time()
+        self.table.save(run)
+
+    def _signal(self, run: SlurmRun, sig: str) -> bool:
+        """``sig`` to the run's batch step; False if Slurm refused (the core's deadline still kills it)."""
+        try:
+            self.slurm.run(["scancel", "--batch", f"--signal={sig}", str(run.slurm_id)])
+        except SlurmError as e:
+            self._note(f"signal {sig} to {run.slurm_id}: {e}")
+            return False
+        return True
+
+    def _cancel(self, run: SlurmRun, *, save: bool = True) -> None:
+        run.killed = True
+        if save:
+            self.table.save(run)
+        self._scancel(run.slurm_id)
+
+    def _scancel(self, slurm_id: int) -> None:
+        try:
+            self.slurm.run(["scancel", str(slurm_id)])
+        except SlurmError as e:
+            self._note(f"scancel {slurm_id}: {e}")
+
+    def _cancel_strays(self, view: View) -> None:
+        """Cancel live Slurm jobs of this service that no run names (submitted, then the service died
+        before it stored the id; or adopted as not counted)."""
+        mine = {(r.job, r.epoch) for r in self.runs.values()}
+        for sid, j in view.jobs.items():
+            m = COMMENT.match(str(j.get("comment") or ""))
+            if m is None or m.group(1) != self.instance or str(j.get("job_state", "")) not in LIVE:
+                continue
+            if (m.group(2), int(m.group(3))) in mine:
+                continue
+            if time.time() - float(j.get("submit_time") or 0) < 10.0:
+                continue  # a submission in flight on another thread
+            log.warning("slurm job %d (%s epoch %s) is not a run of the store: cancelled", sid, m.group(2), m.group(3))
+            self._scancel(sid)
+
+    def _sacct(self, ids: list[int]) -> dict[int, tuple[str, Any]]:
+        """Slurm id -> (state, exit code) from accounting; {} where none is kept (sacct absent or
+        refusing: accounting is off by default) or its answer cannot be read."""
+        if not ids or shutil.which("sacct", path=self.slurm.env()["PATH"]) is None:
+            return {}
+        try:
+            d = self.slurm.json(["sacct", "--json", "-X", "-j", ",".join(str(i) for i in ids)])
+        except SlurmError:
+            return {}
+        return parse_sacct(d)
+
+    def _status_file(self, run: SlurmRun) -> str:
+        """The status of a run Slurm no longer lists, from its batch step's status file; else lost.
+        The file sits in the job user's folder: opened without following a link, never blocking on a
+        FIFO, a regular file of at most 4 KiB, only its integer ``rc`` believed."""
+        if run.stuck:
+            return "lost"
+        try:
+            fd = os.open(Path(run.dir, "status.json"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_size > 4096:
+                    raise ValueError("not a small regular file")
+                raw = os.read(fd, 4096)
+            finally:
+                os.close(fd)
+            rc = json.loads(raw)["rc"]
+            if not isinstance(rc, int) or isinstance(rc, bool):
+                raise ValueError("rc is not an integer")
+        except (OSError, ValueError, KeyError, TypeError):
+            return "killed" if run.killed else "lost"
+        if rc == 0:
+            return "finished"
+        if rc == PREEMPTED_EXIT:
+            return "preempted"
+        return "killed" if run.killed else "failed"
+
+    def _stuck(self, run: SlurmRun, j: dict[str, Any], now: float) -> bool:
+        """Released long ago and still pending: Slurm will not run it on the nodes goodput chose (a node
+        drained or reserved in Slurm, a limit of the partition). Not while its nodes are still being
+        cleaned up after the run before (``Resources``), nor within ``stuck_s`` of its release."""
+        reason = str(j.get("state_reason") or "")
+        since = max(float(j.get("eligible_time") or 0), run.released_at or run.submitted)
+        return now - since > self.stuck_s and reason not in ("Resources", "Priority", "None", "BeginTime")
+
+    def _current(self, job: Job) -> SlurmRun | None:
+        run = self.runs.get(job.id)
+        return run if run is not None and run.epoch == job.epoch else None
+
+    def _note(self, msg: str) -> None:
+        log.warning("slurm executor: %s", msg)
+        self.failures.append(f"{time.time():.3f} {msg}")
+        del self.failures[:-50]
+
+
+# ---------------------------------------------------------------------- wiring into the service
+
+
+def node_changes(sched: Any, down: Iterable[str], up: Iterable[str]) -> None:
+    """Slurm's node view into the core: down nodes are lost (their jobs resume from their commits,
+    counted as infrastructure), nodes back are returned. Call with the service's lock held."""
+    from ..core.model import Health
+
+    lost = [n for n in down if n in sched.cap.nodes and sched.cap.nodes[n].health is not Health.LOST]
+    if lost:
+        sched.node_lost(lost)
+    back = [n for n in up if n in sched.cap.nodes and sched.cap.nodes[n].health is Health.LOST]
+    if back:
+        sched.node_up(back)
+
+
+__all__ = [
+    "RunTable",
+    "Slurm",
+    "SlurmError",
+    "SlurmExecutor",
+    "SlurmNode",
+    "SlurmRun",
+    "discover",
+    "exit_code",
+    "node_changes",
+    "parse_sacct",
+    "read_nodes",
+    "service_executor",
+    "status_of",
+]
+
+
+def service_executor(
+    svc: Any,
+    *,
+    url: str,
+    partition: str,
+    poll_s: float = 0.5,
+    slurm_conf: str = "",
+    python: str = "",
+    allow_root_jobs: bool = False,
+) -> tuple[list[Pool], list[Node], SlurmExecutor]:
+    """The pools, nodes and executor of a live service over Slurm partition ``partition``
+    (``goodput sched serve --executor slurm --partition P``); ``svc`` is the service being built
+    (its ``lock``, ``wake``, ``sched``, ``store``, ``state_dir``, ``users``, ``envs`` and ``_job_token``
+    are used). ``allow_root_jobs`` is the service's own setting, which its ``users`` map applies."""
+    del allow_root_jobs
+    slurm = Slurm(conf=slurm_conf)
+    pools, nodes, seen = discover(slurm, partition)
+
+    def on_exit(job_id: str, epoch: int, status: str) -> None:
+        with svc.lock:
+            svc.sched.report_exit(job_id, epoch, status)
+        svc.wake.set()
+
+    def on_nodes(down: list[str], up: list[str]) -> None:
+        with svc.lock:
+            node_changes(svc.sched, down, up)
+        svc.wake.set()
+
+    def run_as(job: Job) -> RunAs | None:
+        return svc.users.for_tenant(job.tenant)  # the service's tenant -> Unix user map (goodput.sched.live.runas)
+
+    def env_for(job: Job) -> dict[str, str]:
+        return dict(getattr(svc, "envs", {}).get(job.id, {}))
+
+    ex = SlurmExecutor(
+        svc.state_dir,
+        store=svc.store,
+        partition=partition,
+        url=url,
+        slurm=slurm,
+        token_for=svc._job_token,
+        on_exit=on_exit,
+        on_nodes=on_nodes,
+        run_as=run_as,
+        env_for=env_for,
+        python=python,
+        poll_s=poll_s,
+    )
+    ex.nodes.update(seen)
+    return pools, nodes, ex

@@ -1,0 +1,162 @@
+"""The local executor on real process groups: exits, kills, preemption notices, re-adoption."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+from goodput.sched.core.model import Job, JobState
+from goodput.sched.live.local import LocalExecutor
+
+PY = sys.executable
+
+
+def _job(jid: str, cmd: list[str], root: Path, epoch: int = 1) -> Job:
+    j = Job(id=jid, tenant="t", priority=0, nodes=1, gpus_per_node=2, submit_s=0.0, command=tuple(cmd))
+    j.ckpt_root = str(root)
+    j.epoch = epoch
+    j.state = JobState.RUNNING
+    return j
+
+
+class Exits:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int, str]] = []
+        self.cv = threading.Condition()
+
+    def on_exit(self, jid: str, epoch: int, status: str) -> None:
+        with self.cv:
+            self.seen.append((jid, epoch, status))
+            self.cv.notify_all()
+
+    def wait(self, n: int, timeout: float = 15.0) -> None:
+        with self.cv:
+            assert self.cv.wait_for(lambda: len(self.seen) >= n, timeout), self.seen
+
+
+def _executor(tmp_path: Path, exits: Exits) -> LocalExecutor:
+    ex = LocalExecutor(tmp_path / "state", url="http://127.0.0.1:9", on_exit=exits.on_exit, poll_s=0.05)
+    ex.start_watcher()
+    return ex
+
+
+def test_exit_statuses_and_environment(tmp_path):
+    exits = Exits()
+    ex = _executor(tmp_path, exits)
+    env_out = tmp_path / "env.json"
+    dump = (
+        "import json,os,sys;"
+        f"json.dump({{k: v for k, v in os.environ.items() if k.startswith(('GOODPUT_', 'CUDA_', 'MASTER_'))}}, open({str(env_out)!r}, 'w'))"
+    )
+    ex.start(_job("ok.00000001", [PY, "-c", dump], tmp_path), ("local-00001",), 12.5)
+    ex.start(_job("bad.00000001", [PY, "-c", "raise SystemExit(3)"], tmp_path), ("local-00000",), 0.0)
+    ex.start(_job("pre.00000001", [PY, "-c", "raise SystemExit(75)"], tmp_path), ("local-00000",), 0.0)
+    exits.wait(3)
+    ex.close()
+    assert sorted(exits.seen) == [
+        ("bad.00000001", 1, "failed"),
+        ("ok.00000001", 1, "finished"),
+        ("pre.00000001", 1, "preempted"),
+    ]
+    env = json.loads(env_out.read_text())
+    assert env["GOODPUT_JOB_ID"] == "ok.00000001" and env["GOODPUT_JOB_EPOCH"] == "1"
+    assert env["GOODPUT_RESUME_FROM_S"] == "12.5" and env["GOODPUT_CKPT_ROOT"] == str(tmp_path)
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3"  # node 1 of 2-GPU nodes
+    assert env["MASTER_ADDR"] == "127.0.0.1" and int(env["MASTER_PORT"]) > 0
+    assert (tmp_path / "state" / "logs" / "ok.00000001.1.log").exists()
+    assert not list((tmp_path / "state" / "runs").glob("*.json"))  # reported runs are forgotten
+
+
+def test_kill_is_killed_and_an_outside_kill_is_a_lost_slot(tmp_path):
+    import os
+    import signal
+
+    exits = Exits()
+    ex = _executor(tmp_path, exits)
+    a = _job("a.00000001", [PY, "-c", "import time; time.sleep(60)"], tmp_path)
+    b = _job("b.00000001", [PY, "-c", "import time; time.sleep(60)"], tmp_path)
+    ex.start(a, ("local-00000",), 0.0)
+    ex.start(b, ("local-00001",), 0.0)
+    ex.kill(a)
+    os.killpg(ex.runs["b.00000001"].pgid, signal.SIGKILL)  # from outside: the slot is lost
+    exits.wait(2)
+    ex.close()
+    assert sorted(exits.seen) == [("a.00000001", 1, "killed"), ("b.00000001", 1, "lost")]
+
+
+def test_notify_signals_the_group_and_writes_a_notice(tmp_path):
+    exits = Exits()
+    ex = _executor(tmp_path, exits)
+    script = (
+        "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGUSR1, lambda *a: sys.exit(75))\n"
+        "open(os.environ['GOODPUT_CKPT_ROOT'] + '/ready', 'w').close()\n"
+        "time.sleep(60)\n"
+    )
+    j = _job("n.00000001", [PY, "-c", script], tmp_path)
+    ex.start(j, ("local-00000",), 0.0)
+    deadline = time.monotonic() + 15
+    while not (tmp_path / "ready").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    notice = Path(ex.runs[j.id].notice_file)
+    ex.notify(j, checkpoint=True, deadline_s=123.0)
+    assert json.loads(notice.read_text())["deadline_s"] == 123.0
+    exits.wait(1)
+    ex.close()
+    assert exits.seen == [("n.00000001", 1, "preempted")]
+
+
+def test_a_new_executor_readopts_a_live_group_and_kills_an_orphan(tmp_path):
+    exits = Exits()
+    ex = LocalExecutor(tmp_path / "state", on_exit=exits.on_exit, poll_s=0.05)  # no watcher: the "service" dies
+    live = _job("live.00000001", [PY, "-c", "import time; time.sleep(1.5)"], tmp_path)
+    orphan = _job("orph.00000001", [PY, "-c", "import time; time.sleep(60)"], tmp_path)
+    ex.start(live, ("local-00000",), 0.0)
+    ex.start(orphan, ("local-00001",), 0.0)
+    orphan_pid = ex.runs[orphan.id].pid
+    # a restarted executor: the store counts `live` as running (epoch 1) and `orph` as never started
+    ex2 = LocalExecutor(tmp_path / "state", on_exit=exits.on_exit, poll_s=0.05)
+    orphan.state, orphan.epoch = JobState.PENDING, 0
+    got = ex2.adopt({live.id: live, orphan.id: orphan})
+    assert got == {"live.00000001": "adopted", "orph.00000001": "orphan killed"}
+    ex2.start_watcher()
+    exits.wait(1)
+    ex2.close()
+    assert exits.seen == [("live.00000001", 1, "finished")]  # read from the supervisor's status file
+    ex.runs[orphan.id].popen.wait(timeout=10)
+    import psutil
+
+    assert not psutil.pid_exists(orphan_pid) or psutil.Process(orphan_pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_notice_before_the_command_exists_is_passed_on(tmp_path):
+    """The supervisor's own handlers are in place before its command is started: a notice to the
+    group in between reaches only the supervisor, which must pass it on (or the run never sees it)."""
+    import os
+    import signal
+    import subprocess
+
+    status = tmp_path / "status"
+    # the notice lands after the supervisor's handlers, just before the command is started
+    sup = (
+        "import os, signal, subprocess, sys\n"
+        "from goodput.sched import local\n"
+        "real = subprocess.Popen\n"
+        "def popen(*a, **kw):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return real(*a, **kw)\n"
+        "subprocess.Popen = popen\n"
+        f"sys.exit(local._supervise(['--status', {str(status)!r}, '--', {PY!r}, '-c', 'import time; time.sleep(60)']))\n"
+    )
+    p = subprocess.Popen([PY, "-c", sup], start_new_session=True)
+    try:
+        assert p.wait(timeout=20) == 0
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert json.loads(status.read_text())["rc"] == -signal.SIGTERM  # the command got the notice

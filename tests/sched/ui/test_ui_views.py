@@ -1,0 +1,317 @@
+"""The dashboard's data without a browser: the event-log replay, the per-viewer cut, the static page.
+
+These run where Chromium is absent; tests/sched/ui/test_ui.py drives the page itself in one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+from goodput.sched.ui.page import static_html, write_report
+from goodput.sched.ui.timeline import Timeline
+from goodput.sched.ui.views import JobFacts, LiveState, NodeFacts, Viewer, job_page, live_overview, static_report
+
+OLD = [  # the schema as first written: no reason/preemptor, no limit_s, no reserved record
+    {"t": 0, "event": "submitted", "job": "lo", "tenant": "a", "priority": 0, "nodes": 1, "gpus_per_node": 4, "submit_s": 0},
+    {"t": 0, "event": "started", "job": "lo", "epoch": 1, "pool": "od", "nodes": ["od-00000"], "gpus_per_node": 4, "resume_from_s": 0},
+    {"t": 100, "event": "checkpoint_committed", "job": "lo", "epoch": 1, "progress_s": 90},
+    {"t": 150, "event": "submitted", "job": "hi", "tenant": "b", "priority": 5, "nodes": 1, "gpus_per_node": 4, "submit_s": 150},
+    {"t": 150, "event": "preempt_requested", "job": "lo", "epoch": 1, "victim_of": "hi", "lost_s": 50, "deadline_s": 180,
+     "checkpoint": False, "candidates": [{"job": "lo", "lost_gpu_s": 200, "lost_s": 50, "checkpoint": False}]},
+    {"t": 160, "event": "exited", "job": "lo", "epoch": 1, "status": "preempted"},
+    {"t": 160, "event": "released", "job": "lo", "epoch": 1, "nodes": ["od-00000"], "gpus": 4},
+    {"t": 160, "event": "requeued", "job": "lo", "reason": "preempted", "resume_from_s": 90},
+    {"t": 160, "event": "started", "job": "hi", "epoch": 1, "pool": "od", "nodes": ["od-00000"], "gpus_per_node": 4, "resume_from_s": 0},
+    {"t": 170, "event": "node_reclaim_notice", "node": "od-00001", "deadline_s": 290},
+    {"t": 200, "event": "node_lost", "node": "od-00002"},
+]  # fmt: skip
+NEW = [  # the fields added since, and records this reader does not know
+    {"t": 0, "event": "submitted", "job": "x", "tenant": "a", "priority": 0, "nodes": 1, "gpus_per_node": 2, "submit_s": 0,
+     "limit_s": 500},
+    {"t": 0, "event": "started", "job": "x", "epoch": 1, "pool": "od", "nodes": ["od-00000"], "gpus_per_node": 2, "resume_from_s": 0},
+    {"t": 5, "event": "reserved", "job": "y", "reserved_t": 500, "pool": "od", "nodes": ["od-00000"]},
+    {"t": 10, "event": "preempt_requested", "job": "x", "epoch": 1, "victim_of": "drain", "reason": "drain", "preemptor": None,
+     "lost_s": 10, "deadline_s": 40, "checkpoint": False},
+    {"t": 12, "event": "exited", "job": "x", "epoch": 1, "status": "failed"},
+    {"t": 12, "event": "released", "job": "x", "epoch": 1, "nodes": ["od-00000"], "gpus": 2},
+    {"t": 12, "event": "failed", "job": "x", "failures": 4, "reason": "too many failures"},
+    {"t": 13, "event": "something_new", "job": "x", "whatever": [1, 2]},
+    {"t": 14, "event": "started", "job": "ghost", "nodes": "not-a-list-of-names", "gpus_per_node": "x"},
+]  # fmt: skip
+
+
+def test_old_records_derive_reason_and_preemptor_and_the_ledger_adds_up():
+    tl = Timeline({"od-00000": 4, "od-00001": 4, "od-00002": 4})
+    tl.feed(OLD)
+    (p,) = tl.preemptions
+    assert (p.reason, p.preemptor, p.gpus, p.lost_s) == ("priority", "hi", 4, 50)
+    # the run lost what it did since its commit at progress 90 (160 s held, 90 useful, 10 draining)
+    assert p.realized_gpu_s == 4 * (160 - 90 - 10)
+    acct = tl.jobs["lo"].runs[0].account(300)
+    assert acct["useful"] == 4 * 90 and acct["draining"] == 4 * 10 and acct["lost_preemption"] == 4 * 60
+    assert math.isclose(acct["allocated"], sum(acct[k] for k in acct if k != "allocated"))
+    led = tl.ledger(300)
+    total = led["total"]
+    assert math.isclose(total["allocated"] * 3600, 4 * 160 + 4 * 140)
+    assert math.isclose(total["at_risk"] * 3600, 4 * 140)  # hi runs, nothing committed
+    # capacity counts a lost node only until it was lost
+    assert math.isclose(led["capacity_gpu_h"] * 3600, 12 * 300 - 4 * 100)
+    assert tl.node_health == {"od-00001": "reclaiming", "od-00002": "lost"} and tl.node_notice["od-00001"] == 290
+    s = tl.series(300, buckets=10)
+    assert len(s["t"]) == 10 and max(s["allocated"]) <= 8 + 1e-9 and s["capacity"][0] == 12
+
+
+def test_new_records_are_read_and_unknown_ones_skipped():
+    tl = Timeline(None)  # sizes inferred from what ran
+    tl.feed(NEW)
+    (p,) = tl.preemptions
+    assert (p.reason, p.preemptor) == ("drain", "")
+    assert tl.jobs["x"].limit_s == 500 and tl.jobs["x"].state == "failed"
+    assert tl.jobs["x"].failed_reason == "too many failures"
+    assert tl.reservation is not None and tl.reservation["t"] == 500
+    assert tl.capacity == {"od-00000": 2}
+    # a record of a shape it does not know is skipped, counted out, and does not stop the replay
+    assert tl.count == len(NEW) - 1
+    report = static_report(tl)
+    assert report["queue"]["reservation"]["t"] == 500 and report["queue"]["reservation"]["pool"] == "od"
+    assert report["job_pages"]["x"]["failed_reason"] == "too many failures"
+
+
+def _state() -> tuple[LiveState, Timeline]:
+    def job(jid: str, tenant: str, state: str, **kw) -> JobFacts:  # noqa: ANN003
+        base = dict(
+            id=jid, name=jid.split(".")[0], tenant=tenant, state=state, substate=state, priority=0, nodes=1,
+            gpus_per_node=4, spot=False, submit_s=0.0, seq=0, eligible_s=0.0, epoch=1, pool="od",
+            placement=("od-00000",), started_s=0.0, run_limit_s=3600.0, committed_s=90.0, committed_at=100.0,
+            interval_s=60.0, write_s=5.0, deadline_s=math.inf, victim_of="", claim=(), tier="durable",
+        )  # fmt: skip
+        base.update(kw)
+        return JobFacts(**base)
+
+    jobs = [
+        job("hi.00000001", "b", "running"),
+        job("secret-model.00000002", "a", "pending", epoch=2, placement=(), seq=1),
+        job("mine.00000003", "b", "pending", submit_s=10.0, seq=2, epoch=0, placement=()),
+    ]
+    nodes = [NodeFacts("od-00000", "od", "on-demand", 4, "up", {"hi.00000001": 4}),
+             NodeFacts("od-00001", "od", "on-demand", 4, "up", {})]  # fmt: skip
+    st = LiveState(300.0, nodes, jobs, {}, None, {"a": (1.0, 0, 0), "b": (1.0, 0, 4)})
+    recs = json.loads(json.dumps(OLD).replace('"lo"', '"secret-model.00000002"').replace('"hi"', '"hi.00000001"'))
+    tl = Timeline({"od-00000": 4, "od-00001": 4})
+    tl.feed(recs)
+    return st, tl
+
+
+def test_a_tenant_gets_the_shape_but_never_another_tenants_names():
+    st, tl = _state()
+    b = live_overview(st, tl, Viewer("b", False))
+    raw = json.dumps(b)
+    assert "secret-model" not in raw and '"a"' not in raw
+    assert [j["id"] for j in b["queue"]["jobs"]] == ["mine.00000003"] and b["queue"]["others"] == 1
+    assert b["queue"]["jobs"][0]["place"] == 2  # its place among every tenant's jobs
+    # b's job preempted a's: the row is there, the victim anonymous, the loss shown
+    (row,) = b["preemptions"]["items"]
+    assert row["job"] is None and row["preemptor"] == "hi.00000001" and row["expected_loss_gpu_s"] == 200
+    assert [c["job"] for c in row["candidates"]] == [None]
+    assert [t["tenant"] for t in b["ledger"]["tenants"]] == ["b", "other tenants"]
+    a = live_overview(st, tl, Viewer("a", False))
+    raw_a = json.dumps(a)
+    assert "hi.00000001" not in raw_a and "mine.00000003" not in raw_a
+    assert a["cluster"]["nodes"][0]["segments"] == [{"job": None, "gpus": 4, "state": "busy"}]
+    (row,) = a["preemptions"]["items"]
+    assert row["job"] == "secret-model.00000002" and row["preemptor"] == "(another tenant)" and row["victim_of"] is None
+    admin = json.dumps(live_overview(st, tl, Viewer("ops", True)))
+    assert "secret-model" in admin and "mine.00000003" in admin
+    # a's own job page names neither the job that preempted it nor the candidates
+    page = job_page(tl.jobs["secret-model.00000002"], tl, 300.0, None, Viewer("a", False))
+    assert "hi.00000001" not in json.dumps(page)
+    pre = next(r for r in page["history"] if r["event"] == "preempt_requested")
+    assert pre["victim_of"] == "(another tenant)" and "candidates" not in pre
+    assert "hi.00000001" in json.dumps(job_page(tl.jobs["secret-model.00000002"], tl, 300.0, None, Viewer("x", True)))
+
+
+def test_why_a_job_waits_and_when_a_running_job_is_overdue():
+    st, tl = _state()
+    ov = live_overview(st, tl, Viewer("ops", True))
+    why = {j["id"]: j["why"] for j in ov["queue"]["jobs"]}
+    assert why == {"secret-model.00000002": "next pass", "mine.00000003": "next pass"}  # od-00001 is free
+    st.nodes[1].alloc = {"other": 4}
+    st.tenants["b"] = (1.0, 4, 4)
+    st.jobs[1].substate, st.jobs[1].eligible_s = "backoff", 400.0
+    why = {j["id"]: j["why"] for j in live_overview(st, tl, Viewer("ops", True))["queue"]["jobs"]}
+    assert why == {"secret-model.00000002": "backoff", "mine.00000003": "quota"}
+    st.tenants["b"] = (1.0, 0, 4)
+    st.reservation = {"job": "mine.00000003", "pool": "od", "t": 900.0}
+    ov = live_overview(st, tl, Viewer("ops", True))
+    assert {j["id"]: j["why"] for j in ov["queue"]["jobs"]}["mine.00000003"] == "reservation"
+    assert ov["queue"]["reservation"] == {"job": "mine.00000003", "pool": "od", "t": 900.0, "in_s": 600.0}
+    (run,) = ov["running"]["jobs"]
+    assert run["commit_age_s"] == 200 and run["overdue"] and run["at_risk_gpu_s"] == 800 and run["to_limit_s"] == 3300
+
+
+def test_the_static_page_cannot_be_broken_out_of_by_a_log():
+    evil = "</script><script>alert(1)</script>"
+    tl = Timeline(None)
+    tl.feed([{"t": 0, "event": "submitted", "job": evil, "tenant": evil, "priority": 0, "nodes": 1, "gpus_per_node": 1,
+              "submit_s": 0}])  # fmt: skip
+    html = static_html(static_report(tl, title=evil))
+    assert evil not in html and "alert(1)" in html  # present as data, never as markup
+    assert html.count("<script") == html.count("</script>")
+
+
+def test_a_live_services_log_is_shown_on_the_wall_clock(tmp_path):
+    shifted = [{**r, "t": r["t"] + 1.8e9} for r in OLD]
+    out = write_report(shifted, tmp_path / "r.html")
+    data = json.loads(
+        out.read_text().split('<script id="goodput-data" type="application/json">')[1].split("</script>")[0]
+    )
+    assert data["clock"] == "wall" and data["preemptions"]["total"] == 1
+    sim = write_report(OLD, tmp_path / "s.html").read_text()
+    assert '"clock":"sim"' in sim
+
+
+def test_the_live_feed_reads_a_real_service_and_follows_a_rebuilt_scheduler(tmp_path, monkeypatch):
+    import inspect
+
+    from goodput.sched.core.model import Checkpointing, Job
+    from goodput.sched.live.service import Service, local_pools
+    from goodput.sched.ui import routes
+    from goodput.sched.ui.routes import LiveFeed
+
+    monkeypatch.setattr(routes, "SHARED_FOR_S", 0.0)  # every call copies afresh (viewers share it for 1 s)
+
+    kw = {"allow_root_jobs": True} if "allow_root_jobs" in inspect.signature(Service).parameters else {}
+    svc = Service(f"sqlite:///{tmp_path / 's.db'}", local_pools(2, 1), state_dir=tmp_path, url="http://x", **kw)
+    try:
+        feed = LiveFeed(svc)
+        with svc.lock:  # queued only: no pass runs, so nothing is started
+            now = svc.sched.clock.now()
+            svc.sched.submit(Job("big.0000000a", "alice", 0, 2, 1, now, limit_s=60.0, ckpt=Checkpointing()))
+        ov = feed.overview(Viewer("ops", True))
+        assert [j["id"] for j in ov["queue"]["jobs"]] == ["big.0000000a"] and ov["degraded"] is None
+        assert [n["name"] for n in ov["cluster"]["nodes"]] == ["local-00000", "local-00001"]
+        first = feed.timeline
+        assert first is not None and first.count == 1
+        if hasattr(svc, "_rebuild"):  # the service rebuilds its scheduler from the store after a failed write
+            with svc.lock:
+                svc._rebuild("a test")
+            deadline = time.monotonic() + 5  # a copy is shared a while (ten times what it held the lock)
+            while (ov := feed.overview(Viewer("ops", True))) and feed.timeline is first:
+                assert time.monotonic() < deadline, "the feed never read the rebuilt scheduler"
+                time.sleep(0.01)
+            assert feed.timeline is not None and feed.timeline.count == 1  # replayed from the new log, once
+            assert [j["id"] for j in ov["queue"]["jobs"]] == ["big.0000000a"]
+        assert feed.overview(Viewer("bob", False))["queue"] == {"jobs": [], "others": 1, "more": 0, "reservation": None}
+    finally:  # never started (no loop thread to stop): its executor and store are closed
+        svc.executor.close()
+        svc.store.close()
+
+
+def test_a_tenant_learns_neither_how_many_other_jobs_share_a_node_nor_how_their_ids_sort():
+    """Segments were sorted by job id: whether another tenant's GPUs came before or after the viewer's
+    own told where its job's name sorts against names the viewer chose (an oracle, letter by letter)."""
+    st, tl = _state()
+
+    def seen(others: dict[str, int]) -> list[dict]:
+        st.nodes[1].alloc = {"mine.00000003": 1, **others}
+        for jid in others:
+            tl.owner[jid] = "a"
+        return live_overview(st, tl, Viewer("b", False))["cluster"]["nodes"][1]["segments"]
+
+    before = seen({"aaa.00000010": 1, "aab.00000011": 2})  # sort before "mine"
+    after = seen({"zzz.00000010": 2, "zzy.00000011": 1})  # sort after it
+    assert (
+        before
+        == after
+        == [
+            {"job": "mine.00000003", "gpus": 1, "state": "busy"},
+            {"job": None, "gpus": 3, "state": "busy"},
+        ]
+    )
+    # an admin still sees each job
+    admin = live_overview(st, tl, Viewer("ops", True))["cluster"]["nodes"][1]["segments"]
+    assert [s["job"] for s in admin] == ["mine.00000003", "zzy.00000011", "zzz.00000010"]
+
+
+def test_a_job_reference_whose_owner_is_unknown_is_anonymous():
+    """Fail closed: a record naming a job the replay has no owner for (a log cut short, a store
+    restored without its early records) shows it to no tenant; reason words still show."""
+    st, tl = _state()
+    st.jobs[0].victim_of = "stranger.0000beef"  # b's running job, preempted for a job nobody here knows
+    b = live_overview(st, tl, Viewer("b", False))
+    assert b["running"]["jobs"][0]["victim_of"] == "(another tenant)" and "stranger" not in json.dumps(b)
+    st.jobs[0].victim_of = "drain"
+    assert live_overview(st, tl, Viewer("b", False))["running"]["jobs"][0]["victim_of"] == "drain"
+    tl.feed([{"t": 310, "event": "preempt_requested", "job": "hi.00000001", "epoch": 1, "victim_of": "stranger.0000beef",
+              "preemptor": "stranger.0000beef", "reason": "priority", "lost_s": 1, "deadline_s": 400,
+              "checkpoint": False}])  # fmt: skip
+    page = job_page(tl.jobs["hi.00000001"], tl, 320.0, None, Viewer("b", False))
+    assert "stranger" not in json.dumps(page)
+    ov = live_overview(st, tl, Viewer("b", False))
+    assert "stranger" not in json.dumps(ov)
+
+
+def test_a_job_page_is_bounded_however_long_the_job_lived():
+    from goodput.sched.ui.views import CHECKPOINTS_SHOWN, HISTORY_SHOWN
+
+    recs = [
+        {"t": 0, "event": "submitted", "job": "long", "tenant": "a", "priority": 0, "nodes": 1, "gpus_per_node": 1,
+         "submit_s": 0},
+        {"t": 0, "event": "started", "job": "long", "epoch": 1, "pool": "od", "nodes": ["od-00000"], "gpus_per_node": 1,
+         "resume_from_s": 0},
+    ]  # fmt: skip
+    recs += [
+        {"t": i, "event": "checkpoint_committed", "job": "long", "epoch": 1, "progress_s": float(i)}
+        for i in range(1, 20_001)
+    ]
+    recs += [{"t": 20_001, "event": "commit_rejected", "job": "long", "epoch": 1, "progress_s": 1.0, "reason": "x"}]
+    tl = Timeline(None)
+    tl.feed(recs)
+    page = job_page(tl.jobs["long"], tl, 20_002.0, None, Viewer("a", False))
+    assert len(page["history"]) == HISTORY_SHOWN and page["history_total"] == len(recs)
+    assert page["history"][-1]["event"] == "commit_rejected"  # the newest kept
+    assert len(page["checkpoints"]) == CHECKPOINTS_SHOWN and page["checkpoints_total"] == 20_000
+    assert page["checkpoints"][-1]["progress_s"] == 20_000.0 and page["commits_rejected"] == 1
+    assert len(json.dumps(page)) < 200_000
+
+
+def test_a_log_tail_is_a_regular_file_never_a_link_or_a_fifo(tmp_path):
+    import os
+
+    import pytest
+
+    from goodput.sched.ui.routes import _tail
+
+    (tmp_path / "ok.log").write_bytes(b"x" * 20_000 + b"\nlast line\n")
+    assert _tail(tmp_path / "ok.log").endswith("last line\n")
+    (tmp_path / "secret").write_text("another tenant's log")
+    os.symlink(tmp_path / "secret", tmp_path / "link.log")
+    with pytest.raises(OSError):
+        _tail(tmp_path / "link.log")
+    os.mkfifo(tmp_path / "fifo.log")  # opening a FIFO for reading would wait for a writer for ever
+    with pytest.raises(OSError):
+        _tail(tmp_path / "fifo.log")
+
+
+def test_why_the_service_is_degraded_is_for_admins_only(tmp_path):
+    import inspect
+
+    from goodput.sched.live.service import Service, local_pools
+    from goodput.sched.ui.routes import DEGRADED_FOR_TENANTS, LiveFeed
+
+    kw = {"allow_root_jobs": True} if "allow_root_jobs" in inspect.signature(Service).parameters else {}
+    svc = Service(f"sqlite:///{tmp_path / 's.db'}", local_pools(1, 1), state_dir=tmp_path, url="http://x", **kw)
+    try:
+        feed = LiveFeed(svc)
+        assert feed.overview(Viewer("bob", False))["degraded"] is None
+        # what a store's error says: a database's host and user, a row's content
+        svc.degraded = 'the store cannot be read: connection to "db.internal" as user "goodput" failed'
+        feed._base = None  # the next overview copies afresh
+        assert feed.overview(Viewer("bob", False))["degraded"] == DEGRADED_FOR_TENANTS
+        assert "db.internal" in feed.overview(Viewer("ops", True))["degraded"]
+    finally:
+        svc.degraded = ""
+        svc.executor.close()
+        svc.store.close()

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from goodput.bench.sched import cap_gangs, full_sort_pass, run
 from goodput.cli.main import app
 from goodput.sched.core.model import Job, JobState
-from goodput.sched.sim.workload import synthetic, synthetic_cluster
+from goodput.sched.sim.synthetic import synthetic, synthetic_cluster
 
 CONTRACT = ("tick_p50_ms", "tick_p99_ms", "growth_100k_over_10k", "speedup_vs_full_sort", "sim_events_per_s")
 

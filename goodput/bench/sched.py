@@ -1,8 +1,8 @@
 """``goodput bench sched``: the scheduler's pass at 10k and 100k queued jobs, against a full sort.
 
-The cluster (:func:`~goodput.sched.sim.workload.synthetic_cluster`: an on-demand pool and a spot pool)
+The cluster (:func:`~goodput.sched.sim.synthetic.synthetic_cluster`: an on-demand pool and a spot pool)
 is filled with running jobs, then a backlog of pending jobs drawn like
-:func:`~goodput.sched.sim.workload.synthetic` (mixed shapes, Zipf tenants, priorities 0-3) is
+:func:`~goodput.sched.sim.synthetic.synthetic` (mixed shapes, Zipf tenants, priorities 0-3) is
 submitted behind them, so the backlog waits. Each measured tick is preceded by a small batch of
 events, as a live cluster sends them: one arrival (more when the last pass started jobs, so the
 queue stays at its size), one exit of a random running job (``finished``), one commit report of
@@ -36,7 +36,7 @@ from goodput.sched.core.model import Health, Job, JobState, Pool, PoolKind, Tena
 from goodput.sched.core.placement import pools_for
 from goodput.sched.core.policy import POLICIES
 from goodput.sched.core.scheduler import Scheduler
-from goodput.sched.sim.workload import synthetic, synthetic_cluster
+from goodput.sched.sim.synthetic import synthetic, synthetic_cluster
 
 GOAL_P50_MS = 5.0
 GOAL_P99_MS = 50.0

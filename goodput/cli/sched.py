@@ -70,7 +70,8 @@ def sim(
     ),
 ) -> None:
     """Compare policies on one workload and one cluster: goodput, lost GPU-hours, waits, cost, violations."""
-    from goodput.sched.sim import workload as W
+    from goodput.sched.sim import formats, interruptions, traces
+    from goodput.sched.sim import synthetic as syn
     from goodput.sched.sim.compare import compare, horizon_of, ours, poisson_reclaims, resolve
     from goodput.sched.sim.report import plots, render
 
@@ -84,27 +85,27 @@ def sim(
         _fail(f"give one workload, not {' and '.join(given)}")
     try:
         if philly:
-            job_list, cl, replay = W.read_philly(philly, gpus=gpus, start=philly_from, days=philly_days, seed=seed)
+            job_list, cl, replay = traces.read_philly(philly, gpus=gpus, start=philly_from, days=philly_days, seed=seed)
             notes.append(replay.describe())
         elif alibaba:
-            job_list, cl = W.read_alibaba(alibaba, seed=seed)
+            job_list, cl = traces.read_alibaba(alibaba, seed=seed)
             notes.append(
                 f"Alibaba GPU trace {alibaba}: {len(job_list)} GPU tasks (a pod list for packing studies, not an "
                 "arrival stream: it barely loads its cluster)"
             )
         elif workload:
-            job_list = W.read_workload_csv(workload)
+            job_list = formats.read_workload_csv(workload)
             notes.append(f"workload {workload}: {len(job_list)} jobs")
         else:
             if jobs < 1 or nodes < 1:
                 _fail("--jobs and --nodes must be positive")
-            job_list = W.synthetic(jobs, nodes=nodes, seed=seed)
+            job_list = syn.synthetic(jobs, nodes=nodes, seed=seed)
             notes.append(f"synthetic workload: {jobs} jobs calibrated to Acme (Seren, Kalos), seed {seed}")
         if cluster:
-            cl = W.read_cluster_json(cluster)
+            cl = formats.read_cluster_json(cluster)
             notes.append(f"cluster {cluster}: {cl.gpus} GPUs, {len(cl.events)} listed events")
         elif not alibaba and not philly:
-            cl = W.synthetic_cluster(nodes=nodes)
+            cl = syn.synthetic_cluster(nodes=nodes)
             notes.append(f"synthetic cluster: {cl.gpus} GPUs in {', '.join(p.name for p in cl.pools)}")
             if not failures:
                 failures = "llama3"
@@ -117,20 +118,20 @@ def sim(
         if failures:
             if failures != "llama3":
                 _fail(f"--failures: unknown model {failures!r} (known: llama3)")
-            fl = W.llama3_failures(cl, horizon, seed=seed)
+            fl = interruptions.llama3_failures(cl, horizon, seed=seed)
             extra += fl
             notes.append(f"failures at the Llama 3 rate: {len(fl)} over {horizon / 3600:.0f} h")
         if reclaims:
-            counts, gap = W.read_skypilot(reclaims)
+            counts, gap = interruptions.read_skypilot(reclaims)
             for p in cl.pools:
                 if p.kind.value == "spot":
-                    extra += W.reclaims_from_trace(counts, gap, pool=p.name, pool_nodes=p.nodes, seed=seed)
+                    extra += interruptions.reclaims_from_trace(counts, gap, pool=p.name, pool_nodes=p.nodes, seed=seed)
             notes.append(f"spot reclaims replayed from {reclaims}")
         elif not cluster and not alibaba and not philly:
             rc = poisson_reclaims(cl, horizon, seed=seed)
             extra += rc
             notes.append(f"spot reclaims at the pool's priced rate: {len(rc)} (120 s notice)")
-    except (W.WorkloadError, OSError, ValueError) as e:
+    except (formats.WorkloadError, OSError, ValueError) as e:
         _fail(str(e))
     if db and len(job_list) > 20_000:
         notes.append("--db: one durable transaction per input; expect minutes for a large workload")
@@ -233,17 +234,17 @@ def check_cmd(
 ) -> None:
     """Replay an event log with the independent checker and count invariant violations."""
     from goodput.sched.core.capacity import Capacity
-    from goodput.sched.sim import workload as W
+    from goodput.sched.sim import formats, synthetic
     from goodput.sched.sim.checker import check_file
     from goodput.sched.sim.compare import rules_of
 
     try:
         if cluster:
-            cl = W.read_cluster_json(cluster)
+            cl = formats.read_cluster_json(cluster)
         elif nodes:
-            cl = W.Cluster(pools=list(_pools("", nodes, gpus_per_node)))
+            cl = formats.Cluster(pools=list(_pools("", nodes, gpus_per_node)))
         else:
-            cl = W.synthetic_cluster()
+            cl = synthetic.synthetic_cluster()
         built = Capacity.build_nodes(cl.pools)
         if partition:  # the nodes as Slurm names them (goodput.sched.live.slurm.discover, as serve does)
             import dataclasses
@@ -256,7 +257,7 @@ def check_cmd(
         node_pool = {n.name: n.pool for n in built}
         kinds = {p.name: p.kind.value for p in cl.pools}
         rep = check_file(events, capacity, rules=rules_of(cl), pools=node_pool, pool_kinds=kinds)
-    except (W.WorkloadError, OSError, ValueError) as e:
+    except (formats.WorkloadError, OSError, ValueError) as e:
         _fail(str(e))
     if as_json:
         print(json.dumps({"violations": rep.violations, "total": rep.total, "examples": rep.examples}, indent=2))
@@ -278,17 +279,17 @@ def report_cmd(
 ) -> None:
     """Write the dashboard's views (cluster, queue, preemptions, goodput, ledger, job pages) of an event log."""
     from goodput.sched.core.capacity import Capacity
-    from goodput.sched.sim import workload as W
+    from goodput.sched.sim import formats
     from goodput.sched.ui import write_report
 
     try:
         capacity, kinds = None, None
         if cluster or nodes:
-            pools = W.read_cluster_json(cluster).pools if cluster else _pools("", nodes, gpus_per_node)
+            pools = formats.read_cluster_json(cluster).pools if cluster else _pools("", nodes, gpus_per_node)
             capacity = {n.name: n.gpus for n in Capacity.build_nodes(pools)}
             kinds = {p.name: p.kind.value for p in pools}
         out = write_report(events, html, capacity=capacity, pool_kinds=kinds)
-    except (W.WorkloadError, OSError, ValueError) as e:
+    except (formats.WorkloadError, OSError, ValueError) as e:
         _fail(str(e))
     print(out)
 
@@ -298,12 +299,12 @@ def report_cmd(
 
 def _pools(cluster: str, nodes: int, gpus_per_node: int):  # noqa: ANN202
     from goodput.sched.live.service import local_pools
-    from goodput.sched.sim import workload as W
+    from goodput.sched.sim import formats
 
     if cluster:
         try:
-            return W.read_cluster_json(cluster).pools
-        except (W.WorkloadError, OSError, ValueError) as e:
+            return formats.read_cluster_json(cluster).pools
+        except (formats.WorkloadError, OSError, ValueError) as e:
             _fail(str(e))
     if nodes < 1 or gpus_per_node < 1:
         _fail("--nodes and --gpus-per-node must be >= 1")
@@ -372,13 +373,13 @@ def serve_cmd(
 def _governance(cluster: str):  # noqa: ANN202
     """The cluster JSON's tenants (users, checkpoint prefixes, priority caps) and limits, or the defaults."""
     from goodput.sched.core.governance import Governance
-    from goodput.sched.sim import workload as W
+    from goodput.sched.sim import formats
 
     if not cluster:
         return Governance()
     try:
-        return W.read_cluster_json(cluster).governance
-    except (W.WorkloadError, OSError, ValueError) as e:
+        return formats.read_cluster_json(cluster).governance
+    except (formats.WorkloadError, OSError, ValueError) as e:
         _fail(str(e))
 
 

@@ -22,20 +22,20 @@ JOBS, NODES = 3000, 256
 def run_sched_demo(workdir: str | None = None) -> int:
     from goodput.sched.core.policy import POLICIES
     from goodput.sched.live.store import open_store
-    from goodput.sched.sim import workload as W
+    from goodput.sched.sim import interruptions, synthetic
     from goodput.sched.sim.compare import compare, horizon_of, poisson_reclaims, resolve
     from goodput.sched.sim.report import render
     from goodput.sched.sim.simulator import simulate
 
     console.rule("[bold]goodput demo: the checkpoint-aware scheduler")
-    jobs = W.synthetic(JOBS, nodes=NODES, seed=1)
-    cluster = W.synthetic_cluster(nodes=NODES)
+    jobs = synthetic.synthetic(JOBS, nodes=NODES, seed=1)
+    cluster = synthetic.synthetic_cluster(nodes=NODES)
     pools = {p.name: p for p in cluster.pools}
     from goodput.sched.core.placement import pools_for
 
     jobs = [j for j in jobs if pools_for(j, pools, "price")]
     horizon = horizon_of(jobs)
-    extra = W.llama3_failures(cluster, horizon, seed=1) + poisson_reclaims(cluster, horizon, seed=1)
+    extra = interruptions.llama3_failures(cluster, horizon, seed=1) + poisson_reclaims(cluster, horizon, seed=1)
     with console.status(f"{len(POLICIES)} policies on {len(jobs)} jobs, {cluster.gpus} GPUs…"):
         results = compare(jobs, cluster, resolve([]), extra_events=extra, workers=1)
     render(results, console)

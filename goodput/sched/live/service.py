@@ -1282,7 +1282,7 @@ def create_app(svc: Service) -> FastAPI:
         up = not svc.degraded and svc._loop.is_alive()
         return JSONResponse({"ok": up}, status_code=200 if up else 503)
 
-    from .ui import router as ui_router  # the dashboard at /ui (docs/DASHBOARD.md), behind the same tokens
+    from ..ui import router as ui_router  # the dashboard at /ui (docs/DASHBOARD.md), behind the same tokens
 
     app.include_router(ui_router(svc, person))
 

@@ -20,10 +20,10 @@ from ..core.events import write_jsonl
 from ..core.model import Job, PoolKind
 from ..core.policy import POLICIES, Policy
 from .checker import CheckReport, Rules, check
+from .formats import Cluster, ClusterEvent
 from .ledger import CATEGORIES
 from .metrics import log_metrics, lost_by_cause
 from .simulator import SimResult, simulate
-from .workload import Cluster, ClusterEvent
 
 # relative simulation cost of each policy on the default comparison (measured), for ordering work
 _WEIGHT = {"spot-by-price": 4.0, "goodput": 3.0, "kueue-victims": 2.5, "release-at-decision": 2.5}

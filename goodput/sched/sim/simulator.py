@@ -34,8 +34,8 @@ from ..core.model import Job, Pool, PoolKind
 from ..core.policy import Policy
 from ..core.scheduler import Scheduler
 from .checker import CheckReport, check
+from .formats import Cluster, ClusterEvent
 from .ledger import Account, Ledger
-from .workload import Cluster, ClusterEvent
 
 STOP_S = 10.0  # a plain stop: processes torn down, NCCL aborted
 CYCLE_S = 1.0  # passes at most once a simulated second (Volcano's schedulePeriod); inputs at once

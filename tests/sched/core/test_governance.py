@@ -11,7 +11,7 @@ from goodput.sched.core.executor import ManualClock, RecordingExecutor
 from goodput.sched.core.governance import Governance, GovernanceError, Limits, SubmissionRejected, TenantSpec
 from goodput.sched.core.model import Checkpointing, Job, Pool, PoolKind
 from goodput.sched.core.scheduler import Scheduler
-from goodput.sched.sim import workload as W
+from goodput.sched.sim import formats
 
 ISSUE_EXAMPLE = {
     "pools": [{"name": "od", "kind": "on-demand", "nodes": 4, "gpus_per_node": 8, "price_per_gpu_hour": 4.0}],
@@ -31,23 +31,23 @@ ISSUE_EXAMPLE = {
 def test_the_issue_example_parses_and_round_trips(tmp_path):
     p = tmp_path / "c.json"
     p.write_text(json.dumps(ISSUE_EXAMPLE))
-    c = W.read_cluster_json(p)
+    c = formats.read_cluster_json(p)
     alice = c.governance.tenant("alice")
     assert alice == TenantSpec("alice", weight=2.0, quota_gpus=64, max_priority=5)
     assert c.governance.limits == Limits()
     q = tmp_path / "d.json"
-    W.write_cluster_json(c, q)
-    assert W.read_cluster_json(q) == c
+    formats.write_cluster_json(c, q)
+    assert formats.read_cluster_json(q) == c
 
 
 def test_unknown_tenants_get_the_defaults_and_absent_keys_mean_defaults(tmp_path):
     p = tmp_path / "c.json"
     p.write_text(json.dumps({"pools": ISSUE_EXAMPLE["pools"]}))
-    g = W.read_cluster_json(p).governance
+    g = formats.read_cluster_json(p).governance
     assert g == Governance()
     bob = g.tenant("bob")
     assert (bob.weight, bob.quota_gpus, bob.max_priority) == (1.0, None, None)
-    assert "tenants" not in W.cluster_to_obj(W.read_cluster_json(p))  # an old file stays as it was
+    assert "tenants" not in formats.cluster_to_obj(formats.read_cluster_json(p))  # an old file stays as it was
 
 
 @pytest.mark.parametrize(
@@ -76,8 +76,8 @@ def test_a_bad_value_names_its_key_path(tenants, limits, field, tmp_path):
     obj = {"pools": ISSUE_EXAMPLE["pools"], "tenants": tenants, "limits": limits}
     p = tmp_path / "c.json"
     p.write_text(json.dumps(obj))
-    with pytest.raises(W.WorkloadError) as e2:
-        W.read_cluster_json(p)
+    with pytest.raises(formats.WorkloadError) as e2:
+        formats.read_cluster_json(p)
     assert str(e2.value).startswith(f"{p}: {field}: ")
 
 

@@ -41,7 +41,7 @@ _RUN = textwrap.dedent(
     from goodput.sched.core.policy import POLICIES
     from goodput.sched.sim.simulator import simulate
     from goodput.bench.sched import cap_gangs
-    from goodput.sched.sim.workload import synthetic, synthetic_cluster
+    from goodput.sched.sim.synthetic import synthetic, synthetic_cluster
     cluster = synthetic_cluster(nodes=96, gpus_per_node=8)
     jobs = synthetic(2500, nodes=96, gpus_per_node=8, seed=7)
     cap_gangs(jobs, list(cluster.pools))
@@ -109,7 +109,7 @@ def test_the_comparison_in_worker_processes_matches_one_process() -> None:
     from goodput.bench.sched import cap_gangs
     from goodput.sched.core.policy import POLICIES
     from goodput.sched.sim.compare import compare
-    from goodput.sched.sim.workload import synthetic, synthetic_cluster
+    from goodput.sched.sim.synthetic import synthetic, synthetic_cluster
 
     cluster = synthetic_cluster(nodes=16, gpus_per_node=8)
     jobs = synthetic(300, nodes=16, gpus_per_node=8, seed=3)

@@ -19,7 +19,7 @@ from goodput.sched.core.policy import POLICIES
 from goodput.sched.core.scheduler import Scheduler
 from goodput.sched.sim.checker import check
 from goodput.sched.sim.simulator import simulate
-from goodput.sched.sim.workload import synthetic, synthetic_cluster
+from goodput.sched.sim.synthetic import synthetic, synthetic_cluster
 
 N = [f"od-{i:05d}" for i in range(8)]
 CKPT = Checkpointing(interval_s=600.0, write_s=10.0, stall_s=1.0, restart_s=30.0, grace_s=60.0)
@@ -477,7 +477,7 @@ def test_a_priority_preemption_is_made_only_when_cheaper_than_waiting() -> None:
 
 def test_a_simulation_refuses_a_job_outside_the_limits_before_it_runs() -> None:
     from goodput.sched.core.governance import SubmissionRejected
-    from goodput.sched.sim.workload import Cluster
+    from goodput.sched.sim.formats import Cluster
 
     gov = Governance(tenants={"a": TenantSpec("a", max_priority=3)})
     cluster = Cluster(pools=[Pool("od", PoolKind.ON_DEMAND, 2, 8, 4.0)], governance=gov)

@@ -29,8 +29,9 @@ from goodput.sched.core.policy import POLICIES
 from goodput.sched.core.scheduler import Scheduler
 from goodput.sched.live.store import open_store
 from goodput.sched.sim.checker import check
+from goodput.sched.sim.formats import ClusterEvent
 from goodput.sched.sim.simulator import simulate
-from goodput.sched.sim.workload import ClusterEvent, synthetic, synthetic_cluster
+from goodput.sched.sim.synthetic import synthetic, synthetic_cluster
 
 CLUSTER = synthetic_cluster(nodes=16)  # od: 12 nodes, spot: 4
 JOBS = synthetic(100, nodes=12, seed=1, load=3.0)  # queued deep enough to preempt
@@ -112,7 +113,8 @@ CHILD = textwrap.dedent(
     from goodput.sched.core.policy import POLICIES
     from goodput.sched.sim.simulator import simulate
     from goodput.sched.live.store import open_store
-    from goodput.sched.sim.workload import ClusterEvent, synthetic, synthetic_cluster
+    from goodput.sched.sim.formats import ClusterEvent
+    from goodput.sched.sim.synthetic import synthetic, synthetic_cluster
 
     cluster = synthetic_cluster(nodes=16)
     jobs = synthetic(3000, nodes=12, seed=5, load=3.0)

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from goodput.cli.main import app
 from goodput.sched.core.events import CONTRACT, read_jsonl
 from goodput.sched.core.transitions import table_markdown
-from goodput.sched.sim import workload as W
+from goodput.sched.sim import formats, synthetic
 
 ROOT = Path(__file__).resolve().parents[3]
 runner = CliRunner()
@@ -125,7 +125,7 @@ def test_the_synthetic_workloads_misfits_are_listed_not_fatal():
     res = runner.invoke(app, ["sched", "sim", "--jobs", "400", "--nodes", "16", "--policy", "goodput", "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.output[res.output.index("{") :])
-    jobs = {j.id: j for j in W.synthetic(400, nodes=16)}
+    jobs = {j.id: j for j in synthetic.synthetic(400, nodes=16)}
     assert out["skipped_unplaceable"] and all(jobs[i].nodes > 12 for i in out["skipped_unplaceable"])
     assert sum(out["policies"]["goodput"]["jobs"].values()) == 400 - len(out["skipped_unplaceable"])
 
@@ -227,7 +227,7 @@ def test_sim_db_persists_and_refuses_a_used_store(tmp_path):
 def test_docs_state_the_table_and_the_columns():
     doc = (ROOT / "docs" / "SCHED.md").read_text()
     assert table_markdown() in doc
-    for col in W.REQUIRED_COLUMNS + W.OPTIONAL_COLUMNS:
+    for col in formats.REQUIRED_COLUMNS + formats.OPTIONAL_COLUMNS:
         assert re.search(rf"\| `{col}` \|", doc), col
     for event in CONTRACT:
         assert f"`{event}`" in doc, event

@@ -11,7 +11,7 @@ import pytest
 from goodput.sched.core.model import Checkpointing, Job
 from goodput.sched.core.placement import pools_for
 from goodput.sched.core.policy import POLICIES
-from goodput.sched.sim import workload as W
+from goodput.sched.sim import formats, interruptions, synthetic
 from goodput.sched.sim.compare import horizon_of, poisson_reclaims
 from goodput.sched.sim.metrics import log_metrics, lost_by_cause
 from goodput.sched.sim.simulator import simulate
@@ -107,13 +107,13 @@ def test_lost_by_cause_sums_the_issue_categories() -> None:
 
 
 @pytest.fixture(scope="module")
-def runs() -> tuple[list[Job], W.Cluster, dict]:
-    jobs = W.synthetic(1200, nodes=48, seed=5)
-    cluster = W.synthetic_cluster(nodes=48)
+def runs() -> tuple[list[Job], formats.Cluster, dict]:
+    jobs = synthetic.synthetic(1200, nodes=48, seed=5)
+    cluster = synthetic.synthetic_cluster(nodes=48)
     pools = {p.name: p for p in cluster.pools}
     jobs = [j for j in jobs if pools_for(j, pools, "price")]
     h = horizon_of(jobs)
-    extra = W.llama3_failures(cluster, h, seed=2) + poisson_reclaims(cluster, h, seed=2)
+    extra = interruptions.llama3_failures(cluster, h, seed=2) + poisson_reclaims(cluster, h, seed=2)
     return jobs, cluster, {n: simulate(jobs, cluster, p, extra_events=extra) for n, p in POLICIES.items()}
 
 

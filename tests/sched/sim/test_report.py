@@ -12,19 +12,19 @@ import pytest
 from rich.console import Console
 
 from goodput.sched.core.placement import pools_for
-from goodput.sched.sim import workload as W
+from goodput.sched.sim import interruptions, synthetic
 from goodput.sched.sim.compare import compare, horizon_of, poisson_reclaims, resolve
 from goodput.sched.sim.report import plots, render
 
 
 @pytest.fixture(scope="module")
 def results():
-    jobs = W.synthetic(600, nodes=32, seed=2)
-    cluster = W.synthetic_cluster(nodes=32)
+    jobs = synthetic.synthetic(600, nodes=32, seed=2)
+    cluster = synthetic.synthetic_cluster(nodes=32)
     pools = {p.name: p for p in cluster.pools}
     jobs = [j for j in jobs if pools_for(j, pools, "price")]
     h = horizon_of(jobs)
-    extra = W.llama3_failures(cluster, h, seed=1) + poisson_reclaims(cluster, h, seed=1)
+    extra = interruptions.llama3_failures(cluster, h, seed=1) + poisson_reclaims(cluster, h, seed=1)
     return compare(jobs, cluster, resolve([]), extra_events=extra)
 
 

@@ -11,16 +11,11 @@ import pytest
 from goodput.sched.core.model import Checkpointing, Job, PoolKind, RetryPolicy
 from goodput.sched.core.policy import POLICIES
 from goodput.sched.sim.checker import check
+from goodput.sched.sim.formats import ClusterEvent, read_cluster_json, read_workload_csv
+from goodput.sched.sim.interruptions import llama3_failures
 from goodput.sched.sim.ledger import CATEGORIES, Account
 from goodput.sched.sim.simulator import SimResult, simulate
-from goodput.sched.sim.workload import (
-    ClusterEvent,
-    llama3_failures,
-    read_cluster_json,
-    read_workload_csv,
-    synthetic,
-    synthetic_cluster,
-)
+from goodput.sched.sim.synthetic import synthetic, synthetic_cluster
 
 # gangs of the synthetic workload are capped at ``nodes``: 12 fit the 12-node on-demand pool of a
 # 16-node synthetic cluster (the other 4 are spot)

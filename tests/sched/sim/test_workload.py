@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from goodput.plan.failures import LLAMA3_DAYS, LLAMA3_GPUS, LLAMA3_UNEXPECTED
 from goodput.sched.core.model import Checkpointing, Job, Pool, PoolKind, RetryPolicy
-from goodput.sched.sim import workload as W
+from goodput.sched.sim import formats, interruptions, synthetic, traces
 
 SHARED = Path(__file__).resolve().parents[3] / ".." / "shared"
 TRACES = SHARED / "data" / "traces"
@@ -67,29 +67,29 @@ def _fields(j: Job) -> tuple:
 
 def test_minimal_csv_takes_defaults(tmp_path):
     p = write(tmp_path, f"{HEADER},extra\n{GOOD},whatever\nb,t01,5.5,2,4,3,60,\n")
-    a, b = W.read_workload_csv(p)
+    a, b = formats.read_workload_csv(p)
     assert (a.id, a.nodes, a.gpus_per_node, a.duration_s, a.limit_s) == ("a", 1, 8, 100.0, 100.0)
     assert a.ckpt == Checkpointing(0.0, 0.0, 0.0, 0.0, 30.0) and a.retry.max_failures == 3 and not a.spot
     assert (b.seq, b.submit_s, b.eligible_s, b.priority, b.gpus) == (1, 5.5, 5.5, 3, 8)
 
 
 def test_empty_optional_cells_take_defaults_and_blank_lines_are_skipped(tmp_path):
-    cols = ",".join(W.COLUMNS)
+    cols = ",".join(formats.COLUMNS)
     p = write(tmp_path, f" {cols.replace(',', ' , ')} \n\na,t,0,1,1,0,50,,,,,,,,\n\n")
-    (j,) = W.read_workload_csv(p)
+    (j,) = formats.read_workload_csv(p)
     assert j.limit_s == 50.0 and j.ckpt.grace_s == 30.0 and j.retry.max_failures == 3 and j.spot is False
 
 
 def test_round_trip_synthetic(tmp_path):
-    jobs = W.synthetic(500, seed=3)
+    jobs = synthetic.synthetic(500, seed=3)
     p = tmp_path / "w.csv"
-    W.write_workload_csv(jobs, p)
-    assert [_fields(j) for j in W.read_workload_csv(p)] == [_fields(j) for j in jobs]
+    formats.write_workload_csv(jobs, p)
+    assert [_fields(j) for j in formats.read_workload_csv(p)] == [_fields(j) for j in jobs]
     with open(p, newline="") as f:
-        assert next(csv.reader(f)) == list(W.COLUMNS)
+        assert next(csv.reader(f)) == list(formats.COLUMNS)
 
 
-_text = st.from_regex(W.ID_RE, fullmatch=True)  # ids and tenants: the documented character set
+_text = st.from_regex(formats.ID_RE, fullmatch=True)  # ids and tenants: the documented character set
 _nonneg = st.floats(0, 1e9, allow_nan=False, allow_infinity=False)
 _pos = st.floats(1e-6, 1e9, allow_nan=False, allow_infinity=False)
 
@@ -126,8 +126,8 @@ def _jobs(draw):
 def test_round_trip_property(jobs):
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / "w.csv"
-        W.write_workload_csv(jobs, p)
-        assert [_fields(j) for j in W.read_workload_csv(p)] == [_fields(j) for j in jobs]
+        formats.write_workload_csv(jobs, p)
+        assert [_fields(j) for j in formats.read_workload_csv(p)] == [_fields(j) for j in jobs]
 
 
 BAD = [
@@ -160,14 +160,14 @@ BAD = [
 
 @pytest.mark.parametrize(("col", "value"), BAD)
 def test_bad_value_names_line_and_column(tmp_path, col, value):
-    optional = dict(zip(W.OPTIONAL_COLUMNS, ("10", "600", "5", "0.1", "60", "30", "1", "3")))
+    optional = dict(zip(formats.OPTIONAL_COLUMNS, ("10", "600", "5", "0.1", "60", "30", "1", "3")))
     good = dict(zip(HEADER.split(","), GOOD.split(","))) | optional
     cols = list(good)
     bad = dict(good, id="b") | {col: value}
     text = ",".join(cols) + "\n" + ",".join(good[c] for c in cols) + "\n" + ",".join(bad[c] for c in cols) + "\n"
     p = write(tmp_path, text)
-    with pytest.raises(W.WorkloadError) as e:
-        W.read_workload_csv(p)
+    with pytest.raises(formats.WorkloadError) as e:
+        formats.read_workload_csv(p)
     msg = str(e.value)
     assert msg.startswith(f"{p}:3: column {col!r}: "), msg
     if value.strip():
@@ -176,23 +176,23 @@ def test_bad_value_names_line_and_column(tmp_path, col, value):
 
 def test_error_message_shape(tmp_path):
     p = write(tmp_path, f"{HEADER}\n" + "\n".join(f"j{i},t,0,1,1,0,1" for i in range(5)) + "\nz,t,0,x,1,0,1\n")
-    with pytest.raises(W.WorkloadError, match=r"jobs\.csv:7: column 'nodes': expected an int >= 1, got 'x'$"):
-        W.read_workload_csv(p)
+    with pytest.raises(formats.WorkloadError, match=r"jobs\.csv:7: column 'nodes': expected an int >= 1, got 'x'$"):
+        formats.read_workload_csv(p)
 
 
-@pytest.mark.parametrize("col", W.REQUIRED_COLUMNS)
+@pytest.mark.parametrize("col", formats.REQUIRED_COLUMNS)
 def test_missing_column(tmp_path, col):
     cols = [c for c in HEADER.split(",") if c != col]
     vals = [v for c, v in zip(HEADER.split(","), GOOD.split(",")) if c != col]
     p = write(tmp_path, ",".join(cols) + "\n" + ",".join(vals) + "\n")
-    with pytest.raises(W.WorkloadError, match=rf":1: missing required column '{col}'"):
-        W.read_workload_csv(p)
+    with pytest.raises(formats.WorkloadError, match=rf":1: missing required column '{col}'"):
+        formats.read_workload_csv(p)
 
 
 def test_duplicate_id_names_both_lines(tmp_path):
     p = write(tmp_path, f"{HEADER}\n{GOOD}\nb,t,0,1,1,0,1\n{GOOD}\n")
-    with pytest.raises(W.WorkloadError, match=r":4: column 'id': duplicate id 'a' \(first on line 2\)"):
-        W.read_workload_csv(p)
+    with pytest.raises(formats.WorkloadError, match=r":4: column 'id': duplicate id 'a' \(first on line 2\)"):
+        formats.read_workload_csv(p)
 
 
 @pytest.mark.parametrize("bad", [" a ", "a ", " a", "a b", "a/b", "-a", ".a", "x" * 129, "caf\u00e9", "a,b"])
@@ -200,25 +200,25 @@ def test_ids_are_validated(tmp_path, bad):
     """` a ` and `a` were two jobs; an id is now 1-128 of [A-Za-z0-9._:@-] starting alphanumeric."""
     cell = f'"{bad}"' if "," in bad else bad
     p = write(tmp_path, f"{HEADER}\n{GOOD}\n{cell},t,0,1,1,0,1\n")
-    with pytest.raises(W.WorkloadError, match=r"jobs\.csv:3: column 'id': ") as e:
-        W.read_workload_csv(p)
+    with pytest.raises(formats.WorkloadError, match=r"jobs\.csv:3: column 'id': ") as e:
+        formats.read_workload_csv(p)
     assert "A-Za-z0-9._:@-" in str(e.value)
     p = write(tmp_path, f"{HEADER}\n{GOOD}\nb,{cell},0,1,1,0,1\n")
-    with pytest.raises(W.WorkloadError, match=r"jobs\.csv:3: column 'tenant': "):
-        W.read_workload_csv(p)
+    with pytest.raises(formats.WorkloadError, match=r"jobs\.csv:3: column 'tenant': "):
+        formats.read_workload_csv(p)
 
 
 def test_good_ids_pass(tmp_path):
     ids = ["a", "A0.b_c:d@e-f", "x" * 128, "9"]
     p = write(tmp_path, HEADER + "\n" + "".join(f"{i},t-{k},0,1,1,0,1\n" for k, i in enumerate(ids)))
-    assert [j.id for j in W.read_workload_csv(p)] == ids
+    assert [j.id for j in formats.read_workload_csv(p)] == ids
 
 
 def test_too_many_cells_and_empty_file(tmp_path):
-    with pytest.raises(W.WorkloadError, match=r":2: 8 cells but the header has 7"):
-        W.read_workload_csv(write(tmp_path, f"{HEADER}\n{GOOD},surprise\n"))
-    with pytest.raises(W.WorkloadError, match=r":1: empty file"):
-        W.read_workload_csv(write(tmp_path, ""))
+    with pytest.raises(formats.WorkloadError, match=r":2: 8 cells but the header has 7"):
+        formats.read_workload_csv(write(tmp_path, f"{HEADER}\n{GOOD},surprise\n"))
+    with pytest.raises(formats.WorkloadError, match=r":1: empty file"):
+        formats.read_workload_csv(write(tmp_path, ""))
 
 
 # ------------------------------------------------------------------------------------------
@@ -249,7 +249,7 @@ def _cluster_obj():
 
 def test_cluster_read_sorts_events_stably_and_round_trips(tmp_path):
     p = write(tmp_path, json.dumps(_cluster_obj()), "cluster.json")
-    c = W.read_cluster_json(p)
+    c = formats.read_cluster_json(p)
     assert [p_.name for p_ in c.pools] == ["od", "sp"] and c.pools[1].kind is PoolKind.SPOT
     assert c.pools[0].reclaim_per_node_hour == 0.0 and c.pools[1].reclaim_per_node_hour == 0.5
     assert [(e.t, e.kind, e.pool) for e in c.events] == [
@@ -257,11 +257,11 @@ def test_cluster_read_sorts_events_stably_and_round_trips(tmp_path):
         (50.0, "reclaim", "sp"),
         (50.0, "node_loss", "od"),
     ]
-    assert c.events[1] == W.ClusterEvent(50.0, "reclaim", "sp", 2, 120.0, 600.0, 0)
+    assert c.events[1] == formats.ClusterEvent(50.0, "reclaim", "sp", 2, 120.0, 600.0, 0)
     assert c.events[0].notice_s == 0.0 and c.events[0].return_s is None
     q = tmp_path / "again.json"
-    W.write_cluster_json(c, q)
-    assert W.read_cluster_json(q) == c
+    formats.write_cluster_json(c, q)
+    assert formats.read_cluster_json(q) == c
     assert c.node_names("sp") == ["sp-00000", "sp-00001"]
     cap = c.capacity()
     assert len(cap) == 6 and cap["od-00003"] == 8 and cap["sp-00001"] == 4 and c.gpus == 40
@@ -270,12 +270,12 @@ def test_cluster_read_sorts_events_stably_and_round_trips(tmp_path):
 
 
 def test_cluster_round_trips_failure_events(tmp_path):
-    c = W.synthetic_cluster(64, 8)
-    c = W.Cluster(c.pools, W.llama3_failures(c, 400 * 86400, seed=1))
+    c = synthetic.synthetic_cluster(64, 8)
+    c = formats.Cluster(c.pools, interruptions.llama3_failures(c, 400 * 86400, seed=1))
     assert {e.kind for e in c.events} == {"node_loss", "job_failure"}
     p = tmp_path / "c.json"
-    W.write_cluster_json(c, p)
-    assert W.read_cluster_json(p) == c
+    formats.write_cluster_json(c, p)
+    assert formats.read_cluster_json(p) == c
 
 
 def _set(path: str, value):
@@ -322,20 +322,20 @@ def test_cluster_errors_name_the_key(tmp_path, path, value, msg):
     obj = _cluster_obj()
     _set(path, value)(obj)
     p = write(tmp_path, json.dumps(obj), "cluster.json")
-    with pytest.raises(W.WorkloadError) as e:
-        W.read_cluster_json(p)
+    with pytest.raises(formats.WorkloadError) as e:
+        formats.read_cluster_json(p)
     assert str(e.value).startswith(f"{p}: {msg}"), str(e.value)
 
 
 def test_cluster_not_json_and_non_finite(tmp_path):
-    with pytest.raises(W.WorkloadError, match=r"cluster\.json:2: not JSON"):
-        W.read_cluster_json(write(tmp_path, '{"pools":\n [,]}', "cluster.json"))
+    with pytest.raises(formats.WorkloadError, match=r"cluster\.json:2: not JSON"):
+        formats.read_cluster_json(write(tmp_path, '{"pools":\n [,]}', "cluster.json"))
     obj = _cluster_obj()
     text = json.dumps(obj).replace('"t": 50', '"t": NaN', 1)
-    with pytest.raises(W.WorkloadError, match=r"events\[0\]\.t: expected a finite number"):
-        W.read_cluster_json(write(tmp_path, text, "cluster.json"))
-    with pytest.raises(W.WorkloadError, match=r"\(top\): expected an object"):
-        W.read_cluster_json(write(tmp_path, "[1]", "cluster.json"))
+    with pytest.raises(formats.WorkloadError, match=r"events\[0\]\.t: expected a finite number"):
+        formats.read_cluster_json(write(tmp_path, text, "cluster.json"))
+    with pytest.raises(formats.WorkloadError, match=r"\(top\): expected an object"):
+        formats.read_cluster_json(write(tmp_path, "[1]", "cluster.json"))
 
 
 # ------------------------------------------------------------------------------------------
@@ -345,7 +345,7 @@ def test_cluster_not_json_and_non_finite(tmp_path):
 
 @pytest.fixture(scope="module")
 def big():
-    return W.synthetic()  # 100k jobs: the default the simulator runs
+    return synthetic.synthetic()  # 100k jobs: the default the simulator runs
 
 
 def test_synthetic_default_size_and_shapes(big):
@@ -356,13 +356,13 @@ def test_synthetic_default_size_and_shapes(big):
     for j in big:
         assert j.nodes == 1 and j.gpus_per_node in (1, 2, 4, 8) or j.nodes in (2, 4, 8, 16, 32, 64, 128)
         assert j.nodes == 1 or j.gpus_per_node == 8
-        assert 1.0 <= j.duration_s <= W.RUN_CAP_S and j.limit_s >= j.duration_s
+        assert 1.0 <= j.duration_s <= synthetic.RUN_CAP_S and j.limit_s >= j.duration_s
         assert j.priority in (0, 1, 2, 3)
     assert max(j.gpus for j in big) == 1024
 
 
 def test_synthetic_calibration_matches_its_targets(big):
-    t = W.synthetic_targets()
+    t = synthetic.synthetic_targets()
     d = np.array([j.duration_s for j in big])
     g = np.array([j.gpus for j in big])
     assert np.median(d) == pytest.approx(t["med_run_s"], rel=0.15)
@@ -399,29 +399,29 @@ def test_synthetic_tenants_priorities_and_checkpoints(big):
 
 
 def test_synthetic_is_deterministic():
-    a, b, c = W.synthetic(3000, seed=7), W.synthetic(3000, seed=7), W.synthetic(3000, seed=8)
+    a, b, c = synthetic.synthetic(3000, seed=7), synthetic.synthetic(3000, seed=7), synthetic.synthetic(3000, seed=8)
     assert [_fields(j) for j in a] == [_fields(j) for j in b]
     assert [_fields(j) for j in a] != [_fields(j) for j in c]
 
 
 def test_synthetic_small_cluster_shapes_fit():
-    jobs = W.synthetic(2000, nodes=16, gpus_per_node=4, tenants=3, seed=1)
+    jobs = synthetic.synthetic(2000, nodes=16, gpus_per_node=4, tenants=3, seed=1)
     assert max(j.nodes for j in jobs) <= 16 and max(j.gpus_per_node for j in jobs) <= 4
     assert {j.tenant for j in jobs} == {"t00", "t01", "t02"}
-    assert W.synthetic(0) == []
+    assert synthetic.synthetic(0) == []
 
 
 def test_lognormal_fit_hits_capped_mean():
-    mu, sigma = W.lognormal_fit(123.0, 1337.0, W.RUN_CAP_S)
+    mu, sigma = synthetic.lognormal_fit(123.0, 1337.0, synthetic.RUN_CAP_S)
     assert mu == pytest.approx(math.log(123.0))
     assert sigma > math.sqrt(2 * math.log(1337.0 / 123.0))
-    x = np.minimum(np.random.default_rng(0).lognormal(mu, sigma, 400_000), W.RUN_CAP_S)
+    x = np.minimum(np.random.default_rng(0).lognormal(mu, sigma, 400_000), synthetic.RUN_CAP_S)
     assert x.mean() == pytest.approx(1337.0, rel=0.05)
-    assert W.lognormal_fit(100.0, 200.0, math.inf) == (math.log(100.0), math.sqrt(2 * math.log(2.0)))
+    assert synthetic.lognormal_fit(100.0, 200.0, math.inf) == (math.log(100.0), math.sqrt(2 * math.log(2.0)))
 
 
 def test_synthetic_cluster():
-    c = W.synthetic_cluster()
+    c = synthetic.synthetic_cluster()
     od, sp = c.pools
     assert (od.name, od.kind, od.nodes, od.gpus_per_node, od.price_per_gpu_hour) == (
         "od",
@@ -432,15 +432,15 @@ def test_synthetic_cluster():
     )
     assert (sp.name, sp.kind, sp.nodes, sp.price_per_gpu_hour) == ("spot", PoolKind.SPOT, 512, 1.6)
     assert sp.reclaim_per_node_hour == pytest.approx(0.3) and c.events == [] and c.gpus == 16_384
-    assert [p.name for p in W.synthetic_cluster(10, spot_share=0).pools] == ["od"]
-    assert [p.name for p in W.synthetic_cluster(10, spot_share=1).pools] == ["spot"]
+    assert [p.name for p in synthetic.synthetic_cluster(10, spot_share=0).pools] == ["od"]
+    assert [p.name for p in synthetic.synthetic_cluster(10, spot_share=1).pools] == ["spot"]
 
 
 @need(ACME_CSV)
 def test_acme_constants_match_the_real_csv():
     with open(ACME_CSV, newline="") as f:
         rows = {r["id"]: r for r in csv.DictReader(f)}
-    targets = W.acme_targets()
+    targets = synthetic.acme_targets()
     assert set(targets) == {"Seren", "Kalos"}
     for cluster, nums in targets.items():
         for col, value in nums.items():
@@ -454,7 +454,7 @@ def test_acme_constants_match_the_real_csv():
 
 @need(ALIBABA)
 def test_read_alibaba():
-    jobs, cluster = W.read_alibaba(ALIBABA)
+    jobs, cluster = traces.read_alibaba(ALIBABA)
     assert len(jobs) == 6203  # 7064 GPU tasks less 861 never scheduled or without a positive run
     assert [(p.name, p.nodes, p.gpus_per_node, p.kind) for p in cluster.pools] == [
         ("alibaba-1gpu", 24, 1, PoolKind.ON_DEMAND),
@@ -471,13 +471,15 @@ def test_read_alibaba():
         assert j.priority == prio[j.tenant] and j.limit_s >= j.duration_s
     first = jobs[0]
     assert (first.id, first.gpus_per_node, first.duration_s) == ("openb-pod-0000", 1, 12537496.0)
-    again, _ = W.read_alibaba(ALIBABA, limit=100)
+    again, _ = traces.read_alibaba(ALIBABA, limit=100)
     assert [_fields(j) for j in again] == [_fields(j) for j in jobs[:100]]
 
 
 def test_read_alibaba_synthetic_folder(tmp_path):
-    (tmp_path / W.ALIBABA_NODES).write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,1,1,8,A\nn1,1,1,0,\nn2,1,1,2,B\n")
-    (tmp_path / W.ALIBABA_PODS).write_text(
+    (tmp_path / traces.ALIBABA_NODES).write_text(
+        "sn,cpu_milli,memory_mib,gpu,model\nn0,1,1,8,A\nn1,1,1,0,\nn2,1,1,2,B\n"
+    )
+    (tmp_path / traces.ALIBABA_PODS).write_text(
         "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
         "p0,1,1,1,300,,BE,Running,100,500,120\n"
         "p1,1,1,0,0,,LS,Running,50,500,60\n"
@@ -485,28 +487,28 @@ def test_read_alibaba_synthetic_folder(tmp_path):
         "p3,1,1,2,1000,,LS,Pending,60,70,\n"
         "p4,1,1,4,1000,,Guaranteed,Running,70,70,70\n"
     )
-    jobs, cluster = W.read_alibaba(tmp_path)
+    jobs, cluster = traces.read_alibaba(tmp_path)
     assert [(j.id, j.submit_s, j.gpus_per_node, j.duration_s, j.priority, j.tenant) for j in jobs] == [
         ("p2", 0.0, 8, 45.0, 1, "Burstable"),
         ("p0", 60.0, 1, 380.0, 0, "BE"),
     ]
     assert [(p.name, p.nodes) for p in cluster.pools] == [("alibaba-2gpu", 1), ("alibaba-8gpu", 1)]
-    pods = (tmp_path / W.ALIBABA_PODS).read_text().replace("Burstable", "Gold")
-    (tmp_path / W.ALIBABA_PODS).write_text(pods)
-    with pytest.raises(W.WorkloadError, match=r":4: column 'qos'"):
-        W.read_alibaba(tmp_path)
-    with pytest.raises(W.WorkloadError, match="no such file"):
-        W.read_alibaba(tmp_path / "nowhere")
+    pods = (tmp_path / traces.ALIBABA_PODS).read_text().replace("Burstable", "Gold")
+    (tmp_path / traces.ALIBABA_PODS).write_text(pods)
+    with pytest.raises(formats.WorkloadError, match=r":4: column 'qos'"):
+        traces.read_alibaba(tmp_path)
+    with pytest.raises(formats.WorkloadError, match="no such file"):
+        traces.read_alibaba(tmp_path / "nowhere")
 
 
 @need(ALIBABA)
 def test_alibaba_barely_loads_its_cluster_as_its_docs_say():
     """A pod list for packing studies: its GPU-seconds over its cluster's, over its span."""
-    jobs, cluster = W.read_alibaba(ALIBABA)
+    jobs, cluster = traces.read_alibaba(ALIBABA)
     span = max(j.submit_s + j.duration_s for j in jobs)
     load = sum(j.gpus * j.duration_s for j in jobs) / (cluster.gpus * span)
     assert load < 0.01
-    assert "pod list for packing studies" in W.read_alibaba.__doc__
+    assert "pod list for packing studies" in traces.read_alibaba.__doc__
 
 
 # ------------------------------------------------------------------------------------------
@@ -515,13 +517,13 @@ def test_alibaba_barely_loads_its_cluster_as_its_docs_say():
 
 
 def test_philly_shape():
-    got = {g: W.philly_shape(g) for g in (1, 2, 4, 8, 12, 16, 24, 32, 64, 128)}
+    got = {g: traces.philly_shape(g) for g in (1, 2, 4, 8, 12, 16, 24, 32, 64, 128)}
     assert got == {
         1: (1, 1), 2: (1, 2), 4: (1, 4), 8: (1, 8), 12: (2, 6), 16: (2, 8), 24: (3, 8), 32: (4, 8),
         64: (8, 8), 128: (16, 8),
     }  # fmt: skip
     for g in range(1, 200):
-        n, gpn = W.philly_shape(g)
+        n, gpn = traces.philly_shape(g)
         assert n * gpn == g and gpn <= 8
 
 
@@ -535,8 +537,8 @@ PHILLY_ROWS = """timestamp,duration,num_gpus,gpu_time,cluster
 
 
 def test_read_philly_synthetic_folder(tmp_path):
-    (tmp_path / W.PHILLY_CSV).write_text(PHILLY_ROWS)
-    jobs, cluster, replay = W.read_philly(tmp_path, gpus=64, start="2017-10-01", days=1, seed=3)
+    (tmp_path / traces.PHILLY_CSV).write_text(PHILLY_ROWS)
+    jobs, cluster, replay = traces.read_philly(tmp_path, gpus=64, start="2017-10-01", days=1, seed=3)
     got = [(j.id, j.tenant, j.submit_s, j.nodes, j.gpus_per_node, j.duration_s) for j in jobs]
     assert got == [
         ("philly-000006", "cc33", 5.0, 2, 6, 20.0),
@@ -548,7 +550,7 @@ def test_read_philly_synthetic_folder(tmp_path):
     assert replay.offered_load == pytest.approx((240 + 100 + 57600) / (64 * 86400))
     for j in jobs:  # drawn as synthetic draws them
         assert j.limit_s >= j.duration_s and j.ckpt.grace_s in (30.0, 60.0, 120.0, 300.0) and 0 <= j.priority <= 3
-    again, _, _ = W.read_philly(tmp_path, gpus=64, start="2017-10-01", days=1, seed=3)
+    again, _, _ = traces.read_philly(tmp_path, gpus=64, start="2017-10-01", days=1, seed=3)
     assert [_fields(j) for j in again] == [_fields(j) for j in jobs]
     assert "64 GPUs" in replay.describe() and "drawn" in replay.describe()
 
@@ -563,29 +565,29 @@ def test_read_philly_synthetic_folder(tmp_path):
     ],
 )
 def test_read_philly_errors_name_file_line_and_column(tmp_path, line, col):
-    (tmp_path / W.PHILLY_CSV).write_text(PHILLY_ROWS + line + "\n")
-    with pytest.raises(W.WorkloadError, match=rf"philly.csv:7: column '{col}'"):
-        W.read_philly(tmp_path)
+    (tmp_path / traces.PHILLY_CSV).write_text(PHILLY_ROWS + line + "\n")
+    with pytest.raises(formats.WorkloadError, match=rf"philly.csv:7: column '{col}'"):
+        traces.read_philly(tmp_path)
 
 
 def test_read_philly_options(tmp_path):
-    (tmp_path / W.PHILLY_CSV).write_text(PHILLY_ROWS)
-    with pytest.raises(W.WorkloadError, match="multiple of 8"):
-        W.read_philly(tmp_path, gpus=60)
-    with pytest.raises(W.WorkloadError, match="YYYY-MM-DD"):
-        W.read_philly(tmp_path, start="Oct 1")
-    with pytest.raises(W.WorkloadError, match="do not fit 8 GPUs"):
-        W.read_philly(tmp_path, gpus=8)
-    with pytest.raises(W.WorkloadError, match="no such file"):
-        W.read_philly(tmp_path / "nowhere")
-    with pytest.raises(W.WorkloadError, match="no job submitted in 2 days from 2018-01-01"):
-        W.read_philly(tmp_path, start="2018-01-01", days=2)
+    (tmp_path / traces.PHILLY_CSV).write_text(PHILLY_ROWS)
+    with pytest.raises(formats.WorkloadError, match="multiple of 8"):
+        traces.read_philly(tmp_path, gpus=60)
+    with pytest.raises(formats.WorkloadError, match="YYYY-MM-DD"):
+        traces.read_philly(tmp_path, start="Oct 1")
+    with pytest.raises(formats.WorkloadError, match="do not fit 8 GPUs"):
+        traces.read_philly(tmp_path, gpus=8)
+    with pytest.raises(formats.WorkloadError, match="no such file"):
+        traces.read_philly(tmp_path / "nowhere")
+    with pytest.raises(formats.WorkloadError, match="no job submitted in 2 days from 2018-01-01"):
+        traces.read_philly(tmp_path, start="2018-01-01", days=2)
 
 
 @need(PHILLY)
 def test_read_philly_real_trace():
     """SOURCE.md's figures: 68,510 submissions Oct 1 - Nov 30; 640 GPUs offered about 3/4 of their time."""
-    jobs, cluster, replay = W.read_philly(PHILLY)
+    jobs, cluster, replay = traces.read_philly(PHILLY)
     assert len(jobs) == replay.jobs == 68_510
     assert cluster.gpus == 640 and 0.70 < replay.offered_load < 0.80
     assert replay.tenants == len({j.tenant for j in jobs}) >= 10
@@ -598,7 +600,7 @@ def test_read_philly_real_trace():
 # ------------------------------------------------------------------------------------------
 
 
-def _max_held(events: list[W.ClusterEvent]) -> int:
+def _max_held(events: list[formats.ClusterEvent]) -> int:
     """Most nodes taken at once, counting nodes under notice as taken."""
     marks = []
     for e in events:
@@ -612,11 +614,11 @@ def _max_held(events: list[W.ClusterEvent]) -> int:
 
 
 def test_pair_drops():
-    assert W._pair_drops([4, 4, 2, 2, 4, 4, 3, 3]) == [(2, 2, 2), (6, 1, None)]
-    assert W._pair_drops([4, 0, 2, 4]) == [(1, 2, 1), (1, 2, 2)]
-    assert W._pair_drops([0, 1, 1, 0]) == [(3, 1, None)]  # the launch is no return
-    assert W._pair_drops([2, 1, 0, 2]) == [(1, 1, 2), (2, 1, 1)]  # FIFO
-    assert W._pair_drops([1, 1, 0, 1], seam=2) == []  # the rotation's seam is no reclaim
+    assert interruptions._pair_drops([4, 4, 2, 2, 4, 4, 3, 3]) == [(2, 2, 2), (6, 1, None)]
+    assert interruptions._pair_drops([4, 0, 2, 4]) == [(1, 2, 1), (1, 2, 2)]
+    assert interruptions._pair_drops([0, 1, 1, 0]) == [(3, 1, None)]  # the launch is no return
+    assert interruptions._pair_drops([2, 1, 0, 2]) == [(1, 1, 2), (2, 1, 1)]  # FIFO
+    assert interruptions._pair_drops([1, 1, 0, 1], seam=2) == []  # the rotation's seam is no reclaim
 
 
 @pytest.mark.parametrize("off", [0, 1, 3, 5, 6])
@@ -624,14 +626,14 @@ def test_rotation_matches_replaying_the_rotated_series(monkeypatch, off):
     counts = [0, 2, 3, 1, 1, 3, 0, 2]
     rotated = counts[off:] + counts[:off]
     seam = (len(counts) - off) % len(counts)
-    expect = W._pair_drops(rotated, seam=seam if off else -1)
+    expect = interruptions._pair_drops(rotated, seam=seam if off else -1)
 
     class Fixed:
         def integers(self, lo, hi, size):
             return np.full(size, off)
 
-    monkeypatch.setattr(W.np.random, "default_rng", lambda seed: Fixed())
-    ev = W.reclaims_from_trace(counts, 1.0, pool="p", pool_nodes=3, notice_s=0.0)
+    monkeypatch.setattr(synthetic.np.random, "default_rng", lambda seed: Fixed())
+    ev = interruptions.reclaims_from_trace(counts, 1.0, pool="p", pool_nodes=3, notice_s=0.0)
     assert [(e.t, e.nodes, e.return_s) for e in ev] == [
         (float(t), k, None if b is None else float(b)) for t, k, b in expect
     ]
@@ -639,18 +641,18 @@ def test_rotation_matches_replaying_the_rotated_series(monkeypatch, off):
 
 def test_reclaims_from_trace_groups_and_phases():
     counts, gap = [2, 2, 1, 1, 2, 2], 300.0
-    ev = W.reclaims_from_trace(counts, gap, pool="spot", pool_nodes=10, notice_s=60, seed=4)
+    ev = interruptions.reclaims_from_trace(counts, gap, pool="spot", pool_nodes=10, notice_s=60, seed=4)
     assert len(ev) == 5  # 5 groups of 2, one drop of one node in every rotation
     assert all(e.kind == "reclaim" and e.pool == "spot" and e.nodes == 1 and e.notice_s == 60 for e in ev)
     assert {e.return_s for e in ev} <= {600.0, None}
     assert [e.t for e in ev] == sorted(e.t for e in ev) and len({e.t for e in ev}) > 1
-    assert ev == W.reclaims_from_trace(counts, gap, pool="spot", pool_nodes=10, notice_s=60, seed=4)
-    assert W.reclaims_from_trace([0, 0], gap, pool="spot", pool_nodes=4) == []
+    assert ev == interruptions.reclaims_from_trace(counts, gap, pool="spot", pool_nodes=10, notice_s=60, seed=4)
+    assert interruptions.reclaims_from_trace([0, 0], gap, pool="spot", pool_nodes=4) == []
 
 
 def test_reclaims_never_take_more_than_the_pool():
     counts = [1, 0, 1, 0, 1, 0, 1, 0, 1]
-    ev = W.reclaims_from_trace(counts, 10.0, pool="p", pool_nodes=1, notice_s=100.0, seed=0)
+    ev = interruptions.reclaims_from_trace(counts, 10.0, pool="p", pool_nodes=1, notice_s=100.0, seed=0)
     assert ev and _max_held(ev) <= 1 and len(ev) < 4
 
 
@@ -659,21 +661,24 @@ def test_real_skypilot_traces():
     files = sorted(SKYPILOT.glob("*/*/*.json"))
     assert files
     for f in files:
-        counts, gap = W.read_skypilot(f)
+        counts, gap = interruptions.read_skypilot(f)
         assert counts and gap > 0 and all(c >= 0 for c in counts)
-        ev = W.reclaims_from_trace(counts, gap, pool="spot", pool_nodes=64, seed=1)
+        ev = interruptions.reclaims_from_trace(counts, gap, pool="spot", pool_nodes=64, seed=1)
         assert _max_held(ev) <= 64
         size = max(counts)
         assert all(e.nodes <= size for e in ev)
-    v100 = [W.trace_reclaim_rate(*W.read_skypilot(f)) for f in sorted(SKYPILOT.glob("1-node/*/*v100*.json"))]
+    v100 = [
+        interruptions.trace_reclaim_rate(*interruptions.read_skypilot(f))
+        for f in sorted(SKYPILOT.glob("1-node/*/*v100*.json"))
+    ]
     # what the docs of SPOT_RECLAIM_PER_NODE_HOUR say: these traces run 0.3-0.7 per node-hour
     assert len(v100) == 4 and all(0.3 < r < 0.75 for r in v100)
-    assert min(v100) > W.SPOT_RECLAIM_PER_NODE_HOUR
+    assert min(v100) > synthetic.SPOT_RECLAIM_PER_NODE_HOUR
 
 
 def test_read_skypilot_validates(tmp_path):
     p = write(tmp_path, json.dumps({"metadata": {"gap_seconds": 300}, "data": [1, 1, 0]}), "t.json")
-    assert W.read_skypilot(p) == ([1, 1, 0], 300.0)
+    assert interruptions.read_skypilot(p) == ([1, 1, 0], 300.0)
     bad = [
         ({"metadata": {"gap_seconds": 0}, "data": [1]}, "metadata.gap_seconds"),
         ({"metadata": {}, "data": [1]}, "metadata.gap_seconds: required"),
@@ -684,10 +689,10 @@ def test_read_skypilot_validates(tmp_path):
     ]
     for obj, msg in bad:
         p = write(tmp_path, json.dumps(obj), "t.json")
-        with pytest.raises(W.WorkloadError) as e:
-            W.read_skypilot(p)
+        with pytest.raises(formats.WorkloadError) as e:
+            interruptions.read_skypilot(p)
         assert str(e.value).startswith(f"{p}: {msg}"), str(e.value)
-    assert W.trace_reclaim_rate([1, 1, 0, 1], 1800.0) == pytest.approx(1.0)  # 1 loss in 1 node-hour
+    assert interruptions.trace_reclaim_rate([1, 1, 0, 1], 1800.0) == pytest.approx(1.0)  # 1 loss in 1 node-hour
 
 
 # ------------------------------------------------------------------------------------------
@@ -696,16 +701,16 @@ def test_read_skypilot_validates(tmp_path):
 
 
 def test_llama3_expected_rate_is_419_per_54_days():
-    c = W.synthetic_cluster()  # 2048 nodes x 8 = 16,384 GPUs
-    per_s = sum(p.nodes * p.gpus_per_node for p in c.pools) / W.llama3_gpu_mtbf_s()
+    c = synthetic.synthetic_cluster()  # 2048 nodes x 8 = 16,384 GPUs
+    per_s = sum(p.nodes * p.gpus_per_node for p in c.pools) / interruptions.llama3_gpu_mtbf_s()
     assert c.gpus == LLAMA3_GPUS
     assert per_s * LLAMA3_DAYS * 86400 == pytest.approx(LLAMA3_UNEXPECTED)
 
 
 def test_llama3_failures_count_and_shape():
-    c = W.synthetic_cluster()
+    c = synthetic.synthetic_cluster()
     horizon = 10 * LLAMA3_DAYS * 86400.0
-    ev = W.llama3_failures(c, horizon, seed=5)
+    ev = interruptions.llama3_failures(c, horizon, seed=5)
     expect = 10 * LLAMA3_UNEXPECTED
     assert abs(len(ev) - expect) < 5 * math.sqrt(expect)  # Poisson, 5 sigma
     hw = [e for e in ev if e.kind == "node_loss"]
@@ -718,13 +723,15 @@ def test_llama3_failures_count_and_shape():
     assert all(e.return_s == 4 * 3600.0 for e in hw)
     assert all(e.return_s is None for e in ev if e.kind == "job_failure")
     assert {e.pool for e in ev} == {"od", "spot"} and len({(e.pool, e.seed_key) for e in ev}) > 1000
-    assert ev == W.llama3_failures(c, horizon, seed=5) and ev != W.llama3_failures(c, horizon, seed=6)
+    assert ev == interruptions.llama3_failures(c, horizon, seed=5) and ev != interruptions.llama3_failures(
+        c, horizon, seed=6
+    )
 
 
 def test_llama3_failures_options():
-    c = W.Cluster([Pool("p", PoolKind.ON_DEMAND, 100, 8)], [])
-    ev = W.llama3_failures(c, 3e8, seed=0, hardware_share=1.0, repair_s=None)
+    c = formats.Cluster([Pool("p", PoolKind.ON_DEMAND, 100, 8)], [])
+    ev = interruptions.llama3_failures(c, 3e8, seed=0, hardware_share=1.0, repair_s=None)
     assert ev and all(e.kind == "node_loss" and e.return_s is None for e in ev)
-    assert W.llama3_failures(c, 0.0) == []
+    assert interruptions.llama3_failures(c, 0.0) == []
     with pytest.raises(ValueError):
-        W.llama3_failures(c, 1.0, hardware_share=1.5)
+        interruptions.llama3_failures(c, 1.0, hardware_share=1.5)

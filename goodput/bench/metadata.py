@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from goodput.ckpt.agreement import Declaration
-from goodput.ckpt.format import (
+from goodput.ckpt.format.format import (
     ALIGN,
     COLUMNS,
     DEFAULT_BLOCK,
@@ -56,7 +56,7 @@ from goodput.ckpt.format import (
     decode_metadata,
     encode_metadata,
 )
-from goodput.ckpt.geometry import Region, flat_to_boxes
+from goodput.ckpt.format.geometry import Region, flat_to_boxes
 from goodput.ckpt.read_plan import ReadPlanner, Request
 from goodput.plan.units import fmt_bytes
 

@@ -37,11 +37,11 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from .chunk_index import tiling_errors_columns
-from .dtypes import dtype as dtype_info
 from .errors import SaveError
-from .format import shape_error
-from .geometry import Region
+from .format.chunk_index import tiling_errors_columns
+from .format.dtypes import dtype as dtype_info
+from .format.format import shape_error
+from .format.geometry import Region
 from .storage import display
 
 PIECE_FRACTION = 1 / 32  # a replica is cut into pieces of about this share of a rank's bytes

@@ -52,7 +52,7 @@ from . import collective
 from .background import abort_job, run_job
 from .dcp_compat import OVERWRITE_REFUSED, check_planner, checkpoint_exists, location, refuses_overwrite
 from .errors import SaveError
-from .format import DEFAULT_BLOCK
+from .format.format import DEFAULT_BLOCK
 from .saver import check_block_bytes, prepare
 from .staging import CopyFirst, StagingPool, copier, layout, split_lazy, sweep_dead_segments
 from .storage import checkpoint_path, display

@@ -35,8 +35,8 @@ import numpy as np
 
 from .commit import commit, commit_round, file_records, staged_name
 from .errors import CheckpointError, describe
-from .format import DATA_FILE, MANIFEST, MAX_MANIFEST_BYTES, decode_manifest
-from .geometry import Region, runs
+from .format.format import DATA_FILE, MANIFEST, MAX_MANIFEST_BYTES, decode_manifest
+from .format.geometry import Region, runs
 from .storage import Storage, storage_for
 from .writer import Piece, write_rank_files
 

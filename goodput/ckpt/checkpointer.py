@@ -64,7 +64,7 @@ from .async_saver import AsyncSave, AsyncSaver, SaveTimings
 from .background import abort_name
 from .commit import staged_name
 from .errors import CheckpointError, StorageError, describe
-from .format import LATEST, MANIFEST, MAX_MANIFEST_BYTES, STEP_DIR, decode_manifest, step_dir_name
+from .format.format import LATEST, MANIFEST, MAX_MANIFEST_BYTES, STEP_DIR, decode_manifest, step_dir_name
 from .loader import load
 from .reader import Checkpoint, latest, list_checkpoints
 from .state import is_stateful

@@ -20,7 +20,7 @@ import crc32c
 import numpy as np
 
 from .errors import CheckpointError, SaveError, describe, rank_errors
-from .format import (
+from .format.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
     MANIFEST,
@@ -34,7 +34,7 @@ from .format import (
     encode_metadata,
     metadata_file_name,
 )
-from .geometry import Region
+from .format.geometry import Region
 from .storage import Storage, display
 from .writer import FileResult
 
@@ -182,7 +182,7 @@ def staged_name(save_id: str) -> str:
 
 def previous_files(storage: Storage, path: Path) -> set[str]:
     """The files the manifest about to be replaced references (they go once the new one is in)."""
-    from .format import MAX_MANIFEST_BYTES, decode_manifest, decode_metadata
+    from .format.format import MAX_MANIFEST_BYTES, decode_manifest, decode_metadata
 
     try:
         raw = storage.get_if_exists(path, MANIFEST, "manifest", MAX_MANIFEST_BYTES)

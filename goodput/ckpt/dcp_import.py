@@ -56,8 +56,8 @@ from typing import Any
 
 import torch
 
-from .dtypes import dtype as dtype_info
-from .format import MANIFEST, CheckpointError, encode_value
+from .format.dtypes import dtype as dtype_info
+from .format.format import MANIFEST, CheckpointError, encode_value
 from .state import torch_dtype_name
 from .storage import PosixStorage, display, storage_for
 

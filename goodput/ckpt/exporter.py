@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .dtypes import dtype as dtype_info
 from .errors import CheckpointError
+from .format.dtypes import dtype as dtype_info
 from .reader import Checkpoint
 from .storage import PosixStorage, Storage, display, storage_for
 

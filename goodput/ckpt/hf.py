@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import dtype as dtype_info
 from .errors import CheckpointError
-from .format import MANIFEST, FileEntry, Metadata, TensorEntry, check_file_name, shape_error
+from .format.dtypes import dtype as dtype_info
+from .format.format import MANIFEST, FileEntry, Metadata, TensorEntry, check_file_name, shape_error
 from .read_exec import DEFAULT_READ_BUFFER, ReadStats, read_requests
 from .read_plan import ReadPlanner, Request
 from .storage import PosixSource, PosixStorage, Source
@@ -256,7 +256,7 @@ class HFCheckpoint:
         """A whole tensor as numpy, raw bits for the types numpy lacks."""
         tid = self._planner.tensor_id(name)
         t = self.metadata.tensors[tid]
-        from .geometry import Region
+        from .format.geometry import Region
 
         dt = dtype_info(t.dtype)
         out = np.empty(tuple(t.shape), dtype=np.dtype(dt.raw))

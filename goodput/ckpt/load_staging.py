@@ -14,8 +14,8 @@ from math import prod
 import numpy as np
 import torch
 
-from .dtypes import dtype as dtype_info
-from .geometry import Region
+from .format.dtypes import dtype as dtype_info
+from .format.geometry import Region
 from .state import TensorLeaf
 
 STAGING_ALIGN = 64  # every dtype's alignment, so any piece's bytes can be viewed as its dtype

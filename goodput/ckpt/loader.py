@@ -23,9 +23,9 @@ import torch
 from . import collective
 from .collective import name_ranks
 from .dcp_compat import check_planner, location
-from .dtypes import dtype as dtype_info
 from .errors import CheckpointError, describe, rank_errors
-from .format import decode_value
+from .format.dtypes import dtype as dtype_info
+from .format.format import decode_value
 from .load_staging import default_staging, staging_like, staging_rounds
 from .read_exec import DEFAULT_READ_BUFFER, ReadStats
 from .read_plan import Request

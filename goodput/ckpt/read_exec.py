@@ -25,9 +25,9 @@ from pathlib import Path
 import crc32c
 import numpy as np
 
-from .crc import combine_blocks
 from .errors import CheckpointError
-from .format import Metadata
+from .format.crc import combine_blocks
+from .format.format import Metadata
 from .read_plan import ChunkOps, ReadPlan, ReadPlanner, Request
 from .storage import Source, Storage, storage_for
 

@@ -1,7 +1,7 @@
 """The read plan: which byte runs of which saved chunks fill the regions a load requests.
 
 Planning intersects each requested region with the saved chunks of its tensor through the
-checkpoint's chunk index (:mod:`goodput.ckpt.chunk_index`) and turns every intersection into byte
+checkpoint's chunk index (:mod:`goodput.ckpt.format.chunk_index`) and turns every intersection into byte
 runs, in file order, a bounded batch at a time. Executing the plan is :mod:`goodput.ckpt.read_exec`.
 
 numpy only: the torch-free reader uses it.
@@ -16,8 +16,8 @@ from itertools import chain
 import numpy as np
 
 from .errors import CheckpointError
-from .format import Metadata
-from .geometry import Region, cut_flat_many, expand_runs, row_major_strides_many, run_shape, split_by_runs
+from .format.format import Metadata
+from .format.geometry import Region, cut_flat_many, expand_runs, row_major_strides_many, run_shape, split_by_runs
 
 
 @dataclass
@@ -118,8 +118,8 @@ class ReadPlanner:
     """Plans any number of requests against one checkpoint's metadata, all at once.
 
     Every requested region becomes boxes in one matrix (tensors of any rank padded to the same
-    rank; flat ranges cut into boxes, see :func:`~goodput.ckpt.geometry.cut_flat_many`) and is
-    joined with the checkpoint's chunk index (:mod:`goodput.ckpt.chunk_index`, built once when the
+    rank; flat ranges cut into boxes, see :func:`~goodput.ckpt.format.geometry.cut_flat_many`) and is
+    joined with the checkpoint's chunk index (:mod:`goodput.ckpt.format.chunk_index`, built once when the
     metadata is read): two binary searches per box find the saved boxes that can meet it, so a
     plan costs O(requests · log chunks + pieces found) in numpy, with no Python loop per chunk:
     that is what keeps a 16k-rank layout fast.

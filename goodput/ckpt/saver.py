@@ -61,8 +61,8 @@ from .dcp_compat import (
     refuses_overwrite,
 )
 from .errors import SaveError, describe, raise_rank_errors
-from .format import DEFAULT_BLOCK, encode_value
-from .geometry import Region
+from .format.format import DEFAULT_BLOCK, encode_value
+from .format.geometry import Region
 from .reader import is_committed
 from .state import TensorLeaf, flatten, host_bytes
 from .storage import Storage, checkpoint_path, display, storage_for

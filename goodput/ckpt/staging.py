@@ -48,8 +48,8 @@ import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .dtypes import dtype as dtype_info
-from .format import ALIGN  # page-aligned slots: the writer can use O_DIRECT straight from them
+from .format.dtypes import dtype as dtype_info
+from .format.format import ALIGN  # page-aligned slots: the writer can use O_DIRECT straight from them
 from .state import TensorLeaf
 
 # Big enough that taking a chunk (a lock and two slices) costs under 1 % of copying it, small

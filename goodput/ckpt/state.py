@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .dtypes import DTYPES, from_numpy
-from .geometry import Region
+from .format.dtypes import DTYPES, from_numpy
+from .format.geometry import Region
 
 
 @dataclass
@@ -216,7 +216,7 @@ def _walk(name: str, v: Any, parent: Any, key: Any, tensors: list, values: list)
             leaf.parent, leaf.key = parent, key
             tensors.append(leaf)
         return
-    from .format import encode_value
+    from .format.format import encode_value
 
     encode_value(v, name)  # raises a TypeError naming the key for anything not JSON-able
     values.append(ValueLeaf(name, v, parent, key))

@@ -42,8 +42,8 @@ import msgspec
 from .background import POLL_S, abort_name
 from .commit import previous_files, staged_name
 from .errors import CheckpointError, StorageError, describe
-from .format import MANIFEST, MAX_MANIFEST_BYTES, STEP_DIR, decode_manifest, decode_metadata
-from .format import metadata_file_name as md_name
+from .format.format import MANIFEST, MAX_MANIFEST_BYTES, STEP_DIR, decode_manifest, decode_metadata
+from .format.format import metadata_file_name as md_name
 from .storage import Entry, Sink, Source, Storage, display, storage_for
 
 log = logging.getLogger("goodput.ckpt")

@@ -3,7 +3,7 @@
 Checksums are computed while writing: the bytes are cut into segments; a background thread
 writes segment i while this thread computes the block checksums of segment i (both release the
 GIL for the long parts), so the checksum costs little on top of the write. The chunk's own CRC
-is folded from its block CRCs (:mod:`goodput.ckpt.crc`), not computed by a second pass.
+is folded from its block CRCs (:mod:`goodput.ckpt.format.crc`), not computed by a second pass.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 import crc32c
 import numpy as np
 
-from .crc import combine_blocks
-from .format import ALIGN, data_file_name
-from .geometry import Region
+from .format.crc import combine_blocks
+from .format.format import ALIGN, data_file_name
+from .format.geometry import Region
 from .storage import Storage
 
 SEGMENT = 32 << 20

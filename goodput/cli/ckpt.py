@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
-from goodput.ckpt.format import CheckpointError
+from goodput.ckpt.format.format import CheckpointError
 from goodput.ckpt.reader import Checkpoint, list_checkpoints
 from goodput.ckpt.storage import display, storage_for
 from goodput.plan.units import UnitError, fmt_bytes, parse_size

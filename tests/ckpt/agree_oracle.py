@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from goodput.ckpt.agreement import Assignment, split_region
-from goodput.ckpt.dtypes import dtype as dtype_info
 from goodput.ckpt.errors import SaveError
-from goodput.ckpt.geometry import Region
+from goodput.ckpt.format.dtypes import dtype as dtype_info
+from goodput.ckpt.format.geometry import Region
 from tests.ckpt.geometry_oracle import tiling_errors
 
 

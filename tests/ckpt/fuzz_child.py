@@ -74,7 +74,7 @@ def mutate(fam: str, root: Path, ck: Path, rnd: random.Random) -> str:
     import crc32c
     import msgspec
 
-    from goodput.ckpt.format import MANIFEST, decode_manifest, decode_metadata, encode_manifest, encode_metadata
+    from goodput.ckpt.format.format import MANIFEST, decode_manifest, decode_metadata, encode_manifest, encode_metadata
 
     files = targets(root, ck)
     f = rnd.choice(files)

@@ -7,8 +7,8 @@ from math import prod
 
 import numpy as np
 
-from goodput.ckpt.chunk_index import tiling_errors_columns
-from goodput.ckpt.geometry import Region
+from goodput.ckpt.format.chunk_index import tiling_errors_columns
+from goodput.ckpt.format.geometry import Region
 
 
 class BoxIndex:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import goodput.ckpt as gc
 from goodput.ckpt.agreement import Declaration as FakeLeaf
 from goodput.ckpt.agreement import SaveError, agree, declare, decode_orders, split_region
-from goodput.ckpt.geometry import Region
+from goodput.ckpt.format.geometry import Region
 from tests.ckpt.agree_oracle import agree as old_agree
 from tests.distributed import run_ranks
 
@@ -70,7 +70,7 @@ def _new_msgs(ranks: list[list[FakeLeaf]], values: list[dict] | None = None) -> 
 
 
 def _old_msgs(ranks: list[list[FakeLeaf]]) -> list[dict]:
-    from goodput.ckpt.dtypes import dtype as dtype_info
+    from goodput.ckpt.format.dtypes import dtype as dtype_info
 
     out = []
     for r, ls in enumerate(ranks):

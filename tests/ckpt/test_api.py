@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import goodput.ckpt as gc
-from goodput.ckpt.format import CheckpointError
+from goodput.ckpt.format.format import CheckpointError
 
 DTYPES = [
     torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import goodput.ckpt as gc
-from goodput.ckpt.format import MANIFEST
+from goodput.ckpt.format.format import MANIFEST
 from tests.distributed import run_ranks
 
 REPO = Path(__file__).resolve().parents[2]

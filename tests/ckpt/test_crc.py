@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goodput.ckpt.crc import combine, combine_blocks
+from goodput.ckpt.format.crc import combine, combine_blocks
 
 
 @given(st.binary(max_size=3000), st.binary(max_size=3000))

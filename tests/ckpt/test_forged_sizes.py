@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import goodput.ckpt as gc
-from goodput.ckpt.format import (
+from goodput.ckpt.format.format import (
     COLUMNS,
     MANIFEST,
     META_MAGIC,

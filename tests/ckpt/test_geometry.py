@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from goodput.ckpt.agreement import split_region
-from goodput.ckpt.format import FileEntry, Metadata, TensorEntry
-from goodput.ckpt.geometry import Region, cut_flat_many, expand_runs, flat_to_boxes, runs
+from goodput.ckpt.format.format import FileEntry, Metadata, TensorEntry
+from goodput.ckpt.format.geometry import Region, cut_flat_many, expand_runs, flat_to_boxes, runs
 from goodput.ckpt.read_plan import ReadPlanner, Request
 from tests.ckpt.geometry_oracle import build_index
 
@@ -274,7 +274,7 @@ def test_planner_fills_many_requests_at_once_like_the_oracle(tensor_shapes, data
 def test_planner_names_the_tensor_it_cannot_fill():
     import pytest
 
-    from goodput.ckpt.format import CheckpointError
+    from goodput.ckpt.format.format import CheckpointError
 
     md = metadata_for([("a", (8, 4), [Region.box((0, 0), (4, 4))]), ("b", (6,), [Region.flat(0, 6, 1)])])
     with pytest.raises(CheckpointError, match=r"tensor 'a'.*\[2:6, 0:4\].*8 of 16"):
@@ -303,7 +303,7 @@ def test_validation_refuses_overlaps_even_when_counts_add_up():
     trusting counts would fill [2:4] from the wrong bytes. Validation names both chunks."""
     import pytest
 
-    from goodput.ckpt.format import CheckpointError, validate_metadata
+    from goodput.ckpt.format.format import CheckpointError, validate_metadata
 
     twice = metadata_for([("w", (4, 3), [Region.box((0, 0), (2, 3)), Region.box((0, 0), (2, 3))])])
     with pytest.raises(CheckpointError, match=r"chunk \[0:2, 0:3\] of tensor 'w'.* overlaps \[0:2, 0:3\]"):
@@ -321,7 +321,7 @@ def test_validation_refuses_overlaps_even_when_counts_add_up():
 
 
 def test_split_dims_picks_the_dimension_shards_are_cut_along():
-    from goodput.ckpt.geometry import split_dims
+    from goodput.ckpt.format.geometry import split_dims
 
     rows = np.array([[4 * i, 0] for i in range(8)], np.int64)
     cols = np.array([[0, 4 * i] for i in range(8)], np.int64)
@@ -372,8 +372,8 @@ def test_tiling_errors_agrees_with_the_per_tensor_check(tensor_shapes, data):
 def test_index_scans_the_dimension_with_the_fewest_comparisons():
     """Row 0 one box, row 1 cut into unit cells: counting starts past 0 would pick rows and
     compare every pair of cells; the index picks columns and compares next to nothing."""
-    from goodput.ckpt.chunk_index import overlapping_chunks
-    from goodput.ckpt.format import validate_metadata
+    from goodput.ckpt.format.chunk_index import overlapping_chunks
+    from goodput.ckpt.format.format import validate_metadata
 
     m = 3000
     regions = [Region.box((0, 0), (1, m))] + [Region.box((1, j), (1, 1)) for j in range(m)]
@@ -387,7 +387,7 @@ def test_index_scans_the_dimension_with_the_fewest_comparisons():
 def test_index_refuses_extents_that_would_wrap_its_keys():
     import pytest
 
-    from goodput.ckpt.chunk_index import build_box_table_from
+    from goodput.ckpt.format.chunk_index import build_box_table_from
 
     T = (1 << 14) + 1  # sum of extents 2**48 each: past 2**62
     shapes = np.full((T, 1), 1 << 48, np.int64)
@@ -402,7 +402,7 @@ def test_index_refuses_layouts_too_irregular_to_check():
     """Identical chunks need n^2/2 comparisons: refused by the comparison cap, in bounded time."""
     import pytest
 
-    from goodput.ckpt.format import CheckpointError, validate_metadata
+    from goodput.ckpt.format.format import CheckpointError, validate_metadata
 
     n = 20000
     md = metadata_for([("w", (4,), [Region.box((0,), (4,))] * n)])

@@ -14,7 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import goodput.ckpt as gc
-from goodput.ckpt.format import MANIFEST, CheckpointError, Manifest, decode_metadata, encode_manifest, encode_metadata
+from goodput.ckpt.format.format import (
+    MANIFEST,
+    CheckpointError,
+    Manifest,
+    decode_metadata,
+    encode_manifest,
+    encode_metadata,
+)
 
 
 def make(path: Path, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -16,7 +16,7 @@ import torch
 
 import goodput.ckpt as gc
 from goodput.ckpt import s3
-from goodput.ckpt.format import MANIFEST
+from goodput.ckpt.format.format import MANIFEST
 from goodput.demo.seaweed import Weed, weed_binary
 from tests.distributed import run_ranks
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import goodput.ckpt as gc
-from goodput.ckpt.format import CheckpointError
+from goodput.ckpt.format.format import CheckpointError
 
 TINY = 4096  # staging bytes: forces many pieces and many rounds on small tensors
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import goodput.ckpt as gc
-from goodput.ckpt.format import MANIFEST
+from goodput.ckpt.format.format import MANIFEST
 from goodput.ckpt.tiers import drained_name, durable_state, fast_committed
 from tests.distributed import run_ranks
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from goodput.ckpt import writer
-from goodput.ckpt.crc import combine_blocks
-from goodput.ckpt.geometry import Region
+from goodput.ckpt.format.crc import combine_blocks
+from goodput.ckpt.format.geometry import Region
 from goodput.ckpt.storage import POSIX
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from goodput.ckpt.format import MANIFEST
+from goodput.ckpt.format.format import MANIFEST
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm") or sys.platform != "linux", reason="needs Linux /dev/shm")

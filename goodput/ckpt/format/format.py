@@ -18,8 +18,9 @@ import crc32c
 import msgspec
 import numpy as np
 
+from ..errors import CheckpointError
+from .chunk_index import BoxTable, build_box_table_from, overlapping_chunks
 from .dtypes import DTYPES, dtype
-from .errors import CheckpointError
 from .geometry import Region
 
 FORMAT_NAME = "goodput.ckpt"
@@ -140,10 +141,8 @@ class Metadata:
     _box_table: Any = field(default=None, repr=False, compare=False)
 
     def box_table(self) -> Any:
-        """The chunks' spatial index (:class:`goodput.ckpt.chunk_index.BoxTable`), built once."""
+        """The chunks' spatial index (:class:`goodput.ckpt.format.chunk_index.BoxTable`), built once."""
         if self._box_table is None:
-            from .chunk_index import build_box_table
-
             self._box_table = build_box_table(self)
         return self._box_table
 
@@ -215,6 +214,22 @@ class TensorTables:
 # --------------------------------------------------------------------------- values (JSON leaves)
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def build_box_table(md: Metadata) -> BoxTable:
+    tables = md.tables()
+    c = md.cols
+    return build_box_table_from(
+        tables.shape,
+        tables.ndim,
+        c["tensor"].astype(np.int64),
+        c["flat_start"],
+        c["flat_count"],
+        c["offsets"],
+        c["sizes"],
+    )
+
+
 NUMPY_KINDS = "biufc"  # numpy scalars kept: bool, ints, floats, complex (not longdouble: no exact JSON)
 HOW_TO_SAVE = (
     "values may be None, bool, int, float, complex, str, bytes, list, tuple, dict, numpy scalars, "
@@ -670,8 +685,6 @@ def validate_metadata(md: Metadata, where: str) -> None:
 def check_disjoint(md: Metadata, where: str) -> None:
     """No two chunks of a tensor may share an element: a reader would otherwise take an overlap
     for coverage and could fill a request from the wrong bytes while the counts still add up."""
-    from .chunk_index import overlapping_chunks
-
     try:
         pair = overlapping_chunks(md.box_table())
     except ValueError as e:

@@ -12,15 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .geometry import Region, cut_flat_many, row_major_strides_many, split_dims
-
-if TYPE_CHECKING:
-    from .format import Metadata
-
 
 # proving disjointness compares each box with the boxes that start inside it along the chosen
 # dimension: about (boxes sharing a start) per box for real layouts (a 128 x 128 grid: 64);
@@ -48,20 +43,6 @@ class BoxTable:
     def cols(self) -> tuple[slice, slice, slice, int, int, int]:
         D = self.ndim
         return slice(0, D), slice(D, 2 * D), slice(2 * D, 3 * D), 3 * D, 3 * D + 1, 3 * D + 2
-
-
-def build_box_table(md: Metadata) -> BoxTable:
-    tables = md.tables()
-    c = md.cols
-    return build_box_table_from(
-        tables.shape,
-        tables.ndim,
-        c["tensor"].astype(np.int64),
-        c["flat_start"],
-        c["flat_count"],
-        c["offsets"],
-        c["sizes"],
-    )
 
 
 def build_box_table_from(
@@ -146,7 +127,7 @@ def _window_pairs(B: np.ndarray, shapes: np.ndarray, T: int, d: int) -> np.ndarr
 def _best_dims(B: np.ndarray, shapes: np.ndarray, T: int) -> np.ndarray:
     """Per tensor, the dimension whose sorted scan compares the fewest pairs: the one it is split
     along for row, column and grid shards, and never a poor one for a layout built to fool a
-    cheaper guess (one counted by :func:`goodput.ckpt.geometry.split_dims`, say)."""
+    cheaper guess (one counted by :func:`goodput.ckpt.format.geometry.split_dims`, say)."""
     D = shapes.shape[1]
     if D <= 1 or len(B) == 0:
         return np.zeros(T, np.int64)

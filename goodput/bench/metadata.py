@@ -578,7 +578,7 @@ def measure_commit(lay: Layout, md: Metadata) -> dict:
     try:
         from goodput.ckpt.commit import commit
         from goodput.ckpt.reader import Checkpoint
-        from goodput.ckpt.storage import POSIX
+        from goodput.ckpt.storage.local import POSIX
     except ImportError as e:  # pragma: no cover - torch missing
         return {"error": str(e)}
     import dataclasses

@@ -72,7 +72,7 @@ def _timed(fn: Callable[[], Any]) -> float:
 def server(location: str, endpoint: str | None, start_server: bool, **opts: Any) -> Iterator[Any]:
     """The S3 store of ``location`` configured (endpoint, part size, concurrency), with a local
     SeaweedFS started for the run and the bucket created in it when ``start_server``."""
-    from goodput.ckpt import s3
+    from goodput.ckpt.storage import s3
 
     weed = None
     if start_server:
@@ -109,7 +109,7 @@ def run(
     on_phase: Callable[[int, int, str], None] | None = None,
 ) -> dict[str, Any]:
     from goodput import ckpt as gc
-    from goodput.ckpt import s3
+    from goodput.ckpt.storage import s3
 
     with server(location, endpoint, start_server, part_bytes=part_bytes, concurrency=concurrency) as store:
         bucket, prefix = s3.split(location)

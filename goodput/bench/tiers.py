@@ -126,7 +126,7 @@ def run(
         local.close()
         tiered.close()
         shutil.rmtree(fast_base, ignore_errors=True)
-        from goodput.ckpt.storage import storage_for
+        from goodput.ckpt.storage.location import storage_for
 
         storage_for(durable_root).remove_tree(Path(durable_root))
 

@@ -55,7 +55,7 @@ from .errors import SaveError
 from .format.format import DEFAULT_BLOCK
 from .saver import check_block_bytes, prepare
 from .staging import CopyFirst, StagingPool, copier, layout, split_lazy, sweep_dead_segments
-from .storage import checkpoint_path, display
+from .storage.location import checkpoint_path, display
 from .writer_process import WriterProcess
 
 STAGING = ("eager", "lazy")

@@ -37,7 +37,8 @@ from .commit import commit, commit_round, file_records, staged_name
 from .errors import CheckpointError, describe
 from .format.format import DATA_FILE, MANIFEST, MAX_MANIFEST_BYTES, decode_manifest
 from .format.geometry import Region, runs
-from .storage import Storage, storage_for
+from .storage.base import Storage
+from .storage.location import storage_for
 from .writer import Piece, write_rank_files
 
 POLL_S = 0.01

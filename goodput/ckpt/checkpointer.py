@@ -68,7 +68,8 @@ from .format.format import LATEST, MANIFEST, MAX_MANIFEST_BYTES, STEP_DIR, decod
 from .loader import load
 from .reader import Checkpoint, latest, list_checkpoints
 from .state import is_stateful
-from .storage import Storage, as_location, display, storage_for
+from .storage.base import Storage
+from .storage.location import as_location, display, storage_for
 from .tiers import Drain, Drained, Drainer, TierView, drained_name, durable_state, fast_committed
 
 log = logging.getLogger("goodput.ckpt")

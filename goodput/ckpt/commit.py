@@ -35,7 +35,8 @@ from .format.format import (
     metadata_file_name,
 )
 from .format.geometry import Region
-from .storage import Storage, display
+from .storage.base import Storage
+from .storage.location import display
 from .writer import FileResult
 
 

@@ -59,7 +59,8 @@ import torch
 from .format.dtypes import dtype as dtype_info
 from .format.format import MANIFEST, CheckpointError, encode_value
 from .state import torch_dtype_name
-from .storage import PosixStorage, display, storage_for
+from .storage.local import PosixStorage
+from .storage.location import display, storage_for
 
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint.filesystem._metadata_fn
 

@@ -32,7 +32,9 @@ from typing import Any
 from .errors import CheckpointError
 from .format.dtypes import dtype as dtype_info
 from .reader import Checkpoint
-from .storage import PosixStorage, Storage, display, storage_for
+from .storage.base import Storage
+from .storage.local import PosixStorage
+from .storage.location import display, storage_for
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"

@@ -33,7 +33,8 @@ from .format.dtypes import dtype as dtype_info
 from .format.format import MANIFEST, FileEntry, Metadata, TensorEntry, check_file_name, shape_error
 from .read_exec import DEFAULT_READ_BUFFER, ReadStats, read_requests
 from .read_plan import ReadPlanner, Request
-from .storage import PosixSource, PosixStorage, Source
+from .storage.base import Source
+from .storage.local import PosixSource, PosixStorage
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"

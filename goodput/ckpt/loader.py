@@ -31,7 +31,8 @@ from .read_exec import DEFAULT_READ_BUFFER, ReadStats
 from .read_plan import Request
 from .reader import Checkpoint
 from .state import TensorLeaf, dest_bytes, expand_stateful, flatten, materialize_meta
-from .storage import Storage, checkpoint_path, display, storage_for
+from .storage.base import Storage
+from .storage.location import checkpoint_path, display, storage_for
 
 
 @dataclass

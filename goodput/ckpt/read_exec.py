@@ -29,7 +29,8 @@ from .errors import CheckpointError
 from .format.crc import combine_blocks
 from .format.format import Metadata
 from .read_plan import ChunkOps, ReadPlan, ReadPlanner, Request
-from .storage import Source, Storage, storage_for
+from .storage.base import Source, Storage
+from .storage.location import storage_for
 
 DEFAULT_READ_BUFFER = 256 << 20
 PIECE = 16 << 20  # unit of work handed to one I/O thread

@@ -35,7 +35,8 @@ from .format.format import (
 from .format.geometry import Region
 from .read_exec import DEFAULT_READ_BUFFER, Files, ReadStats, read_requests
 from .read_plan import ReadPlanner, Request
-from .storage import Storage, as_location, display, storage_for
+from .storage.base import Storage
+from .storage.location import as_location, display, storage_for
 
 
 @dataclass(frozen=True)

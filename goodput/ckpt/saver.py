@@ -65,7 +65,8 @@ from .format.format import DEFAULT_BLOCK, encode_value
 from .format.geometry import Region
 from .reader import is_committed
 from .state import TensorLeaf, flatten, host_bytes
-from .storage import Storage, checkpoint_path, display, storage_for
+from .storage.base import Storage
+from .storage.location import checkpoint_path, display, storage_for
 from .writer import FileResult, Piece, write_rank_files
 
 

@@ -44,7 +44,8 @@ from .commit import previous_files, staged_name
 from .errors import CheckpointError, StorageError, describe
 from .format.format import MANIFEST, MAX_MANIFEST_BYTES, STEP_DIR, decode_manifest, decode_metadata
 from .format.format import metadata_file_name as md_name
-from .storage import Entry, Sink, Source, Storage, display, storage_for
+from .storage.base import Entry, Sink, Source, Storage
+from .storage.location import display, storage_for
 
 log = logging.getLogger("goodput.ckpt")
 

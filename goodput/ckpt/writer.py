@@ -21,7 +21,7 @@ import numpy as np
 from .format.crc import combine_blocks
 from .format.format import ALIGN, data_file_name
 from .format.geometry import Region
-from .storage import Storage
+from .storage.base import Storage
 
 SEGMENT = 32 << 20
 

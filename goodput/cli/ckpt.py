@@ -14,7 +14,7 @@ from rich.table import Table
 
 from goodput.ckpt.format.format import CheckpointError
 from goodput.ckpt.reader import Checkpoint, list_checkpoints
-from goodput.ckpt.storage import display, storage_for
+from goodput.ckpt.storage.location import display, storage_for
 from goodput.plan.units import UnitError, fmt_bytes, parse_size
 
 app = typer.Typer(no_args_is_help=True)
@@ -32,7 +32,7 @@ def options(
 ) -> None:
     """Checkpoint locations are directories or s3://bucket/prefix (credentials: the AWS chain)."""
     if endpoint or region:
-        from goodput.ckpt import s3
+        from goodput.ckpt.storage import s3
 
         s3.configure(endpoint_url=endpoint, region=region)
 

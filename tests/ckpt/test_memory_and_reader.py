@@ -117,7 +117,7 @@ def test_a_file_s_checksum_table_is_one_read(
     (on an object store each is a round trip), or, for a table over ``TABLE_REGION_BYTES``,
     each chunk's part of it once. The values are exact either way."""
     from goodput.ckpt import read_exec
-    from goodput.ckpt.storage import PosixSource, PosixStorage
+    from goodput.ckpt.storage.local import PosixSource, PosixStorage
 
     if not whole_table:
         monkeypatch.setattr(read_exec, "TABLE_REGION_BYTES", 0)

@@ -13,7 +13,7 @@ import torch
 import goodput.ckpt as gc
 from goodput.ckpt.errors import CheckpointError
 from goodput.ckpt.read_exec import PIECE
-from goodput.ckpt.storage import PosixSource, PosixStorage
+from goodput.ckpt.storage.local import PosixSource, PosixStorage
 
 
 def _state(n: int = 6, rows: int = 1024, cols: int = 2048) -> dict[str, torch.Tensor]:

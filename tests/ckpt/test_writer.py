@@ -14,7 +14,7 @@ import pytest
 from goodput.ckpt import writer
 from goodput.ckpt.format.crc import combine_blocks
 from goodput.ckpt.format.geometry import Region
-from goodput.ckpt.storage import POSIX
+from goodput.ckpt.storage.local import POSIX
 
 
 def _reference(data: bytes, block: int) -> list[int]:

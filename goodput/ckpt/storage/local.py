@@ -1,14 +1,4 @@
-"""Where checkpoint bytes live: the storage seam, and its POSIX implementation.
-
-The protocol (docs/FORMAT.md) is chosen so that it needs no rename of directories and no
-overwrite of data: every data and metadata file carries the save's id in its name and is written
-once; the manifest, written last, is the commit. On POSIX the manifest is published by
-write-temp, fsync, rename, fsync-directory; an object store publishes it with one PUT, which is
-atomic there. So one protocol serves both, through the few operations of :class:`Storage`:
-write a file once (streamed, or whole), publish a small file atomically, read a range or a whole
-small file, list a directory, remove. The save, the load, the asynchronous writer, the
-Checkpointer with its retention, and the CLI reach storage only through :func:`storage_for`; a
-new kind of storage is one more implementation of :class:`Storage`.
+"""The POSIX implementation of the storage seam (:class:`~goodput.ckpt.storage.base.Storage`).
 
 Everything read is named by checkpoint metadata or a listing and so is not trusted: no
 operation follows a symbolic link, only regular files are read, and every whole-file read is
@@ -24,49 +14,11 @@ import os
 import shutil
 import stat
 import threading
-from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
-from typing import Any
+from pathlib import Path
+
+from .base import Entry, Sink, Source, Storage
 
 ALIGN = 4096  # O_DIRECT's unit here; the format's page alignment (format.ALIGN) is the same
-
-
-def checkpoint_path(path: Any, checkpoint_id: Any) -> Path:
-    """The checkpoint a call names, given as ``path`` or as DCP's ``checkpoint_id=``."""
-    if path is None and checkpoint_id is None:
-        raise TypeError("give the checkpoint's path (or checkpoint_id=)")
-    if path is not None and checkpoint_id is not None and Path(path) != Path(checkpoint_id):
-        raise TypeError("give either path or checkpoint_id, not two different ones")
-    given = path if path is not None else checkpoint_id
-    storage_for(given)  # an unsupported scheme is refused here, not made a directory
-    return as_location(given)
-
-
-class S3Location(PurePosixPath):
-    """An ``s3://bucket/key`` location: joins and splits like a path (``loc / "step_1"``,
-    ``.name``, ``.parent``) and prints, formats and ``os.fspath``-s as the URL, which any S3 tool
-    accepts (a plain ``Path`` folds it to ``s3:/bucket/key``)."""
-
-    def __str__(self) -> str:
-        s = super().__str__()
-        return "s3://" + s[len("s3:/") :].lstrip("/") if s.startswith("s3:/") else s
-
-    def __fspath__(self) -> str:
-        return str(self)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({str(self)!r})"
-
-
-def as_location(location: str | os.PathLike) -> Path:
-    """A location as the code joins on it: an :class:`S3Location` for ``s3://`` (in either
-    spelling), else a ``Path``. Typed ``Path``: an S3 location is never opened as a file."""
-    if isinstance(location, S3Location):
-        return location  # type: ignore[return-value]
-    s = os.fspath(location)
-    if isinstance(s, str) and s.startswith("s3:/"):
-        return S3Location(s)  # type: ignore[return-value]
-    return Path(location)
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -104,7 +56,7 @@ def open_inside(path: str | os.PathLike, what: str) -> int:
     """Open a file named by checkpoint metadata for reading, refusing a symbolic link: a name
     that passed the plain-name check must not lead out of the checkpoint directory through a
     link planted there. Any failure is a CheckpointError naming the file and what it holds."""
-    from .errors import CheckpointError
+    from ..errors import CheckpointError
 
     try:
         # O_NONBLOCK: a FIFO planted under the name must not hang the open; only files are read
@@ -114,7 +66,7 @@ def open_inside(path: str | os.PathLike, what: str) -> int:
     except OSError as e:
         if NOFOLLOW and os.path.islink(path):
             raise CheckpointError(f"{what} {str(path)!r} is a symbolic link; refusing to follow it") from None
-        from .errors import StorageError
+        from ..errors import StorageError
 
         raise StorageError(f"{what} {str(path)!r} cannot be opened: {e.strerror or e}") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -127,7 +79,7 @@ def open_inside(path: str | os.PathLike, what: str) -> int:
 
 def read_inside(path: str | os.PathLike, what: str, limit: int) -> bytes:
     """The whole file at ``path`` (see :func:`open_inside`), refusing one over ``limit`` bytes."""
-    from .errors import CheckpointError
+    from ..errors import CheckpointError
 
     fd = open_inside(path, what)
     try:
@@ -164,11 +116,11 @@ def pread_into(fd: int, buf: memoryview, offset: int, what: str) -> None:
             mv = mv[n:]
             offset += n
     except OSError as e:  # EIO and the like: name the file, never a bare traceback
-        from .errors import CheckpointError
+        from ..errors import CheckpointError
 
         raise CheckpointError(f"{what}: read failed at byte {offset}: {e.strerror or e}") from None
     if len(mv):
-        from .errors import CheckpointError
+        from ..errors import CheckpointError
 
         raise CheckpointError(f"{what}: file ends early at byte {offset} (truncated)")
 
@@ -198,134 +150,6 @@ def remove_quietly(path: str | os.PathLike) -> None:
     """Best-effort removal (cleanup after a commit must never turn it into a failure)."""
     with contextlib.suppress(OSError):
         os.unlink(path)
-
-
-# --------------------------------------------------------------------------- the seam
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One name in a listing. ``kind``: "file", "dir", "link" (never followed) or "other"."""
-
-    name: str
-    kind: str
-    mtime: float
-    size: int
-
-
-class Sink:
-    """A file being written once, sequentially; durable after :meth:`finish`."""
-
-    pos: int
-
-    def write(self, data: memoryview) -> None:
-        raise NotImplementedError
-
-    def align(self, to: int) -> None:
-        """Pad with zeros to a multiple of ``to`` bytes."""
-        raise NotImplementedError
-
-    def finish(self) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-
-class Source:
-    """A file opened for reading by ranges. ``fd`` is set where the storage has descriptors
-    (POSIX), so the hot read loop can call ``os.preadv`` without a method call per read."""
-
-    size: int
-    name: str
-    fd: int | None = None
-
-    def read_into(self, buf: memoryview, offset: int, what: str | None = None) -> None:
-        """Fill ``buf`` from ``offset``; a short file is a CheckpointError naming it (or ``what``)."""
-        raise NotImplementedError
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-
-class Storage:
-    """The operations the commit protocol and its readers need; ``directory`` is a checkpoint
-    (or a root of checkpoints), ``name`` a plain file name in it."""
-
-    read_threads = 4  # a load's reader threads by default: each waits on one read at a time
-
-    def prepare(self, directory: Path) -> None:
-        """Make ``directory`` exist (durably), so that files can be written into it."""
-        raise NotImplementedError
-
-    def create(self, directory: Path, name: str, direct: bool = False) -> Sink:
-        """A new file, written once; ``direct`` asks to bypass caches where the storage can."""
-        raise NotImplementedError
-
-    def put(self, directory: Path, name: str, data: bytes) -> None:
-        """Write a small file once, durably."""
-        raise NotImplementedError
-
-    def publish(self, directory: Path, name: str, data: bytes) -> None:
-        """Replace a small file atomically: readers see the old content or the new, never a part."""
-        raise NotImplementedError
-
-    def publish_new(self, directory: Path, name: str, data: bytes) -> bool:
-        """Create a small file atomically only if no file has the name: False if one has. Two
-        writers racing to commit one checkpoint: exactly one wins."""
-        raise NotImplementedError
-
-    def sync(self, directory: Path) -> None:
-        """Make the names written into ``directory`` durable (before a commit names them)."""
-        raise NotImplementedError
-
-    def open(self, directory: Path, name: str, what: str, size: int | None = None) -> Source:
-        """A file for reading by ranges. ``size`` is what the checkpoint records for it: a
-        storage where learning the size costs a round trip (an object store) takes it on trust
-        here and checks it on every read instead, so a load's first byte waits on one request
-        fewer per file; the caller still compares ``Source.size`` as if it had been measured."""
-        raise NotImplementedError
-
-    def get(self, directory: Path, name: str, what: str, limit: int) -> bytes:
-        """A whole small file, refusing one over ``limit`` bytes; CheckpointError if missing."""
-        raise NotImplementedError
-
-    def get_if_exists(self, directory: Path, name: str, what: str, limit: int) -> bytes | None:
-        """The file, or None when it is missing (gone between the check and the read included);
-        a storage failure raises (:class:`StorageError`): it never reads as "missing"."""
-        from .errors import CheckpointError, StorageError
-
-        if not self.exists(directory, name):
-            return None
-        try:
-            return self.get(directory, name, what, limit)
-        except StorageError:
-            raise
-        except CheckpointError:
-            if self.exists(directory, name):
-                raise
-            return None
-
-    def exists(self, directory: Path, name: str) -> bool:
-        raise NotImplementedError
-
-    def list(self, directory: Path) -> list[Entry]:
-        """The names in ``directory``, sorted; OSError if it cannot be listed."""
-        raise NotImplementedError
-
-    def remove(self, directory: Path, name: str) -> None:
-        """Best effort: cleanup must never turn a commit into a failure."""
-        raise NotImplementedError
-
-    def remove_tree(self, directory: Path) -> None:
-        """Remove a whole checkpoint directory (retention), best effort."""
-        raise NotImplementedError
-
-    def abort_uploads(self, directory: Path) -> int:
-        """Abort the incomplete uploads under ``directory`` (an object store's multipart uploads
-        of saves that never finished; they hold space but no listing shows them). Only when no
-        save is in flight there. Returns how many; storage without such uploads has none."""
-        return 0
 
 
 class PosixFile(Sink):
@@ -441,7 +265,7 @@ class PosixStorage(Storage):
     def exists(self, directory: Path, name: str) -> bool:
         """Not ``os.path.lexists``, which answers False when the file cannot be looked at
         (a directory without search permission): "no manifest" where there may be one."""
-        from .errors import StorageError
+        from ..errors import StorageError
 
         path = Path(directory) / name
         try:
@@ -481,24 +305,3 @@ class PosixStorage(Storage):
 
 
 POSIX = PosixStorage()
-
-
-def display(location: str | os.PathLike) -> str:
-    """A location as its user wrote it: ``s3://b/k`` for the ``Path("s3:/b/k")`` the code joins on."""
-    s = os.fspath(location)
-    return "s3://" + s[len("s3:/") :].lstrip("/") if isinstance(s, str) and s.startswith("s3:/") else str(s)
-
-
-def storage_for(location: str | os.PathLike) -> Storage:
-    """The storage a checkpoint location lives on. Plain paths are POSIX, ``s3://bucket/prefix``
-    an S3-compatible object store (:mod:`goodput.ckpt.s3`); a URL scheme this build does not
-    implement is refused, never taken for a directory name."""
-    s = os.fspath(location)
-    if isinstance(s, str) and s.startswith("s3:/"):  # ``Path("s3://b/k")`` is ``s3:/b/k``
-        from . import s3
-
-        return s3.default_storage()
-    if isinstance(s, str) and "://" in s:
-        scheme = s.split("://", 1)[0]
-        raise ValueError(f"{s!r}: storage scheme {scheme + '://'!r} is not supported (plain paths are)")
-    return POSIX

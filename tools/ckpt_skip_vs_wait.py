@@ -1,6 +1,6 @@
 """The stall-vs-age trade-off of a Checkpointer's ``if_busy`` (docs/ASYNC.md): a loop of
 ``--steps`` steps of ``--step-s`` seconds saving every step (interval=1) to a storage whose write
-lasts ``--write-s`` (goodput.ckpt.background.SLOW_WRITE_ENV), once with "skip" and once with
+lasts ``--write-s`` (goodput.ckpt.saving.background.SLOW_WRITE_ENV), once with "skip" and once with
 "wait". Prints, per policy: the loop's total stall (time inside maybe_save), the worst and mean
 age of the newest commit at each step (in steps and seconds), commits and skips.
 
@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("--write-s", type=float, default=0.5)
     ap.add_argument("--mb", type=int, default=16)
     a = ap.parse_args()
-    from goodput.ckpt.background import SLOW_WRITE_ENV
+    from goodput.ckpt.saving.background import SLOW_WRITE_ENV
 
     os.environ[SLOW_WRITE_ENV] = str(a.write_s)
     for policy in ("skip", "wait"):

@@ -25,7 +25,7 @@ import torch
 import goodput.ckpt.read_exec as rx
 from goodput.bench.ckpt import cold_start, make_ballast, raw_read_into
 from goodput.ckpt.loader import load
-from goodput.ckpt.saver import save
+from goodput.ckpt.saving.saver import save
 from goodput.plan.units import parse_size
 
 

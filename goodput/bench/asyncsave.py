@@ -262,7 +262,7 @@ def run(
     progress: Any = None,
     lazy_fb: float = 3.0,
 ) -> dict[str, Any]:
-    from goodput.ckpt.staging import copier, shmem_hugepages
+    from goodput.ckpt.saving.staging import copier, shmem_hugepages
 
     torch.set_num_threads(1)
     root = Path(tempfile.mkdtemp(prefix="goodput-bench-async-", dir=directory))

@@ -625,7 +625,7 @@ def _ours_state(specs, rank, world, layout, fill):
 
 
 def _ours_save(rank, world, specs, root, sub="ours", files=None):
-    from goodput.ckpt.saver import save  # imported before the clock starts
+    from goodput.ckpt.saving.saver import save  # imported before the clock starts
 
     sd, _ = _ours_state(specs, rank, world, "rows", True)
 

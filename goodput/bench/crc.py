@@ -13,7 +13,7 @@ from typing import Any
 import crc32c
 import numpy as np
 
-from goodput.ckpt.writer import block_crcs
+from goodput.ckpt.saving.writer import block_crcs
 
 BLOCKS = (512, 1024, 4096, 16384, 65536)
 

@@ -45,7 +45,6 @@ from typing import Any
 
 import numpy as np
 
-from goodput.ckpt.agreement import Declaration
 from goodput.ckpt.format.format import (
     ALIGN,
     COLUMNS,
@@ -58,6 +57,7 @@ from goodput.ckpt.format.format import (
 )
 from goodput.ckpt.format.geometry import Region, flat_to_boxes
 from goodput.ckpt.read_plan import ReadPlanner, Request
+from goodput.ckpt.saving.agreement import Declaration
 from goodput.plan.units import fmt_bytes
 
 HIDDEN = 16384
@@ -573,17 +573,17 @@ def measure_ours(lay: Layout, new: Parallel, repeat: int) -> dict:
 
 
 def measure_commit(lay: Layout, md: Metadata) -> dict:
-    """The real rank-0 commit path (``goodput.ckpt.commit.commit``: columns from the gathered chunk
+    """The real rank-0 commit path (``goodput.ckpt.saving.commit.commit``: columns from the gathered chunk
     records, encode, durable write, manifest), then ``Checkpoint(path)`` as every loader opens it."""
     try:
-        from goodput.ckpt.commit import commit
         from goodput.ckpt.reader import Checkpoint
+        from goodput.ckpt.saving.commit import commit
         from goodput.ckpt.storage.local import POSIX
     except ImportError as e:  # pragma: no cover - torch missing
         return {"error": str(e)}
     import dataclasses
 
-    from goodput.ckpt.writer import ChunkRecord
+    from goodput.ckpt.saving.writer import ChunkRecord
 
     c = md.cols
     names = [t.name for t in md.tensors]
@@ -671,13 +671,13 @@ def rank_leaves(lay: Layout, rank: int, _cache: dict | None = None) -> list[Decl
 
 def measure_agreement(lay: Layout) -> dict:
     """The save side's planning on rank 0, through the save's own code
-    (``goodput.ckpt.agreement``): every rank's declarations as that rank encodes them, decoded
+    (``goodput.ckpt.saving.agreement``): every rank's declarations as that rank encodes them, decoded
     and agreed on by rank 0 (checks, tiling, the replica-once balanced write plan, each rank's
     orders); and the cached path of a save whose declarations did not change."""
     try:
         import msgspec
 
-        from goodput.ckpt.agreement import agree, agree_values, declare, digest
+        from goodput.ckpt.saving.agreement import agree, agree_values, declare, digest
     except ImportError as e:  # pragma: no cover - torch missing
         return {"error": str(e)}
     world = lay.par.world

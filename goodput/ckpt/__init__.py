@@ -40,15 +40,15 @@ from .errors import CheckpointError
 from .reader import Checkpoint, TensorInfo, latest, list_checkpoints, open
 
 _LAZY = {
-    "save": ".saver",
-    "SaveResult": ".saver",
+    "save": ".saving.saver",
+    "SaveResult": ".saving.saver",
     "load": ".loader",
     "LoadResult": ".loader",
     "verify": ".loader",
     "SaveError": ".errors",
-    "async_save": ".async_saver",
-    "AsyncSaver": ".async_saver",
-    "AsyncSave": ".async_saver",
+    "async_save": ".saving.async_saver",
+    "AsyncSaver": ".saving.async_saver",
+    "AsyncSave": ".saving.async_saver",
     "Checkpointer": ".checkpointer",
     "CommitEvent": ".checkpointer",
     "PREEMPTED_EXIT": ".checkpointer",
@@ -56,8 +56,8 @@ _LAZY = {
     "FlatShard": ".state",
     "FileSystemWriter": ".dcp_compat",
     "FileSystemReader": ".dcp_compat",
-    "save_state_dict": ".dcp_compat",
-    "load_state_dict": ".dcp_compat",
+    "save_state_dict": ".saving.saver",
+    "load_state_dict": ".loader",
     "export": ".exporter",
     "ExportResult": ".exporter",
 }

@@ -34,7 +34,7 @@
   ``keep``/``keep_every`` the durable tier's. ``restore`` takes the newest checkpoint committed on
   any tier, each file from the fastest tier holding it, and says which (``restored_tier``). Commit
   events carry ``tier``: ``"fast"`` survives a restart on the same nodes, ``"durable"`` the loss of
-  any node. See :mod:`goodput.ckpt.tiers`.
+  any node. See :mod:`goodput.ckpt.saving.tiers`.
 - One Checkpointer per job and root: at start-up rank 0 removes step directories that never
   committed, so do not point a second, concurrent Checkpointer at a live job's root (readers use
   :func:`goodput.ckpt.latest` and :func:`goodput.ckpt.open`, which never delete anything).
@@ -60,17 +60,17 @@ import torch
 import torch.distributed as dist
 
 from . import collective, rng
-from .async_saver import AsyncSave, AsyncSaver, SaveTimings
-from .background import abort_name
-from .commit import staged_name
 from .errors import CheckpointError, StorageError, describe
 from .format.format import LATEST, MANIFEST, MAX_MANIFEST_BYTES, STEP_DIR, decode_manifest, step_dir_name
 from .loader import load
 from .reader import Checkpoint, latest, list_checkpoints
+from .saving.async_saver import AsyncSave, AsyncSaver, SaveTimings
+from .saving.background import abort_name
+from .saving.commit import staged_name
+from .saving.tiers import Drain, Drained, Drainer, TierView, drained_name, durable_state, fast_committed
 from .state import is_stateful
 from .storage.base import Storage
 from .storage.location import as_location, display, storage_for
-from .tiers import Drain, Drained, Drainer, TierView, drained_name, durable_state, fast_committed
 
 log = logging.getLogger("goodput.ckpt")
 

@@ -2,7 +2,8 @@
 
 DCP takes a checkpoint as ``checkpoint_id=`` or as a storage object (``storage_writer=
 FileSystemWriter(path)``, ``storage_reader=FileSystemReader(path)``), a ``planner=``, and the
-older ``save_state_dict`` / ``load_state_dict`` names. Here those become what goodput needs: a
+older ``save_state_dict`` / ``load_state_dict`` names (kept beside the ``save`` and ``load`` they
+call). Here those become what goodput needs: a
 location and a few options. Options that have no meaning here are accepted and documented as
 ignored (goodput chooses its own threads, files and syncing); what would change behaviour in a
 way goodput does not implement (a custom planner, storage plugins) is refused with a message
@@ -133,38 +134,3 @@ def checkpoint_exists(msg: str) -> SaveError:
     ``CheckpointException`` too once DCP is imported (:mod:`goodput.ckpt.errors`), so code
     catching either catches it, as DCP's tests do."""
     return SaveError(msg)
-
-
-def save_state_dict(
-    state_dict: dict[str, Any],
-    storage_writer: Any,
-    process_group: Any = None,
-    coordinator_rank: int = 0,
-    no_dist: bool = False,
-    planner: Any = None,
-) -> Any:
-    """DCP's deprecated ``save_state_dict``: :func:`goodput.ckpt.save` (rank 0 always commits)."""
-    from .saver import save
-
-    if coordinator_rank != 0:
-        raise ValueError("coordinator_rank: goodput's commit always runs on rank 0 of the group")
-    return save(
-        state_dict, storage_writer=storage_writer, process_group=process_group, no_dist=no_dist, planner=planner
-    )
-
-
-def load_state_dict(
-    state_dict: dict[str, Any],
-    storage_reader: Any,
-    process_group: Any = None,
-    coordinator_rank: int = 0,
-    no_dist: bool = False,
-    planner: Any = None,
-) -> Any:
-    """DCP's deprecated ``load_state_dict``: :func:`goodput.ckpt.load` (``coordinator_rank`` has
-    no meaning here: every rank reads the metadata itself)."""
-    from .loader import load
-
-    return load(
-        state_dict, storage_reader=storage_reader, process_group=process_group, no_dist=no_dist, planner=planner
-    )

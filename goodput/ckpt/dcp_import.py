@@ -20,7 +20,7 @@ kept: every tensor is written whole, as one replica, by this single process.
 
 Memory. Tensors are read with ``torch.distributed.checkpoint.load`` in batches of at most
 ``max_batch_bytes`` (a tensor larger than the budget forms a batch of its own). goodput's
-:func:`~goodput.ckpt.saver.save` writes one checkpoint per call from a state dict it is given whole,
+:func:`~goodput.ckpt.saving.saver.save` writes one checkpoint per call from a state dict it is given whole,
 so every tensor must exist at once when it runs:
 
 * if all tensors together fit in ``max_batch_bytes`` they are loaded into ordinary memory; peak
@@ -279,7 +279,7 @@ def import_dcp(
     atomic, so a failed import commits nothing. The manifest's ``user`` field records
     ``{"imported_from": "dcp", "source": ...}``.
     """
-    from .saver import save
+    from .saving.saver import save
 
     t0 = time.perf_counter()
     if max_batch_bytes <= 0:

@@ -90,7 +90,7 @@ def load(
     stays within the targets plus ``read_buffer`` plus ``staging_bytes``, however large they are.
 
     ``storage``: where the checkpoint's files are read from, when not where ``path`` says (a
-    tiered restore reads each file from the fastest tier that holds it, :mod:`goodput.ckpt.tiers`).
+    tiered restore reads each file from the fastest tier that holds it, :mod:`goodput.ckpt.saving.tiers`).
     """
     path = checkpoint_path(location(path, checkpoint_id, storage_reader, "storage_reader"), None)
     if check_planner(planner, "load") or allow_partial_load:
@@ -265,3 +265,18 @@ def _near(name: str, saved: dict) -> str:
 def verify(path: str | os.PathLike, progress: Any = None) -> int:
     """Check every chunk and block checksum of a committed checkpoint; returns bytes checked."""
     return Checkpoint(path).verify(progress)
+
+
+def load_state_dict(
+    state_dict: dict[str, Any],
+    storage_reader: Any,
+    process_group: Any = None,
+    coordinator_rank: int = 0,
+    no_dist: bool = False,
+    planner: Any = None,
+) -> Any:
+    """DCP's deprecated ``load_state_dict``: :func:`goodput.ckpt.load` (``coordinator_rank`` has
+    no meaning here: every rank reads the metadata itself)."""
+    return load(
+        state_dict, storage_reader=storage_reader, process_group=process_group, no_dist=no_dist, planner=planner
+    )

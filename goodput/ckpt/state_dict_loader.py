@@ -4,7 +4,6 @@ imported DCP's)."""
 
 from __future__ import annotations
 
-from .dcp_compat import load_state_dict
-from .loader import load
+from .loader import load, load_state_dict
 
 __all__ = ["load", "load_state_dict"]

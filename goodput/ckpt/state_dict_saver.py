@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
 
-from .async_saver import async_save
-from .dcp_compat import save_state_dict
-from .saver import save
+from .saving.async_saver import async_save
+from .saving.saver import save, save_state_dict
 
 __all__ = ["AsyncCheckpointerType", "AsyncSaveResponse", "async_save", "save", "save_state_dict"]

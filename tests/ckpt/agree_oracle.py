@@ -1,5 +1,5 @@
 """The save agreement as it was before it went columnar: a slow, plain reading kept as the oracle
-the columnar one (goodput.ckpt.agreement) is tested against. Not used by the package."""
+the columnar one (goodput.ckpt.saving.agreement) is tested against. Not used by the package."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from goodput.ckpt.agreement import Assignment, split_region
 from goodput.ckpt.errors import SaveError
 from goodput.ckpt.format.dtypes import dtype as dtype_info
 from goodput.ckpt.format.geometry import Region
+from goodput.ckpt.saving.agreement import Assignment, split_region
 from tests.ckpt.geometry_oracle import tiling_errors
 
 

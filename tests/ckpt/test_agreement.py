@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import goodput.ckpt as gc
-from goodput.ckpt.agreement import Declaration as FakeLeaf
-from goodput.ckpt.agreement import SaveError, agree, declare, decode_orders, split_region
 from goodput.ckpt.format.geometry import Region
+from goodput.ckpt.saving.agreement import Declaration as FakeLeaf
+from goodput.ckpt.saving.agreement import SaveError, agree, declare, decode_orders, split_region
 from tests.ckpt.agree_oracle import agree as old_agree
 from tests.distributed import run_ranks
 
@@ -176,7 +176,7 @@ def test_replica_writing_balances_within_1_1(world: int, shapes: list, unique_ro
 
 
 def test_groups_found_despite_a_hash_collision_fallback() -> None:
-    from goodput.ckpt.agreement import group_rows
+    from goodput.ckpt.saving.agreement import group_rows
 
     keys = [np.array([3, 1, 3, 2, 1]), np.array([0, 0, 0, 5, 0])]
     order, starts = group_rows(keys)
@@ -267,7 +267,7 @@ def test_a_dominant_replica_on_many_ranks_balances_in_bounded_pieces() -> None:
     """Pure DDP on 256 ranks with one tensor holding most bytes: within 1.1 x, which needs pieces
     of a small share of a rank's bytes (4 a holder left 12 % over here), and no more pieces than
     32 a rank: the bound on what balance adds to the metadata."""
-    from goodput.ckpt.agreement import decode_orders
+    from goodput.ckpt.saving.agreement import decode_orders
 
     world = 256
     shapes = [(8192, 4096), (1024, 64), (64,)]

@@ -226,7 +226,7 @@ def test_shards_that_do_not_tile_the_tensor_fail_the_save(tmp_path: Path) -> Non
 
 
 def test_two_files_by_default_for_large_ranks_and_pieces_cut_only_for_balance(tmp_path: Path) -> None:
-    from goodput.ckpt.writer import AUTO_FILES_MIN_BYTES, auto_files
+    from goodput.ckpt.saving.writer import AUTO_FILES_MIN_BYTES, auto_files
 
     assert auto_files(AUTO_FILES_MIN_BYTES - 1) == 1 and auto_files(AUTO_FILES_MIN_BYTES) == 2
     # four equal tensors over two files: balanced as they are, so no tensor is cut

@@ -129,7 +129,7 @@ def test_process_mode_leaves_the_resource_tracker_quiet(tmp_path: Path) -> None:
 
     code = (
         "import torch\n"
-        "from goodput.ckpt.async_saver import AsyncSaver\n"
+        "from goodput.ckpt.saving.async_saver import AsyncSaver\n"
         "s = AsyncSaver(mode='process')\n"
         f"s.save({{'w': torch.ones(1000)}}, {str(tmp_path / 'a')!r}).result()\n"
         "s.close()\n"

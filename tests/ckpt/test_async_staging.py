@@ -18,7 +18,7 @@ import torch
 
 import goodput.ckpt as gc
 from goodput.ckpt.format.format import MANIFEST
-from goodput.ckpt.staging import CHUNK, LAZY_MIN_BYTES, StagingPool, layout
+from goodput.ckpt.saving.staging import CHUNK, LAZY_MIN_BYTES, StagingPool, layout
 from goodput.ckpt.state import flatten, host_bytes
 from tests.distributed import run_ranks
 

@@ -112,7 +112,7 @@ def run_trials(tmp_path: Path, n: int, seed: int) -> None:
         assert gc.latest(root) == before
     # nor does shared memory outlive the killed jobs (named segments of dead processes are swept)
     if os.path.isdir("/dev/shm"):
-        from goodput.ckpt.staging import _SEGMENT
+        from goodput.ckpt.saving.staging import _SEGMENT
 
         dead = []
         for n in os.listdir("/dev/shm"):

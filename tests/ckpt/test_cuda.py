@@ -59,7 +59,7 @@ def test_cpu_saved_state_loads_into_cuda_views_and_shards(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("mode", ["process", "thread"])
 def test_async_save_of_cuda_state_goes_through_registered_staging(tmp_path: Path, mode: str) -> None:
-    from goodput.ckpt.async_saver import AsyncSaver
+    from goodput.ckpt.saving.async_saver import AsyncSaver
 
     src = _state("cuda")
     before = src["w"].clone()

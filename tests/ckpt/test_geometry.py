@@ -9,10 +9,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goodput.ckpt.agreement import split_region
 from goodput.ckpt.format.format import FileEntry, Metadata, TensorEntry
 from goodput.ckpt.format.geometry import Region, cut_flat_many, expand_runs, flat_to_boxes, runs
 from goodput.ckpt.read_plan import ReadPlanner, Request
+from goodput.ckpt.saving.agreement import split_region
 from tests.ckpt.geometry_oracle import build_index
 
 shapes = st.lists(st.integers(1, 6), min_size=0, max_size=4).map(tuple)

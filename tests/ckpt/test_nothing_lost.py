@@ -17,7 +17,7 @@ import torch
 from typer.testing import CliRunner
 
 import goodput.ckpt as gc
-from goodput.ckpt.background import SLOW_WRITE_ENV
+from goodput.ckpt.saving.background import SLOW_WRITE_ENV
 from goodput.cli.main import app
 
 

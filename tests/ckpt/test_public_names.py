@@ -28,7 +28,7 @@ def test_async_save_works_twice_in_one_process(tmp_path) -> None:
         for step in (1, 2):
             h = gc.async_save({{"w": torch.full((4,), float(step))}}, {str(tmp_path)!r} + f"/step_{{step}}", step=step)
             h.result(timeout=120)
-        import goodput.ckpt.async_saver  # importing every submodule changes nothing either
+        import goodput.ckpt.saving.async_saver  # importing every submodule changes nothing either
         assert callable(gc.async_save)
         print(gc.latest({str(tmp_path)!r}))
         """

@@ -18,7 +18,14 @@ PKG = Path(gc.__file__).parent
 # buffer, the writer process's pipe, and the readers and writers of foreign formats: DCP's importer,
 # Hugging Face directories (read where they lie, local only) and the safetensors export (the
 # safetensors library writes a local file, which the exporter commits by replace or uploads)
-NOT_STORAGE = {"storage/local.py", "staging.py", "writer_process.py", "dcp_import.py", "hf.py", "exporter.py"}
+NOT_STORAGE = {
+    "storage/local.py",
+    "saving/staging.py",
+    "saving/writer_process.py",
+    "dcp_import.py",
+    "hf.py",
+    "exporter.py",
+}
 OS_OPS = {
     "open",
     "replace",

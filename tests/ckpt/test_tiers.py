@@ -19,7 +19,7 @@ import torch
 
 import goodput.ckpt as gc
 from goodput.ckpt.format.format import MANIFEST
-from goodput.ckpt.tiers import drained_name, durable_state, fast_committed
+from goodput.ckpt.saving.tiers import drained_name, durable_state, fast_committed
 from tests.distributed import run_ranks
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 import goodput.ckpt as gc
-from goodput.ckpt.background import SLOW_WRITE_ENV
+from goodput.ckpt.saving.background import SLOW_WRITE_ENV
 from tests.distributed import run_ranks
 
 STEPS = 40

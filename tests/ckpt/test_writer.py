@@ -11,9 +11,9 @@ import crc32c
 import numpy as np
 import pytest
 
-from goodput.ckpt import writer
 from goodput.ckpt.format.crc import combine_blocks
 from goodput.ckpt.format.geometry import Region
+from goodput.ckpt.saving import writer
 from goodput.ckpt.storage.local import POSIX
 
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import crc32c
 import numpy as np
 
-from .format.crc import combine_blocks
-from .format.format import ALIGN, data_file_name
-from .format.geometry import Region
-from .storage.base import Storage
+from ..format.crc import combine_blocks
+from ..format.format import ALIGN, data_file_name
+from ..format.geometry import Region
+from ..storage.base import Storage
 
 SEGMENT = 32 << 20
 

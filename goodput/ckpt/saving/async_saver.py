@@ -4,7 +4,7 @@
 state is copied out; training may change it now) and ``committed`` (the manifest is durable).
 The collective that plans the save runs in the foreground, on the caller's thread, like every
 other collective of the training loop; everything after the copy runs in the background and
-talks through the file system only (:mod:`goodput.ckpt.background`), so it can never deadlock
+talks through the file system only (:mod:`goodput.ckpt.saving.background`), so it can never deadlock
 against the training loop's own collectives.
 
 Background mode: ``"process"`` (default) is a persistent writer process per rank that maps the
@@ -18,7 +18,7 @@ the next step's forward and backward, which leave parameters and optimizer state
 of DataStates-LLM's lazy copy). Three things keep a lazy checkpoint exactly the state of its
 step: until the copy is done, any torch call on the saving thread that may change a tensor's data
 or hand its memory out (in place, ``out=``, ``.data``, ``.numpy()``, ``optimizer.step()``) waits
-for it first (:class:`goodput.ckpt.staging.CopyFirst`); :meth:`AsyncSaver.protect` makes an
+for it first (:class:`goodput.ckpt.saving.staging.CopyFirst`); :meth:`AsyncSaver.protect` makes an
 optimizer's ``step()`` wait too, on any thread; and each tensor's version counter, read at the
 request and again after its copy, fails the save, naming the tensor, when another thread changed
 it in place meanwhile (detect and fail). Leaves whose changes cannot be seen that way (numpy
@@ -48,14 +48,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import collective
+from .. import collective
+from ..dcp_compat import OVERWRITE_REFUSED, check_planner, checkpoint_exists, location, refuses_overwrite
+from ..errors import SaveError
+from ..format.format import DEFAULT_BLOCK
+from ..storage.location import checkpoint_path, display
 from .background import abort_job, run_job
-from .dcp_compat import OVERWRITE_REFUSED, check_planner, checkpoint_exists, location, refuses_overwrite
-from .errors import SaveError
-from .format.format import DEFAULT_BLOCK
 from .saver import check_block_bytes, prepare
 from .staging import CopyFirst, StagingPool, copier, layout, split_lazy, sweep_dead_segments
-from .storage.location import checkpoint_path, display
 from .writer_process import WriterProcess
 
 STAGING = ("eager", "lazy")
@@ -194,7 +194,7 @@ class AsyncSaver:
         training loop. ``overwrite=False`` refuses a path that already holds a checkpoint (DCP's
         ``FileSystemWriter(overwrite=False)``). Returns None when ``if_busy="skip"`` skipped it.
 
-        ``control``: a tiered save's durable directory (:mod:`goodput.ckpt.tiers`): ``path`` is
+        ``control``: a tiered save's durable directory (:mod:`goodput.ckpt.saving.tiers`): ``path`` is
         then this rank's fast directory, perhaps node-local, and the ranks commit through
         ``control``, which every rank sees; the save resolves once committed on the fast tier.
         ``if_busy``: this call's policy, instead of the saver's (an explicit save waits)."""

@@ -7,17 +7,17 @@ while the training loop runs its own. Here the background talks through the file
    (``.goodput-<save_id>-r<rank>.done``: its chunk records, the checksums of the replicas it
    holds, or its error);
 2. rank 0 waits for every rank's done file, checks that replicas agree, writes the metadata and
-   the manifest (the commit point, :func:`goodput.ckpt.commit.commit`), or on any error or
+   the manifest (the commit point, :func:`goodput.ckpt.saving.commit.commit`), or on any error or
    timeout writes an *abort file* with the reason and commits nothing;
 3. the other ranks wait for the manifest carrying their save id, or the abort file.
 
-A tiered save (``job["control"]``, :mod:`goodput.ckpt.tiers`) writes its data files to the rank's
+A tiered save (``job["control"]``, :mod:`goodput.ckpt.saving.tiers`) writes its data files to the rank's
 fast directory, which may be node-local, and talks through the durable directory instead, which
 every rank sees: the done and abort files go there, rank 0 writes the metadata and a *staged*
 manifest there, and every rank then copies both into its own fast directory (the fast tier's
 commit on that node). The drain later makes the staged manifest the durable one.
 
-numpy only: it runs in the persistent writer process (:mod:`goodput.ckpt.writer_process`, no
+numpy only: it runs in the persistent writer process (:mod:`goodput.ckpt.saving.writer_process`, no
 torch import) or in a thread of the trainer.
 """
 
@@ -33,12 +33,12 @@ import crc32c
 import msgspec
 import numpy as np
 
+from ..errors import CheckpointError, describe
+from ..format.format import DATA_FILE, MANIFEST, MAX_MANIFEST_BYTES, decode_manifest
+from ..format.geometry import Region, runs
+from ..storage.base import Storage
+from ..storage.location import storage_for
 from .commit import commit, commit_round, file_records, staged_name
-from .errors import CheckpointError, describe
-from .format.format import DATA_FILE, MANIFEST, MAX_MANIFEST_BYTES, decode_manifest
-from .format.geometry import Region, runs
-from .storage.base import Storage
-from .storage.location import storage_for
 from .writer import Piece, write_rank_files
 
 POLL_S = 0.01

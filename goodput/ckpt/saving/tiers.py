@@ -10,7 +10,7 @@ commit follows once every rank has drained.
 The ranks never talk through the fast tier (another node's fast directory cannot be seen). They
 talk through the step's durable directory, which every rank sees:
 
-1. the save (:mod:`goodput.ckpt.background`): done files there; rank 0 writes the metadata and a
+1. the save (:mod:`goodput.ckpt.saving.background`): done files there; rank 0 writes the metadata and a
    *staged* manifest there (``.goodput-<save_id>.staged``); every rank copies both into its own
    fast directory, the staged manifest as ``MANIFEST.json``: **the fast commit on that node**;
 2. the drain (:class:`Drainer`): each rank copies the data files it wrote, fsyncs, and drops
@@ -39,13 +39,13 @@ from typing import Any
 
 import msgspec
 
+from ..errors import CheckpointError, StorageError, describe
+from ..format.format import MANIFEST, MAX_MANIFEST_BYTES, STEP_DIR, decode_manifest, decode_metadata
+from ..format.format import metadata_file_name as md_name
+from ..storage.base import Entry, Sink, Source, Storage
+from ..storage.location import display, storage_for
 from .background import POLL_S, abort_name
 from .commit import previous_files, staged_name
-from .errors import CheckpointError, StorageError, describe
-from .format.format import MANIFEST, MAX_MANIFEST_BYTES, STEP_DIR, decode_manifest, decode_metadata
-from .format.format import metadata_file_name as md_name
-from .storage.base import Entry, Sink, Source, Storage
-from .storage.location import display, storage_for
 
 log = logging.getLogger("goodput.ckpt")
 

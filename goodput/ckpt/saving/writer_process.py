@@ -1,8 +1,8 @@
 """The persistent writer process of an asynchronous save, and the pipe that feeds it.
 
-Started with ``python -m goodput.ckpt.writer_process`` (not multiprocessing's spawn, which would
+Started with ``python -m goodput.ckpt.saving.writer_process`` (not multiprocessing's spawn, which would
 re-run the user's training script), it maps the trainer's shared staging buffer and runs each
-job of :mod:`goodput.ckpt.background` from it: checksumming and writing happen outside the
+job of :mod:`goodput.ckpt.saving.background` from it: checksumming and writing happen outside the
 trainer's interpreter lock, at a low CPU and I/O priority. Jobs and answers are length-prefixed
 msgpack on stdin and stdout. numpy only: the process never imports torch.
 
@@ -17,7 +17,7 @@ within a second under load (see :func:`_lower_priority`). Nothing more is writte
 and nothing is committed (a save whose trainer died is not the state of any step it finished);
 the staging segment's name is removed once the writer has mapped it, so its memory goes with the
 last mapping, the writer's (a segment whose trainer died before the writer mapped it is removed
-by the trainer's resource tracker, or by :func:`goodput.ckpt.staging.sweep_dead_segments`). A
+by the trainer's resource tracker, or by :func:`goodput.ckpt.saving.staging.sweep_dead_segments`). A
 watchdog thread remains for systems without ``PR_SET_PDEATHSIG``.
 """
 
@@ -67,13 +67,13 @@ class WriterProcess:
     def __init__(self) -> None:
         import subprocess
 
-        root = str(Path(__file__).resolve().parents[2])
+        root = str(Path(__file__).resolve().parents[3])
         env = dict(os.environ)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env[TRAINER_ENV] = str(os.getpid())
         self.proc: subprocess.Popen = _spawn(
             lambda: subprocess.Popen(
-                [sys.executable, "-m", "goodput.ckpt.writer_process"],
+                [sys.executable, "-m", "goodput.ckpt.saving.writer_process"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 env=env,

@@ -7,7 +7,7 @@ a failure on one rank makes every rank raise, never hang:
    declarations and its values. If every digest is the one the last agreement was made from,
    that agreement is reused (a broadcast says so). Otherwise a second gather brings the
    declarations themselves (what each rank holds, as global regions, in columns); rank 0 checks
-   them, makes the save plan (replicas once, balanced; :mod:`goodput.ckpt.agreement`),
+   them, makes the save plan (replicas once, balanced; :mod:`goodput.ckpt.saving.agreement`),
    broadcasts the verdict, the save id and the bytes per rank, and scatters to each rank only its
    own orders: no rank but 0 ever decodes the other ranks' declarations (hundreds of megabytes
    at 16k ranks);
@@ -15,11 +15,11 @@ a failure on one rank makes every rank raise, never hang:
    verdict broadcast: replicas that differ fail the save and name the key, where DCP silently
    keeps one;
 3. the commit round: gather (to rank 0 only) of chunk records after each rank has written and
-   fsynced its data files (:mod:`goodput.ckpt.writer`); rank 0 decides and commits
-   (:func:`goodput.ckpt.commit.commit_round`: metadata, then the manifest), then broadcasts the
+   fsynced its data files (:mod:`goodput.ckpt.saving.writer`); rank 0 decides and commits
+   (:func:`goodput.ckpt.saving.commit.commit_round`: metadata, then the manifest), then broadcasts the
    outcome. Files of older saves in the same directory are removed only after.
 
-The asynchronous save (:mod:`goodput.ckpt.async_saver`) runs round 1 as it is here and the rest
+The asynchronous save (:mod:`goodput.ckpt.saving.async_saver`) runs round 1 as it is here and the rest
 in the background, through the file system.
 """
 
@@ -38,7 +38,23 @@ import msgspec
 import numpy as np
 import torch
 
-from . import collective
+from .. import collective
+from ..collective import name_ranks
+from ..dcp_compat import (
+    OVERWRITE_REFUSED,
+    check_planner,
+    checkpoint_exists,
+    location,
+    overwrite_refused,
+    refuses_overwrite,
+)
+from ..errors import SaveError, describe, raise_rank_errors
+from ..format.format import DEFAULT_BLOCK, encode_value
+from ..format.geometry import Region
+from ..reader import is_committed
+from ..state import TensorLeaf, flatten, host_bytes
+from ..storage.base import Storage
+from ..storage.location import checkpoint_path, display, storage_for
 from .agreement import (
     Agreement,
     Assignment,
@@ -50,23 +66,7 @@ from .agreement import (
     decode_orders,
     digest,
 )
-from .collective import name_ranks
 from .commit import commit, commit_round, file_records, replica_mismatch
-from .dcp_compat import (
-    OVERWRITE_REFUSED,
-    check_planner,
-    checkpoint_exists,
-    location,
-    overwrite_refused,
-    refuses_overwrite,
-)
-from .errors import SaveError, describe, raise_rank_errors
-from .format.format import DEFAULT_BLOCK, encode_value
-from .format.geometry import Region
-from .reader import is_committed
-from .state import TensorLeaf, flatten, host_bytes
-from .storage.base import Storage
-from .storage.location import checkpoint_path, display, storage_for
 from .writer import FileResult, Piece, write_rank_files
 
 
@@ -157,7 +157,7 @@ def prepare(
     First every rank sends only a digest of its declarations (16 bytes) and its values; when all
     digests match the agreement rank 0 made last time, and every rank still holds its part of it,
     that agreement is reused and no declaration crosses the network. Otherwise the declarations
-    follow in a second gather (columns, see :mod:`goodput.ckpt.agreement`)."""
+    follow in a second gather (columns, see :mod:`goodput.ckpt.saving.agreement`)."""
     rank, world = collective.world(group)
     key = _agreement_key(group, rank, world)
     error = None
@@ -393,4 +393,20 @@ def save(
     mine_bytes = sum(r.bytes for r in results)
     return SaveResult(
         path, prep.save_id, step, mine_bytes, sum(prep.bytes_per_rank), prep.bytes_per_rank, timings, prep.cached
+    )
+
+
+def save_state_dict(
+    state_dict: dict[str, Any],
+    storage_writer: Any,
+    process_group: Any = None,
+    coordinator_rank: int = 0,
+    no_dist: bool = False,
+    planner: Any = None,
+) -> Any:
+    """DCP's deprecated ``save_state_dict``: :func:`goodput.ckpt.save` (rank 0 always commits)."""
+    if coordinator_rank != 0:
+        raise ValueError("coordinator_rank: goodput's commit always runs on rank 0 of the group")
+    return save(
+        state_dict, storage_writer=storage_writer, process_group=process_group, no_dist=no_dist, planner=planner
     )

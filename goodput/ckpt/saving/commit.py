@@ -3,8 +3,8 @@ the manifest (the commit point).
 
 :func:`commit_round` is rank 0's one decision once every rank has reported (its files and chunk
 records, the checksums of the replicas it holds, or its error): a save gathers the reports with a
-collective (:mod:`goodput.ckpt.saver`), an asynchronous save through done files
-(:mod:`goodput.ckpt.background`); both then decide here, and word a failure the same way.
+collective (:mod:`goodput.ckpt.saving.saver`), an asynchronous save through done files
+(:mod:`goodput.ckpt.saving.background`); both then decide here, and word a failure the same way.
 numpy only, so the background writer process can run it without importing torch.
 """
 
@@ -19,8 +19,8 @@ from typing import Any
 import crc32c
 import numpy as np
 
-from .errors import CheckpointError, SaveError, describe, rank_errors
-from .format.format import (
+from ..errors import CheckpointError, SaveError, describe, rank_errors
+from ..format.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
     MANIFEST,
@@ -34,9 +34,9 @@ from .format.format import (
     encode_metadata,
     metadata_file_name,
 )
-from .format.geometry import Region
-from .storage.base import Storage
-from .storage.location import display
+from ..format.geometry import Region
+from ..storage.base import Storage
+from ..storage.location import display
 from .writer import FileResult
 
 
@@ -102,7 +102,7 @@ def commit(
     ``staged``: a tiered save's first commit, on its fast tier. The manifest goes to the durable
     directory (``path``) under :func:`staged_name`, not as ``MANIFEST.json``: every rank copies it
     and the metadata into its own fast directory, and it becomes the durable manifest only once
-    every rank's files have drained there (:mod:`goodput.ckpt.tiers`).
+    every rank's files have drained there (:mod:`goodput.ckpt.saving.tiers`).
 
     ``replace=False`` (a save that refuses to overwrite): the manifest is created only if none
     is there, even one committed by another save while this one was writing."""
@@ -183,7 +183,7 @@ def staged_name(save_id: str) -> str:
 
 def previous_files(storage: Storage, path: Path) -> set[str]:
     """The files the manifest about to be replaced references (they go once the new one is in)."""
-    from .format.format import MAX_MANIFEST_BYTES, decode_manifest, decode_metadata
+    from ..format.format import MAX_MANIFEST_BYTES, decode_manifest, decode_metadata
 
     try:
         raw = storage.get_if_exists(path, MANIFEST, "manifest", MAX_MANIFEST_BYTES)

@@ -37,12 +37,12 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from .errors import SaveError
-from .format.chunk_index import tiling_errors_columns
-from .format.dtypes import dtype as dtype_info
-from .format.format import shape_error
-from .format.geometry import Region
-from .storage.location import display
+from ..errors import SaveError
+from ..format.chunk_index import tiling_errors_columns
+from ..format.dtypes import dtype as dtype_info
+from ..format.format import shape_error
+from ..format.geometry import Region
+from ..storage.location import display
 
 PIECE_FRACTION = 1 / 32  # a replica is cut into pieces of about this share of a rank's bytes
 MIN_PIECE = 4 << 10  # but no smaller than a checksum block (pieces stay ~3 % of a share: balance holds)

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import goodput.ckpt.read_exec as rx
+import goodput.ckpt.loading.read_exec as rx
 from goodput.bench.ckpt import cold_start, make_ballast, raw_read_into
-from goodput.ckpt.loader import load
+from goodput.ckpt.loading.loader import load
 from goodput.ckpt.saving.saver import save
 from goodput.plan.units import parse_size
 

@@ -641,7 +641,7 @@ def _ours_save_one_file(rank, world, specs, root):
 
 
 def _ours_load_any(rank, world, specs, root, layout, amplification=1.1):
-    from goodput.ckpt.loader import load
+    from goodput.ckpt.loading.loader import load
 
     sd, locs = _ours_state(specs, rank, world, layout, False)
 

@@ -56,7 +56,7 @@ from goodput.ckpt.format.format import (
     encode_metadata,
 )
 from goodput.ckpt.format.geometry import Region, flat_to_boxes
-from goodput.ckpt.read_plan import ReadPlanner, Request
+from goodput.ckpt.loading.read_plan import ReadPlanner, Request
 from goodput.ckpt.saving.agreement import Declaration
 from goodput.plan.units import fmt_bytes
 
@@ -576,7 +576,7 @@ def measure_commit(lay: Layout, md: Metadata) -> dict:
     """The real rank-0 commit path (``goodput.ckpt.saving.commit.commit``: columns from the gathered chunk
     records, encode, durable write, manifest), then ``Checkpoint(path)`` as every loader opens it."""
     try:
-        from goodput.ckpt.reader import Checkpoint
+        from goodput.ckpt.loading.reader import Checkpoint
         from goodput.ckpt.saving.commit import commit
         from goodput.ckpt.storage.local import POSIX
     except ImportError as e:  # pragma: no cover - torch missing

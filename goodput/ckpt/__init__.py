@@ -37,14 +37,14 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import CheckpointError
-from .reader import Checkpoint, TensorInfo, latest, list_checkpoints, open
+from .loading.reader import Checkpoint, TensorInfo, latest, list_checkpoints, open
 
 _LAZY = {
     "save": ".saving.saver",
     "SaveResult": ".saving.saver",
-    "load": ".loader",
-    "LoadResult": ".loader",
-    "verify": ".loader",
+    "load": ".loading.loader",
+    "LoadResult": ".loading.loader",
+    "verify": ".loading.loader",
     "SaveError": ".errors",
     "async_save": ".saving.async_saver",
     "AsyncSaver": ".saving.async_saver",
@@ -57,7 +57,7 @@ _LAZY = {
     "FileSystemWriter": ".dcp_compat",
     "FileSystemReader": ".dcp_compat",
     "save_state_dict": ".saving.saver",
-    "load_state_dict": ".loader",
+    "load_state_dict": ".loading.loader",
     "export": ".exporter",
     "ExportResult": ".exporter",
 }

@@ -62,8 +62,8 @@ import torch.distributed as dist
 from . import collective, rng
 from .errors import CheckpointError, StorageError, describe
 from .format.format import LATEST, MANIFEST, MAX_MANIFEST_BYTES, STEP_DIR, decode_manifest, step_dir_name
-from .loader import load
-from .reader import Checkpoint, latest, list_checkpoints
+from .loading.loader import load
+from .loading.reader import Checkpoint, latest, list_checkpoints
 from .saving.async_saver import AsyncSave, AsyncSaver, SaveTimings
 from .saving.background import abort_name
 from .saving.commit import staged_name

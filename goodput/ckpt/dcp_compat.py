@@ -69,7 +69,7 @@ def _storage_path(storage: Any, kind: str) -> str | os.PathLike:
     module = type(storage).__module__
     name = type(storage).__name__
     if module.startswith("torch.distributed.checkpoint") and name == "HuggingFaceStorageReader" and path:
-        return path  # a Hugging Face directory: goodput's load reads it into any layout (goodput.ckpt.hf)
+        return path  # a Hugging Face directory: goodput's load reads it into any layout (goodput.ckpt.loading.hf)
     if module.startswith("torch.distributed.checkpoint") and name == "HuggingFaceStorageWriter":
         raise TypeError(
             f"{kind}=HuggingFaceStorageWriter: goodput saves its own format; write Hugging Face safetensors from a "

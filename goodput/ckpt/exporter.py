@@ -31,7 +31,7 @@ from typing import Any
 
 from .errors import CheckpointError
 from .format.dtypes import dtype as dtype_info
-from .reader import Checkpoint
+from .loading.reader import Checkpoint
 from .storage.base import Storage
 from .storage.local import PosixStorage
 from .storage.location import display, storage_for

@@ -4,6 +4,6 @@ imported DCP's)."""
 
 from __future__ import annotations
 
-from .loader import load, load_state_dict
+from .loading.loader import load, load_state_dict
 
 __all__ = ["load", "load_state_dict"]

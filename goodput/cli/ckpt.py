@@ -13,7 +13,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from goodput.ckpt.format.format import CheckpointError
-from goodput.ckpt.reader import Checkpoint, list_checkpoints
+from goodput.ckpt.loading.reader import Checkpoint, list_checkpoints
 from goodput.ckpt.storage.location import display, storage_for
 from goodput.plan.units import UnitError, fmt_bytes, parse_size
 

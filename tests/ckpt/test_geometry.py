@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from goodput.ckpt.format.format import FileEntry, Metadata, TensorEntry
 from goodput.ckpt.format.geometry import Region, cut_flat_many, expand_runs, flat_to_boxes, runs
-from goodput.ckpt.read_plan import ReadPlanner, Request
+from goodput.ckpt.loading.read_plan import ReadPlanner, Request
 from goodput.ckpt.saving.agreement import split_region
 from tests.ckpt.geometry_oracle import build_index
 

@@ -11,7 +11,7 @@ import torch
 
 import goodput.ckpt as gc
 from goodput.ckpt.format.format import MANIFEST
-from goodput.ckpt.reader import UnsealedManifestWarning
+from goodput.ckpt.loading.reader import UnsealedManifestWarning
 
 
 @pytest.fixture

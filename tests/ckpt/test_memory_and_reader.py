@@ -116,7 +116,7 @@ def test_a_file_s_checksum_table_is_one_read(
     """Eight chunks in one file: a load reads the file's block-checksum table in one request
     (on an object store each is a round trip), or, for a table over ``TABLE_REGION_BYTES``,
     each chunk's part of it once. The values are exact either way."""
-    from goodput.ckpt import read_exec
+    from goodput.ckpt.loading import read_exec
     from goodput.ckpt.storage.local import PosixSource, PosixStorage
 
     if not whole_table:

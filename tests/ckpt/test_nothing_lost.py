@@ -190,7 +190,7 @@ def _latest_as_other_user(root: Path) -> str:
     or raised, as text."""
     import os
 
-    from goodput.ckpt.reader import latest
+    from goodput.ckpt.loading.reader import latest
 
     if os.geteuid() != 0:
         try:
@@ -222,7 +222,7 @@ def test_latest_never_reads_an_unreadable_or_wrong_location_as_no_checkpoint(tmp
     import tempfile
 
     from goodput.ckpt.errors import StorageError
-    from goodput.ckpt.reader import latest
+    from goodput.ckpt.loading.reader import latest
 
     a_file = tmp_path / "not-a-dir"
     a_file.write_text("x")

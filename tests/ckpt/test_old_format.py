@@ -14,7 +14,7 @@ import goodput.ckpt as gc
 from tests.ckpt import old_format as old
 
 DATA = Path(__file__).parent / "data" / "v1-5fe0497"
-pytestmark = pytest.mark.filterwarnings("ignore::goodput.ckpt.reader.UnsealedManifestWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::goodput.ckpt.loading.reader.UnsealedManifestWarning")
 
 
 @pytest.fixture

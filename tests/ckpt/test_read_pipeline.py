@@ -1,4 +1,4 @@
-"""The file-system read path (goodput.ckpt.read_exec): each data file read in order by one
+"""The file-system read path (goodput.ckpt.loading.read_exec): each data file read in order by one
 thread, checks and placement on a pool; every byte still verified, errors still named."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 import goodput.ckpt as gc
 from goodput.ckpt.errors import CheckpointError
-from goodput.ckpt.read_exec import PIECE
+from goodput.ckpt.loading.read_exec import PIECE
 from goodput.ckpt.storage.local import PosixSource, PosixStorage
 
 

@@ -23,7 +23,7 @@ NOT_STORAGE = {
     "saving/staging.py",
     "saving/writer_process.py",
     "dcp_import.py",
-    "hf.py",
+    "loading/hf.py",
     "exporter.py",
 }
 OS_OPS = {

@@ -4,7 +4,7 @@ The *save plan* says who writes what: chunks held by one rank are written by it;
 several ranks (a replica) is written by one of them, and a large replica is first cut along a
 dimension into pieces so that the load can be balanced (longest-processing-time first, onto the
 least-loaded holder): with DDP, where everything is replicated, each rank writes about 1/N of the
-bytes. (The read side has its own plan, :mod:`goodput.ckpt.read_plan`.)
+bytes. (The read side has its own plan, :mod:`goodput.ckpt.loading.read_plan`.)
 
 Rank 0 receives what every rank holds and decides, for everyone: one dtype and shape per tensor,
 equal values, shards that tile every tensor exactly, and who writes what (a chunk held by one

@@ -51,7 +51,7 @@ from ..dcp_compat import (
 from ..errors import SaveError, describe, raise_rank_errors
 from ..format.format import DEFAULT_BLOCK, encode_value
 from ..format.geometry import Region
-from ..reader import is_committed
+from ..loading.reader import is_committed
 from ..state import TensorLeaf, flatten, host_bytes
 from ..storage.base import Storage
 from ..storage.location import checkpoint_path, display, storage_for

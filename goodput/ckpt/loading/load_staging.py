@@ -14,9 +14,9 @@ from math import prod
 import numpy as np
 import torch
 
-from .format.dtypes import dtype as dtype_info
-from .format.geometry import Region
-from .state import TensorLeaf
+from ..format.dtypes import dtype as dtype_info
+from ..format.geometry import Region
+from ..state import TensorLeaf
 
 STAGING_ALIGN = 64  # every dtype's alignment, so any piece's bytes can be viewed as its dtype
 

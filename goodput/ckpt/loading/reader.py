@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CheckpointError, StorageError
-from .format.dtypes import bf16_bits_to_f32, dtype
-from .format.format import (
+from ..errors import CheckpointError, StorageError
+from ..format.dtypes import bf16_bits_to_f32, dtype
+from ..format.format import (
     ALIGN,
     LATEST,
     MANIFEST,
@@ -32,11 +32,11 @@ from .format.format import (
     header_length,
     metadata_need,
 )
-from .format.geometry import Region
+from ..format.geometry import Region
+from ..storage.base import Storage
+from ..storage.location import as_location, display, storage_for
 from .read_exec import DEFAULT_READ_BUFFER, Files, ReadStats, read_requests
 from .read_plan import ReadPlanner, Request
-from .storage.base import Storage
-from .storage.location import as_location, display, storage_for
 
 
 @dataclass(frozen=True)
@@ -304,7 +304,7 @@ class Checkpoint:
         try:
             for fid in range(len(md.files)):
                 files.source(fid)  # presence and size, even for files with no chunk
-            from .format.crc import combine_blocks
+            from ..format.crc import combine_blocks
             from .read_exec import check_blocks, chunk_block_crcs
 
             for ch in np.argsort(c["file"].astype(np.int64) * (1 << 40) + c["offset"], kind="stable").tolist():

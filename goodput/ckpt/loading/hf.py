@@ -28,13 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CheckpointError
-from .format.dtypes import dtype as dtype_info
-from .format.format import MANIFEST, FileEntry, Metadata, TensorEntry, check_file_name, shape_error
+from ..errors import CheckpointError
+from ..format.dtypes import dtype as dtype_info
+from ..format.format import MANIFEST, FileEntry, Metadata, TensorEntry, check_file_name, shape_error
+from ..storage.base import Source
+from ..storage.local import PosixSource, PosixStorage
 from .read_exec import DEFAULT_READ_BUFFER, ReadStats, read_requests
 from .read_plan import ReadPlanner, Request
-from .storage.base import Source
-from .storage.local import PosixSource, PosixStorage
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -232,7 +232,7 @@ def hf_metadata(d: Path) -> tuple[Metadata, dict[str, str] | None]:
 
 class HFCheckpoint:
     """A Hugging Face safetensors directory opened for :func:`goodput.ckpt.load`: the same
-    surface the loader uses of :class:`goodput.ckpt.reader.Checkpoint`. No checksums exist to
+    surface the loader uses of :class:`goodput.ckpt.loading.reader.Checkpoint`. No checksums exist to
     verify; what is read is exactly the byte runs the requests cover."""
 
     step = None
@@ -257,7 +257,7 @@ class HFCheckpoint:
         """A whole tensor as numpy, raw bits for the types numpy lacks."""
         tid = self._planner.tensor_id(name)
         t = self.metadata.tensors[tid]
-        from .format.geometry import Region
+        from ..format.geometry import Region
 
         dt = dtype_info(t.dtype)
         out = np.empty(tuple(t.shape), dtype=np.dtype(dt.raw))

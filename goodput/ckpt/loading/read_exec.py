@@ -25,12 +25,12 @@ from pathlib import Path
 import crc32c
 import numpy as np
 
-from .errors import CheckpointError
-from .format.crc import combine_blocks
-from .format.format import Metadata
+from ..errors import CheckpointError
+from ..format.crc import combine_blocks
+from ..format.format import Metadata
+from ..storage.base import Source, Storage
+from ..storage.location import storage_for
 from .read_plan import ChunkOps, ReadPlan, ReadPlanner, Request
-from .storage.base import Source, Storage
-from .storage.location import storage_for
 
 DEFAULT_READ_BUFFER = 256 << 20
 PIECE = 16 << 20  # unit of work handed to one I/O thread

@@ -2,7 +2,7 @@
 
 Planning intersects each requested region with the saved chunks of its tensor through the
 checkpoint's chunk index (:mod:`goodput.ckpt.format.chunk_index`) and turns every intersection into byte
-runs, in file order, a bounded batch at a time. Executing the plan is :mod:`goodput.ckpt.read_exec`.
+runs, in file order, a bounded batch at a time. Executing the plan is :mod:`goodput.ckpt.loading.read_exec`.
 
 numpy only: the torch-free reader uses it.
 """
@@ -15,9 +15,9 @@ from itertools import chain
 
 import numpy as np
 
-from .errors import CheckpointError
-from .format.format import Metadata
-from .format.geometry import Region, cut_flat_many, expand_runs, row_major_strides_many, run_shape, split_by_runs
+from ..errors import CheckpointError
+from ..format.format import Metadata
+from ..format.geometry import Region, cut_flat_many, expand_runs, row_major_strides_many, run_shape, split_by_runs
 
 
 @dataclass

@@ -1,10 +1,10 @@
 """load: the entry point of the load path; fill a state dict in place from a checkpoint, and verify.
 
 What each rank reads is decided by the layout of the tensors it passes, whatever layout the
-checkpoint was saved with: the metadata (:mod:`goodput.ckpt.reader`) is intersected with the
-requested regions into a read plan (:mod:`goodput.ckpt.read_plan`), which is executed with
-bounded memory and every block checksum verified (:mod:`goodput.ckpt.read_exec`). Targets that
-cannot be read into directly go through :mod:`goodput.ckpt.load_staging`.
+checkpoint was saved with: the metadata (:mod:`goodput.ckpt.loading.reader`) is intersected with the
+requested regions into a read plan (:mod:`goodput.ckpt.loading.read_plan`), which is executed with
+bounded memory and every block checksum verified (:mod:`goodput.ckpt.loading.read_exec`). Targets that
+cannot be read into directly go through :mod:`goodput.ckpt.loading.load_staging`.
 """
 
 from __future__ import annotations
@@ -20,19 +20,19 @@ import msgspec
 import numpy as np
 import torch
 
-from . import collective
-from .collective import name_ranks
-from .dcp_compat import check_planner, location
-from .errors import CheckpointError, describe, rank_errors
-from .format.dtypes import dtype as dtype_info
-from .format.format import decode_value
+from .. import collective
+from ..collective import name_ranks
+from ..dcp_compat import check_planner, location
+from ..errors import CheckpointError, describe, rank_errors
+from ..format.dtypes import dtype as dtype_info
+from ..format.format import decode_value
+from ..state import TensorLeaf, dest_bytes, expand_stateful, flatten, materialize_meta
+from ..storage.base import Storage
+from ..storage.location import checkpoint_path, display, storage_for
 from .load_staging import default_staging, staging_like, staging_rounds
 from .read_exec import DEFAULT_READ_BUFFER, ReadStats
 from .read_plan import Request
 from .reader import Checkpoint
-from .state import TensorLeaf, dest_bytes, expand_stateful, flatten, materialize_meta
-from .storage.base import Storage
-from .storage.location import checkpoint_path, display, storage_for
 
 
 @dataclass
@@ -82,7 +82,7 @@ def load(
 
     ``path`` may also be a Hugging Face checkpoint directory (``*.safetensors``, with
     ``model.safetensors.index.json`` when sharded): its tensors load into any layout the same
-    way, each rank reading only the byte ranges its shards need (:mod:`goodput.ckpt.hf`).
+    way, each rank reading only the byte ranges its shards need (:mod:`goodput.ckpt.loading.hf`).
 
     Tensors with no writable contiguous host memory (non-contiguous views, CUDA tensors) are
     filled through one reused staging buffer of ``staging_bytes`` (default
@@ -236,7 +236,7 @@ def _load(
 def open_for_load(path: Path, storage: Storage | None = None) -> Any:
     """The checkpoint at ``path``: goodput's, or a Hugging Face safetensors directory (read
     through the same plan: each rank reads the byte ranges its layout needs,
-    :mod:`goodput.ckpt.hf`)."""
+    :mod:`goodput.ckpt.loading.hf`)."""
     try:
         return Checkpoint(path, storage)
     except CheckpointError:

@@ -58,8 +58,8 @@ _LAZY = {
     "FileSystemReader": ".dcp_compat",
     "save_state_dict": ".saving.saver",
     "load_state_dict": ".loading.loader",
-    "export": ".exporter",
-    "ExportResult": ".exporter",
+    "export": ".compat.exporter",
+    "ExportResult": ".compat.exporter",
 }
 
 # DCP's own objects, for code written against torch.distributed.checkpoint: goodput's save and

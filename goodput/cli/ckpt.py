@@ -253,7 +253,7 @@ def import_dcp_cmd(
             prog.update(task, description="write")
 
     try:
-        from goodput.ckpt.dcp_import import DCPImportWarning, import_dcp
+        from goodput.ckpt.compat.dcp_import import DCPImportWarning, import_dcp
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DCPImportWarning)  # reported below, once
@@ -318,7 +318,7 @@ def export_cmd(
             prog.update(task, description=f"export ({n} files written)")
 
     try:
-        from goodput.ckpt.exporter import export
+        from goodput.ckpt.compat.exporter import export
 
         res = export(
             src,

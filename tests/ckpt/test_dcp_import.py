@@ -15,7 +15,7 @@ import torch.distributed.checkpoint as dcp
 from typer.testing import CliRunner
 
 import goodput.ckpt as gc
-from goodput.ckpt.dcp_import import (
+from goodput.ckpt.compat.dcp_import import (
     DCPImportError,
     DCPImportWarning,
     ImportResult,

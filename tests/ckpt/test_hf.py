@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import goodput.ckpt as gc
-from goodput.ckpt.exporter import INDEX, plan_shards
+from goodput.ckpt.compat.exporter import INDEX, plan_shards
 from tests.distributed import run_ranks
 
 
@@ -128,7 +128,7 @@ def test_export_single_file_dtype_cast_and_torch_format(tmp_path: Path) -> None:
 
 
 def test_plan_shards_bounds_each_shard() -> None:
-    from goodput.ckpt.exporter import _Item
+    from goodput.ckpt.compat.exporter import _Item
 
     items = [_Item(str(i), str(i), "float32", "float32", (n,), n * 4) for i, n in enumerate([10, 10, 30, 5, 5, 1])]
     shards = plan_shards(items, 80)

@@ -22,9 +22,9 @@ NOT_STORAGE = {
     "storage/local.py",
     "saving/staging.py",
     "saving/writer_process.py",
-    "dcp_import.py",
+    "compat/dcp_import.py",
     "loading/hf.py",
-    "exporter.py",
+    "compat/exporter.py",
 }
 OS_OPS = {
     "open",

@@ -90,7 +90,7 @@ def foreign_hint(storage: Storage, path: Path) -> str:
         if storage.exists(path, DCP_METADATA):
             return (
                 f"; it holds a torch.distributed.checkpoint (DCP) checkpoint ({DCP_METADATA}): convert it with "
-                f"`goodput ckpt import-dcp {display(path)} DEST` (or goodput.ckpt.dcp_import.import_dcp), then load DEST"
+                f"`goodput ckpt import-dcp {display(path)} DEST` (or goodput.ckpt.compat.dcp_import.import_dcp), then load DEST"
             )
         hf = storage.exists(path, HF_INDEX) or any(e.name.endswith(".safetensors") for e in storage.list(path))
     except (OSError, CheckpointError, ValueError):

@@ -56,11 +56,11 @@ from typing import Any
 
 import torch
 
-from .format.dtypes import dtype as dtype_info
-from .format.format import MANIFEST, CheckpointError, encode_value
-from .state import torch_dtype_name
-from .storage.local import PosixStorage
-from .storage.location import display, storage_for
+from ..format.dtypes import dtype as dtype_info
+from ..format.format import MANIFEST, CheckpointError, encode_value
+from ..state import torch_dtype_name
+from ..storage.local import PosixStorage
+from ..storage.location import display, storage_for
 
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint.filesystem._metadata_fn
 
@@ -279,7 +279,7 @@ def import_dcp(
     atomic, so a failed import commits nothing. The manifest's ``user`` field records
     ``{"imported_from": "dcp", "source": ...}``.
     """
-    from .saving.saver import save
+    from ..saving.saver import save
 
     t0 = time.perf_counter()
     if max_batch_bytes <= 0:

@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointError
-from .format.dtypes import dtype as dtype_info
-from .loading.reader import Checkpoint
-from .storage.base import Storage
-from .storage.local import PosixStorage
-from .storage.location import display, storage_for
+from ..errors import CheckpointError
+from ..format.dtypes import dtype as dtype_info
+from ..loading.reader import Checkpoint
+from ..storage.base import Storage
+from ..storage.local import PosixStorage
+from ..storage.location import display, storage_for
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"

@@ -10,26 +10,38 @@ The numpy-only reader (:func:`open`, :func:`latest`, :func:`list_checkpoints`) i
 without torch; the names that need torch are imported lazily on first use. ``_LAZY`` below is
 the public map: each public name and the module that holds it.
 
-How the modules fit, for a reader of the code (each module's first line says what it holds):
+How the modules fit, for a reader of the code: each folder is one stretch of the data's path,
+each imports only those below it, and each module's first line says what it holds.
 
-- the save path, from :mod:`.saver` down: :mod:`.state` (a state dict as leaves; tensor
-  subclasses that describe their shards through DCP's protocol: :mod:`.tensor_protocol`),
-  :mod:`.agreement` (rank 0's verdict and the save plan), :mod:`.writer` (data files),
-  :mod:`.commit` (metadata, manifest, the commit round); asynchronous saves add
-  :mod:`.async_saver`, :mod:`.staging` (the host copy), :mod:`.background` (the file-based
-  commit) and :mod:`.writer_process`; :mod:`.checkpointer` drives it all from a training loop;
-- the load path, from :mod:`.loader` down: :mod:`.reader` (a committed checkpoint opened),
-  :mod:`.read_plan` (which byte runs fill the requested regions), :mod:`.read_exec` (reading and
-  verifying them), :mod:`.load_staging` (targets that cannot be read into directly);
-- the format: :mod:`.format` (names, manifest, metadata, validation), :mod:`.chunk_index`,
-  :mod:`.geometry`, :mod:`.crc`, :mod:`.dtypes`;
-- storage: :mod:`.storage`, the one seam through which every byte is read or written;
-- :mod:`.errors`, :mod:`.collective`, :mod:`.rng`; :mod:`.dcp_compat` (DCP's call shapes, with
-  :mod:`.state_dict_saver`, :mod:`.state_dict_loader` and :mod:`.filesystem` standing for DCP's
-  modules of those names), :mod:`.dcp_import` (DCP's format in), :mod:`.hf` (Hugging Face
-  safetensors in, into any layout) and :mod:`.exporter` (consolidated safetensors or torch out).
+- here, the public API: :mod:`.checkpointer` (drives saves and restores from a training loop),
+  :mod:`.state` (a state dict as leaves; tensor subclasses that describe their shards through
+  DCP's protocol: :mod:`.tensor_protocol`), :mod:`.errors`, :mod:`.collective`, :mod:`.rng`, and
+  :mod:`.dcp_compat` (DCP's call shapes: ``FileSystemWriter``/``Reader``, ``checkpoint_id=``,
+  planners), which save and load accept;
+- :mod:`.compat`: other formats in and out: :mod:`.compat.dcp_import` (DCP's format in),
+  :mod:`.compat.exporter` (consolidated safetensors or torch out);
+- :mod:`.saving`: the save path, from :mod:`.saving.saver` down: :mod:`.saving.agreement` (rank
+  0's verdict and the save plan), :mod:`.saving.writer` (data files), :mod:`.saving.commit`
+  (metadata, manifest, the commit round); asynchronous saves add :mod:`.saving.async_saver`,
+  :mod:`.saving.staging` (the host copy), :mod:`.saving.background` (the file-based commit) and
+  :mod:`.saving.writer_process`; :mod:`.saving.tiers` drains a fast tier's commit to a durable one;
+- :mod:`.loading`: the load path, from :mod:`.loading.loader` down: :mod:`.loading.reader` (a
+  committed checkpoint opened), :mod:`.loading.read_plan` (which byte runs fill the requested
+  regions), :mod:`.loading.read_exec` (reading and verifying them), :mod:`.loading.load_staging`
+  (targets that cannot be read into directly), :mod:`.loading.hf` (Hugging Face safetensors in,
+  into any layout);
+- :mod:`.storage`: the one seam through which every byte is read or written
+  (:mod:`.storage.base`), POSIX (:mod:`.storage.local`), S3 (:mod:`.storage.s3`), and the storage
+  a location picks (:mod:`.storage.location`);
+- :mod:`.format`: what is on disk: :mod:`.format.format` (names, manifest, metadata, validation),
+  :mod:`.format.chunk_index`, :mod:`.format.geometry`, :mod:`.format.crc`, :mod:`.format.dtypes`.
 
-A public name never shares a submodule's name (importing the submodule would replace it).
+Public paths that stand here for a module below: :mod:`.state_dict_saver`,
+:mod:`.state_dict_loader` and :mod:`.filesystem` (DCP's modules of those names), :mod:`.staging`
+and :mod:`.s3` (paths the docs give users).
+
+A public name never shares a submodule's name (importing the submodule would replace it): hence
+``saving`` and ``loading`` beside ``save`` and ``load``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NATIVE := $(VENV)/.native
 # the scheduler modules mypyc compiles (goodput/sched/native.py names them): an edit rebuilds them
-NATIVE_SRC := setup.py goodput/sched/native.py $(addprefix goodput/sched/core/,model.py queue.py capacity.py eviction.py placement.py policy.py executor.py events.py scheduler.py) $(addprefix goodput/sched/sim/,ledger.py simulator.py)
+NATIVE_SRC := setup.py goodput/sched/native.py $(addprefix goodput/sched/core/,model.py queue.py capacity.py eviction.py placement.py policy.py executor.py events.py state.py claims.py reservations.py preemption.py scheduler.py) $(addprefix goodput/sched/sim/,ledger.py simulator.py)
 
 .PHONY: demo test lint format clean venv
 

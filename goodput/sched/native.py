@@ -28,6 +28,10 @@ MODULES: tuple[str, ...] = (
     "core.executor",
     "core.events",
     "sim.ledger",
+    "core.state",
+    "core.claims",
+    "core.reservations",
+    "core.preemption",
     "core.scheduler",
     "sim.simulator",
 )

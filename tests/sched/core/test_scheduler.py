@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from goodput.sched.core import scheduler as scheduler_mod
+from goodput.sched.core import preemption
 from goodput.sched.core.capacity import Capacity
 from goodput.sched.core.eviction import Candidate, choose
 from goodput.sched.core.executor import ManualClock, RecordingExecutor
@@ -188,7 +188,7 @@ def test_a_job_ranked_ahead_of_the_head_in_a_later_pass_is_bound_by_its_reservat
 def test_preemptions_beyond_a_passs_budget_wait_for_the_next_pass_not_for_an_event() -> None:
     # found here: once a pass had spent its victim searches, the heads beyond waited for some
     # unrelated input (up to the victims' whole run) instead of the next pass
-    n = scheduler_mod.PREEMPT_SCANS_PER_PASS + 2
+    n = preemption.PREEMPT_SCANS_PER_PASS + 2
     s, clock = make(nodes=n)
     for i in range(n):
         s.submit(job(f"v{i}", limit=10_000, ckpt=CKPT))
@@ -198,7 +198,7 @@ def test_preemptions_beyond_a_passs_budget_wait_for_the_next_pass_not_for_an_eve
         s.submit(job(f"h{i}", prio=5, submit_s=10.0))
     s.tick()
     decided = [r["victim_of"] for r in s.log.records if r["event"] == "preempt_requested"]
-    assert len(decided) == scheduler_mod.PREEMPT_SCANS_PER_PASS
+    assert len(decided) == preemption.PREEMPT_SCANS_PER_PASS
     assert s.needs_pass
     s.tick()
     decided = [r["victim_of"] for r in s.log.records if r["event"] == "preempt_requested"]

@@ -1,0 +1,139 @@
+"""The head's reservation (Slurm's backfill shadow time: the earliest start by the running jobs'
+declared ends, and on which nodes) and the backfill that may not delay it."""
+
+from __future__ import annotations
+
+from . import events as ev
+from .claims import Claims
+from .model import Health, Job
+from .queue import Class
+from .state import Reservation
+
+
+class Reservations(Claims):
+    # ------------------------------------------------------------------ the pass
+
+    def _set_pass_reservation(self, r: Reservation | None) -> None:
+        self._pass_res = r
+        if r is not None:
+            self.cap.watch(r.nodes)
+            if self.on_reservation is not None:
+                self.on_reservation(r)
+
+    def _note_reservation(self, r: Reservation | None) -> None:
+        """Keep the pass's reservation for the next passes; log it whenever it is set or moves."""
+        old = self._head_res
+        self.reservation = r
+        self._head_res = r
+        self._pass_res = None
+        if r is not None and (old is None or old.job != r.job or old.t != r.t or old.nodes != r.nodes):
+            self._emit(
+                ev.RESERVED,
+                job=r.job,
+                reserved_t=r.t,
+                pool=r.pool,
+                nodes=sorted(r.nodes, key=self.cap.index.__getitem__),
+            )
+
+    def _backfill_short(self, prio: int, tn: str, cls: Class, reservation: Reservation, now: float) -> int:
+        """A blocked class may still hold a job short enough to finish before the reserved start.
+
+        1: it started; 0: none of the key is short enough; -1: the shortest is, but fits nowhere."""
+        short = self.queue.shortest((prio, tn, cls))
+        if short is None or now + short[0] > reservation.t:
+            return 0
+        job = self.jobs[short[1]]
+        for pool in cls[2]:
+            nodes = self.cap.find(pool, job.nodes, job.gpus_per_node)
+            if nodes is not None:
+                self._start(job, pool, nodes, backfill=True)
+                return 1
+        return -1  # short enough, but no room anywhere
+
+    # ------------------------------------------------------------------ reservations
+
+    def _reserve(self, job: Job, cls: Class, now: float) -> Reservation | None:
+        """When, at the earliest by declared limits, and where the head could start.
+
+        Kept while nothing was released, returned or lost in its pools: jobs started since then
+        went around the reservation, so it still holds."""
+        key = (job.id, tuple(self._freed[p] for p in cls[2]), self._health_gen)
+        cached = self._reservation_cache
+        if cached is not None and cached[0] == key and (cached[1] is None or cached[1].t >= now):
+            return cached[1]
+        self._plan_on_clock = False
+        best = self._reserve_now(job, cls, now)
+        # a claim whose victims' ends are past comes back at now + its hold: a plan that moves
+        # with the clock alone is not kept
+        self._reservation_cache = None if self._plan_on_clock else (key, best)
+        return best
+
+    def _reserve_now(self, job: Job, cls: Class, now: float) -> Reservation | None:
+        best: Reservation | None = None
+        for pool in cls[2]:
+            r = self._shadow(job, pool, now)
+            if r is not None and (best is None or r.t < best.t):
+                best = r
+        return best
+
+    def _shadow(self, job: Job, pool: str, now: float) -> Reservation | None:
+        """Replay the pool's declared ends in time order until the gang fits (Slurm's backfill
+        shadow time). A node claimed by a preemptor comes back when that claimant, started once its
+        victims are gone, reaches its own declared end."""
+        g, n = job.gpus_per_node, job.nodes
+        ok = self.cap.count_fitting(pool, g)
+        freed: dict[str, int] = {}
+        new: list[str] = []
+        t = now
+        claim_ends: list[tuple[float, str]] = []
+        for cid in self._claimants:
+            c = self.jobs[cid]
+            if c.claim_pool != pool:
+                continue
+            start = now
+            for name in c.claim:
+                for jid in self.cap.nodes[name].alloc:
+                    e = self._end_of.get(jid)
+                    if e is not None and e[1] > start:
+                        start = e[1]
+            if start == now:
+                self._plan_on_clock = True
+            claim_ends.append((start + self._hold(c), cid))
+        claim_ends.sort(key=lambda e: (e[0], self.jobs[e[1]].seq))
+        released: set[str] = set()
+        k = 0
+        ends = iter(self._ends[pool])
+        nxt = next(ends, None)
+        while ok < n and (nxt is not None or k < len(claim_ends)):
+            if nxt is not None and (k >= len(claim_ends) or nxt[0] <= claim_ends[k][0]):
+                end, jid = nxt
+                nxt = next(ends, None)
+                other = self.jobs[jid]
+                for name in other.placement:
+                    node = self.cap.nodes[name]
+                    if node.health is not Health.UP:
+                        continue
+                    before = node.free + freed.get(name, 0)
+                    freed[name] = freed.get(name, 0) + other.gpus_per_node
+                    if (
+                        name not in self.cap.claimed or name in released
+                    ) and before < g <= before + other.gpus_per_node:
+                        new.append(name)
+                        ok += 1
+            else:
+                end, cid = claim_ends[k]
+                k += 1
+                for name in self.jobs[cid].claim:
+                    node = self.cap.nodes[name]
+                    released.add(name)
+                    if node.health is Health.UP and node.free + freed.get(name, 0) >= g:
+                        new.append(name)
+                        ok += 1
+            t = max(now, end)
+        if ok < n:
+            return None
+        new = new[:n]
+        rest = self.cap.find(pool, n - len(new), g, frozenset(new)) if len(new) < n else ()
+        if rest is None:
+            return None
+        return Reservation(job.id, pool, t, frozenset(new) | frozenset(rest))

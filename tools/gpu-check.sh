@@ -26,5 +26,5 @@ if compgen -G ".whl/*.whl" > /dev/null; then
   export PYTHONPATH="/tmp/site:$PWD"
 fi
 python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA'; print(torch.__version__, torch.cuda.get_device_name())"
-python3 -m pytest -q -p no:cacheprovider -rs tests/ckpt/test_cuda.py tests/ckpt/test_async_staging.py
+python3 -m pytest -q -p no:cacheprovider -rs tests/ckpt/test_cuda.py tests/ckpt/saving/test_async_staging.py
 python3 -m goodput.cli.main bench async --size "${GPU_CHECK_SIZE:-4GiB}" --repeat 2 --loop-steps 100

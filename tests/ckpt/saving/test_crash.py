@@ -24,7 +24,7 @@ import torch
 import goodput.ckpt as gc
 from goodput.ckpt.format.format import MANIFEST
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def spawn(root: Path, rank: int, world: int, init: str, *extra: str) -> subprocess.Popen:

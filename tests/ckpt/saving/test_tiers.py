@@ -22,7 +22,7 @@ from goodput.ckpt.format.format import MANIFEST
 from goodput.ckpt.saving.tiers import drained_name, durable_state, fast_committed
 from tests.distributed import run_ranks
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _tiered(tmp: Path, **kw) -> gc.Checkpointer:

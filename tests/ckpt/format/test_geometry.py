@@ -13,7 +13,7 @@ from goodput.ckpt.format.format import FileEntry, Metadata, TensorEntry
 from goodput.ckpt.format.geometry import Region, cut_flat_many, expand_runs, flat_to_boxes, runs
 from goodput.ckpt.loading.read_plan import ReadPlanner, Request
 from goodput.ckpt.saving.agreement import split_region
-from tests.ckpt.geometry_oracle import build_index
+from tests.ckpt.format.geometry_oracle import build_index
 
 shapes = st.lists(st.integers(1, 6), min_size=0, max_size=4).map(tuple)
 
@@ -346,7 +346,7 @@ def test_planner_on_many_column_shards_stays_linear():
 def test_tiling_errors_agrees_with_the_per_tensor_check(tensor_shapes, data):
     """The vectorised all-tensor check (save path) gives the same verdict as the reference
     per-tensor one, on tilings with a piece dropped or an extra piece added."""
-    from tests.ckpt.geometry_oracle import tiling_error, tiling_errors
+    from tests.ckpt.format.geometry_oracle import tiling_error, tiling_errors
 
     regions: list[tuple[int, Region]] = []
     want = None

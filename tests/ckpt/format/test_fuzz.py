@@ -1,5 +1,5 @@
 """Hostile checkpoints: damaged or forged copies of a small checkpoint, each then latest()-ed,
-read, verified and loaded (tests/ckpt/fuzz_child.py). Every outcome must be a CheckpointError
+read, verified and loaded (tests/ckpt/format/fuzz_child.py). Every outcome must be a CheckpointError
 that names what is wrong, or data equal to the original; never another exception, a hang, an
 allocation past 4 GiB of address space, or a read outside the checkpoint's directory."""
 
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _campaign(tmp_path: Path, seed: int, trials: int) -> dict:
     out = subprocess.run(
-        [sys.executable, "-m", "tests.ckpt.fuzz_child", str(seed), str(trials), str(tmp_path / "work")],
+        [sys.executable, "-m", "tests.ckpt.format.fuzz_child", str(seed), str(trials), str(tmp_path / "work")],
         cwd=ROOT,
         capture_output=True,
         text=True,

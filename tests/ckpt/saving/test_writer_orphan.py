@@ -19,7 +19,7 @@ import pytest
 
 from goodput.ckpt.format.format import MANIFEST
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm") or sys.platform != "linux", reason="needs Linux /dev/shm")
 
 # argv: checkpoint, "writing" (killed inside its slow write) or "idle" (killed after the commit),

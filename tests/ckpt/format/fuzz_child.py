@@ -1,6 +1,6 @@
-"""One process of the hostile-checkpoint fuzz test (tests/ckpt/test_fuzz.py).
+"""One process of the hostile-checkpoint fuzz test (tests/ckpt/format/test_fuzz.py).
 
-``python -m tests.ckpt.fuzz_child SEED TRIALS WORKDIR`` writes a small pristine checkpoint (in a
+``python -m tests.ckpt.format.fuzz_child SEED TRIALS WORKDIR`` writes a small pristine checkpoint (in a
 Checkpointer's layout: ``root/step_N`` and the ``latest`` pointer), then for each trial copies it,
 damages the copy one way (a family below), and runs what a user runs: ``latest(root)``,
 ``open().read()`` of every tensor, ``verify`` and ``load``. Each trial has a 20 s alarm; every

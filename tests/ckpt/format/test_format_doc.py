@@ -10,7 +10,7 @@ import torch
 
 import goodput.ckpt as gc
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "FORMAT.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "FORMAT.md"
 
 
 def test_format_md_recipe_reads_a_sharded_tensor(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """Checkpoints written by an earlier build, kept so that every later build must still read them.
 
-``tests/ckpt/data/v1-5fe0497/`` was written by commit 5fe0497 (format version 1, before the
-ckpt-house restructuring) with ``python -m tests.ckpt.old_format <dir>``; the test rebuilds the
+``tests/ckpt/format/data/v1-5fe0497/`` was written by commit 5fe0497 (format version 1, before the
+ckpt-house restructuring) with ``python -m tests.ckpt.format.old_format <dir>``; the test rebuilds the
 same state from the same seeds and compares it bit for bit with what the current code loads.
 Never regenerate it with newer code: its worth is that older code wrote it.
 """

@@ -20,7 +20,7 @@ import torch
 import goodput.ckpt as gc
 from goodput.ckpt.format.format import MANIFEST
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import goodput.ckpt as gc
-from tests.ckpt import old_format as old
+from tests.ckpt.format import old_format as old
 
 DATA = Path(__file__).parent / "data" / "v1-5fe0497"
 pytestmark = pytest.mark.filterwarnings("ignore::goodput.ckpt.loading.reader.UnsealedManifestWarning")

@@ -12,7 +12,7 @@ from goodput.ckpt.errors import SaveError
 from goodput.ckpt.format.dtypes import dtype as dtype_info
 from goodput.ckpt.format.geometry import Region
 from goodput.ckpt.saving.agreement import Assignment, split_region
-from tests.ckpt.geometry_oracle import tiling_errors
+from tests.ckpt.format.geometry_oracle import tiling_errors
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import goodput.ckpt as gc
 from goodput.ckpt.format.geometry import Region
 from goodput.ckpt.saving.agreement import Declaration as FakeLeaf
 from goodput.ckpt.saving.agreement import SaveError, agree, declare, decode_orders, split_region
-from tests.ckpt.agree_oracle import agree as old_agree
+from tests.ckpt.saving.agree_oracle import agree as old_agree
 from tests.distributed import run_ranks
 
 

@@ -144,7 +144,7 @@ def test_a_notice_before_the_command_exists_is_passed_on(tmp_path):
     # the notice lands after the supervisor's handlers, just before the command is started
     sup = (
         "import os, signal, subprocess, sys\n"
-        "from goodput.sched import local\n"
+        "from goodput.sched.live import local\n"
         "real = subprocess.Popen\n"
         "def popen(*a, **kw):\n"
         "    os.kill(os.getpid(), signal.SIGTERM)\n"

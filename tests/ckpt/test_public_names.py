@@ -87,3 +87,23 @@ def test_errors_subclass_dcps_exception_without_importing_torch() -> None:
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.strip() == "caught CheckpointError"
+
+
+def test_module_paths_the_docs_give_stay_the_real_objects() -> None:
+    """README.md and docs/ name ``goodput.ckpt.s3``, ``.staging``, ``.storage``, ``.errors`` and
+    ``.dcp_compat``: after the package was split into folders they still hold the same objects."""
+    import goodput.ckpt.dcp_compat as dcp_compat
+    import goodput.ckpt.errors as errors
+    import goodput.ckpt.s3 as s3
+    import goodput.ckpt.staging as staging
+    import goodput.ckpt.storage as storage
+    from goodput.ckpt.saving import staging as real_staging
+    from goodput.ckpt.storage import location
+    from goodput.ckpt.storage import s3 as real_s3
+
+    assert s3.configure is real_s3.configure and s3.default_storage is real_s3.default_storage
+    assert staging.CopyFirst is real_staging.CopyFirst and staging.StaleStateError is real_staging.StaleStateError
+    assert storage.S3Location is location.S3Location and storage.storage_for is location.storage_for
+    assert storage.storage_for("s3://bucket/key") is real_s3.default_storage()
+    assert dcp_compat.FileSystemWriter is goodput.ckpt.FileSystemWriter
+    assert errors.CheckpointError is goodput.ckpt.CheckpointError and issubclass(errors.StorageError, OSError)

@@ -9,7 +9,6 @@ numpy only: the torch-free reader uses it.
 
 from __future__ import annotations
 
-import copy
 import os
 import queue
 import threading
@@ -464,19 +463,9 @@ class ChunkReader:
         a whole plan), for the parallel ranged reads."""
         if not isinstance(ops, ReadPlan):
             return None
-        chunk_col = ops.cols[4]
-        fids = self.md.cols["file"][ops.P[:, chunk_col]] if len(ops.P) else np.zeros(0, np.int64)
-        cuts = [0, *(np.flatnonzero(np.diff(fids)) + 1).tolist(), len(fids)]
-        streams = []
-        for a, b in zip(cuts[:-1], cuts[1:]):
-            if a == b:
-                continue
-            fid = int(fids[a])
-            if self.files.source(fid).fd is None:
-                return None
-            sub = copy.copy(ops)
-            sub.P, sub.Q, sub.lo, sub.hi, sub.nruns = ops.P[a:b], ops.Q[a:b], ops.lo[a:b], ops.hi[a:b], ops.nruns[a:b]
-            streams.append((fid, sub))
+        streams = ops.by_file()
+        if any(self.files.source(fid).fd is None for fid, _ in streams):
+            return None
         return streams
 
     def _pieces(self) -> tuple[int, int]:

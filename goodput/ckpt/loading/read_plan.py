@@ -9,6 +9,7 @@ numpy only: the torch-free reader uses it.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import chain
@@ -79,6 +80,21 @@ class ReadPlan:
     @property
     def runs(self) -> int:
         return int(self.nruns.sum())
+
+    def by_file(self) -> list[tuple[int, ReadPlan]]:
+        """``(file id, the plan's part reading that file)`` for each data file it reads, in file
+        order: the plan is already ordered by file, so each part is a contiguous slice and one
+        reader thread can stream one file front to back. The executor only consumes these parts;
+        what a plan holds (its matrices and their columns) stays this module's business."""
+        fids = self.md.cols["file"][self.P[:, self.cols[4]]] if len(self.P) else np.zeros(0, np.int64)
+        cuts = [0, *(np.flatnonzero(np.diff(fids)) + 1).tolist(), len(fids)]
+        return [(int(fids[a]), self._part(a, b)) for a, b in zip(cuts[:-1], cuts[1:]) if a != b]
+
+    def _part(self, a: int, b: int) -> ReadPlan:
+        """The pairs ``a:b`` as a plan of their own (same metadata, budget and requests)."""
+        sub = copy.copy(self)
+        sub.P, sub.Q, sub.lo, sub.hi, sub.nruns = self.P[a:b], self.Q[a:b], self.lo[a:b], self.hi[a:b], self.nruns[a:b]
+        return sub
 
     def __len__(self) -> int:
         """Saved chunks the load reads from."""

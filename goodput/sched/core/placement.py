@@ -3,10 +3,16 @@
 A gang of N nodes on a spot pool with per-node reclaim rate λ is interrupted at Λ = N·λ (an upper
 bound: reclaims come in bursts). Each interruption costs half an interval of work plus the
 restart (a job that never checkpoints loses half its run), so its useful fraction on spot is
-Daly's exact u(τ) with M = 1/Λ. Spot costs price/u per useful GPU-hour; a pool whose cost per
-useful GPU-hour is not below the cheapest on-demand one is never offered (the expected loss eats
-the discount), and the offered pools are tried cheapest first, so a cheap-to-interrupt job
-prefers spot and a large or rarely-checkpointing gang stays on on-demand.
+Daly's exact u(τ) with M = 1/Λ.
+
+A spot pool is offered when u is at least :data:`SPOT_MIN_USEFUL`, and offered spot pools come
+before the on-demand ones. Pricing spot at price/u against on-demand's list price (the rule this
+module had first) leaves spot idle while jobs queue for on-demand: it prices an on-demand GPU as
+if nobody else wanted it. In a busy cluster the on-demand GPU a spot-capable job does not take
+goes to a job that cannot run anywhere else, so a job on spot at u adds u of useful work where
+the alternative adds nothing; the floor bounds what that may waste. Measured on the default
+comparison (20k jobs, 512 nodes, seeds 0 and 1): useful ÷ capacity rose from 0.763 and 0.748
+to above ``spot-by-price``'s, which puts even hopeless gangs on spot (docs/SCHED.md).
 """
 
 from __future__ import annotations
@@ -16,6 +22,10 @@ import math
 from goodput.plan.interval import useful_fraction
 
 from .model import Job, Pool, PoolKind
+
+# the least expected useful fraction a job may be placed at on spot: at most three GPU-hours in
+# four expected lost (a large or never-checkpointing gang on a reclaim-heavy pool stays off)
+SPOT_MIN_USEFUL = 0.25
 
 
 def useful_on(job: Job, pool: Pool) -> float:
@@ -43,7 +53,9 @@ def pools_for(job: Job, pools: dict[str, Pool], rule: str = "arithmetic") -> tup
         return tuple(p.name for p in ranked)
     if rule != "arithmetic":
         raise ValueError(f"unknown spot rule {rule!r}")
-    best_od = min((cost_per_useful_gpu_hour(job, p) for p in on_demand), default=math.inf)
-    offered = on_demand + [p for p in spot if cost_per_useful_gpu_hour(job, p) < best_od]
-    ranked = sorted(offered, key=lambda p: (cost_per_useful_gpu_hour(job, p), p.name))
+    offered = sorted(
+        (p for p in spot if useful_on(job, p) >= SPOT_MIN_USEFUL),
+        key=lambda p: (cost_per_useful_gpu_hour(job, p), p.name),
+    )
+    ranked = offered + sorted(on_demand, key=lambda p: (p.price_per_gpu_hour, p.name))
     return tuple(p.name for p in ranked)

@@ -51,6 +51,9 @@ class Limits:
     usage_half_life_s: float = 604800.0  # fair share's usage decays by half over this (one week)
     infra_backoff_s: float = 60.0  # first delay before an infrastructure loss is retried; doubles
     max_infra_losses: int = 10  # infrastructure losses a job may suffer before it fails for good
+    # jobs one tenant may have not yet ended (pending, running or preempting): the live service refuses
+    # an HTTP submission past it (429); the simulator's workloads are the operator's own and ignore it
+    max_queued_per_tenant: int = 100_000
 
     def decay(self, dt: float) -> float:
         """The factor usage keeps over ``dt`` seconds."""
@@ -77,7 +80,7 @@ class TenantSpec:
 
 _DEFAULT_TENANT_CACHE: dict[str, TenantSpec] = {}
 
-_LIMIT_KEYS: dict[str, str] = {  # key -> "num" (finite >= 0), "pos" (finite > 0) or "int" (int >= 0)
+_LIMIT_KEYS: dict[str, str] = {  # key -> "num" (finite >= 0), "pos" (finite > 0), "int" (int >= 0), "count" (>= 1)
     "max_grace_s": "num",
     "max_restart_s": "num",
     "min_run_s": "num",
@@ -87,6 +90,7 @@ _LIMIT_KEYS: dict[str, str] = {  # key -> "num" (finite >= 0), "pos" (finite > 0
     "usage_half_life_s": "pos",
     "infra_backoff_s": "num",
     "max_infra_losses": "int",
+    "max_queued_per_tenant": "count",
 }
 
 
@@ -168,7 +172,10 @@ class Governance:
                 if v is None:
                     continue
                 at = f"limits.{key}"
-                values[key] = _int(v, at) if kind == "int" else _num(v, at, positive=kind == "pos")
+                if kind in ("int", "count"):
+                    values[key] = _int(v, at, 1 if kind == "count" else 0)
+                else:
+                    values[key] = _num(v, at, positive=kind == "pos")
         return cls(tenants=tenants, limits=Limits(**values))
 
     def to_obj(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -24,7 +24,9 @@ from .dtypes import DTYPES, dtype
 from .geometry import Region
 
 FORMAT_NAME = "goodput.ckpt"
-FORMAT_VERSION = 1
+# 2: the value tags __int__, __complex__, __bytes__, __numpy__ and __torch__ (version 1 knew only
+# __tuple__, __float__ and __dict__ and wrote a user's dict keyed by one of the new names as is)
+FORMAT_VERSION = 2
 MANIFEST = "MANIFEST.json"
 LATEST = "latest"  # a Checkpointer's root: the name of its newest committed step directory
 MAX_POINTER_BYTES = 4096
@@ -137,6 +139,8 @@ class Metadata:
     values: dict[str, Any]
     cols: dict[str, np.ndarray]
     manifest_sealed: bool = False  # see Header.manifest_sealed
+    # the format version it was written in: it decides how ``values`` decode (see decode_value)
+    version: int = FORMAT_VERSION
     _tables: TensorTables | None = field(default=None, repr=False, compare=False)
     _box_table: Any = field(default=None, repr=False, compare=False)
 
@@ -290,29 +294,42 @@ def _encode_torch(v: Any, where: str) -> Any:
 
 # a user dict with one of these as its only key is escaped (written as "__dict__" pairs)
 _TAGS = ("__tuple__", "__float__", "__dict__", "__int__", "__complex__", "__bytes__", "__numpy__", "__torch__")
+# the tags each format version wrote: a one-key dict keyed by any other name is a user's dict.
+# Version 1 wrote {"__bytes__": ...} of a user's as it was; read with today's tags it would come
+# back as bytes (or be refused as a malformed tag), not as the dict that was saved.
+TAGS_BY_VERSION = {1: _TAGS[:3], 2: _TAGS}
 MAX_INT_DIGITS = 100_000  # a decimal int read from storage: bounded, as everything read
 
 
-def decode_value(v: Any, where: str = "value") -> Any:
-    """The inverse of :func:`encode_value`. Values come from storage: a malformed tag is a
-    :class:`CheckpointError` naming the value, never a bare ``ValueError`` from deep inside.
-    torch is imported only for a torch value (the numpy-only reader never meets one otherwise)."""
+def decode_value(v: Any, where: str = "value", version: int = FORMAT_VERSION) -> Any:
+    """The inverse of :func:`encode_value` of the format ``version`` the value was written in
+    (the checkpoint's: :attr:`Metadata.version`), so that an old checkpoint loads exactly as it
+    was saved. Values come from storage: a malformed tag is a :class:`CheckpointError` naming
+    the value, never a bare ``ValueError`` from deep inside. torch is imported only for a torch
+    value (the numpy-only reader never meets one otherwise)."""
+    tags = TAGS_BY_VERSION.get(version)
+    if tags is None:
+        raise CheckpointError(f"{where}: format version {version} is not supported (max {FORMAT_VERSION})")
+    return _decode(v, where, tags)
+
+
+def _decode(v: Any, where: str, tags: tuple[str, ...]) -> Any:
     if isinstance(v, list):
-        return [decode_value(x, f"{where}[{i}]") for i, x in enumerate(v)]
+        return [_decode(x, f"{where}[{i}]", tags) for i, x in enumerate(v)]
     if isinstance(v, dict):
         if len(v) == 1:
             ((k, x),) = v.items()
-            if k in _TAGS:
-                return _decode_tag(k, x, where)
-        return {k: decode_value(x, f"{where}.{k}") for k, x in v.items()}
+            if k in tags:
+                return _decode_tag(k, x, where, tags)
+        return {k: _decode(x, f"{where}.{k}", tags) for k, x in v.items()}
     return v
 
 
-def _decode_tag(k: str, x: Any, where: str) -> Any:
+def _decode_tag(k: str, x: Any, where: str, tags: tuple[str, ...]) -> Any:
     if k == "__tuple__":
         if not isinstance(x, list):
             raise CheckpointError(f"{where}: malformed tuple")
-        return tuple(decode_value(y, f"{where}[{i}]") for i, y in enumerate(x))
+        return tuple(_decode(y, f"{where}[{i}]", tags) for i, y in enumerate(x))
     if k == "__float__":
         if x not in ("nan", "inf", "-inf"):
             raise CheckpointError(f"{where}: malformed float {x!r}")
@@ -322,9 +339,9 @@ def _decode_tag(k: str, x: Any, where: str) -> Any:
             raise CheckpointError(f"{where}: malformed dict")
         out = {}
         for a, b in x:
-            key = decode_value(a, f"{where} key")
+            key = _decode(a, f"{where} key", tags)
             try:
-                out[key] = decode_value(b, f"{where}[{key!r}]")
+                out[key] = _decode(b, f"{where}[{key!r}]", tags)
             except TypeError:  # an unhashable key (a list): never written by a save
                 raise CheckpointError(f"{where}: unhashable key {key!r}") from None
         return out
@@ -333,7 +350,7 @@ def _decode_tag(k: str, x: Any, where: str) -> Any:
             raise CheckpointError(f"{where}: malformed int")
         return int(x)
     if k == "__complex__":
-        parts = [decode_value(y, where) for y in x] if isinstance(x, list) else None
+        parts = [_decode(y, where, tags) for y in x] if isinstance(x, list) else None
         if parts is None or len(parts) != 2 or not all(isinstance(p, (int, float)) for p in parts):
             raise CheckpointError(f"{where}: malformed complex")
         return complex(parts[0], parts[1])
@@ -358,7 +375,7 @@ def _decode_numpy(x: Any, where: str) -> Any:
         raise CheckpointError(f"{where}: numpy scalar of unknown dtype {x[0]!r}") from None
     if dt.kind not in NUMPY_KINDS:
         raise CheckpointError(f"{where}: numpy scalar of dtype {dt} is not a value goodput writes")
-    val = decode_value(x[1], where)
+    val = _decode(x[1], where, _TAGS)
     if not isinstance(val, (bool, int, float, complex)):
         raise CheckpointError(f"{where}: malformed numpy scalar {val!r}")
     try:
@@ -409,7 +426,7 @@ def encode_metadata(md: Metadata) -> bytes:
         blobs.append(raw + b"\0" * pad)
         pos += len(raw) + pad
     header = Header(
-        version=FORMAT_VERSION,
+        version=md.version,
         save_id=md.save_id,
         block_bytes=md.block_bytes,
         ndim=md_ndim(md),
@@ -552,6 +569,11 @@ def decode_metadata(raw: bytes, where: str, manifest: Manifest | None = None) ->
         raise CheckpointError(f"{where}: malformed metadata header ({e})") from None
     if h.version > FORMAT_VERSION or h.version < 1:
         raise CheckpointError(f"{where}: metadata version {h.version} is not supported")
+    if manifest is not None and h.version != manifest.version:
+        raise CheckpointError(
+            f"{where}: metadata is format version {h.version}, its manifest version {manifest.version} "
+            "(the version decides how values decode: they must agree)"
+        )
     if manifest is not None and h.save_id != manifest.save_id:
         raise CheckpointError(
             f"{where}: metadata belongs to save {h.save_id}, the manifest to save {manifest.save_id} "
@@ -578,7 +600,16 @@ def decode_metadata(raw: bytes, where: str, manifest: Manifest | None = None) ->
         if c.offset < 0 or c.offset + nbytes > len(body):
             raise CheckpointError(f"{where}: column {name!r} lies outside the metadata file")
         cols[name] = np.frombuffer(body[c.offset : c.offset + nbytes], dtype=dt).reshape(want)
-    md = Metadata(h.save_id, h.block_bytes, h.tensors, h.files, h.values, cols, manifest_sealed=h.manifest_sealed)
+    md = Metadata(
+        h.save_id,
+        h.block_bytes,
+        h.tensors,
+        h.files,
+        h.values,
+        cols,
+        manifest_sealed=h.manifest_sealed,
+        version=h.version,
+    )
     validate_metadata(md, where)
     return md
 
@@ -623,7 +654,7 @@ def validate_metadata(md: Metadata, where: str) -> None:
             raise CheckpointError(f"{where}: file {f.name!r} names an invalid rank {f.rank}")
     for k, v in md.values.items():
         try:
-            decode_value(v, f"{where}: value {k!r}")  # refuse a malformed value before any read
+            decode_value(v, f"{where}: value {k!r}", md.version)  # refuse a malformed value before any read
         except RecursionError:
             raise CheckpointError(f"{where}: value {k!r} is nested too deeply") from None
     c = md.cols

@@ -205,7 +205,7 @@ def _load(
             if strict:
                 raise CheckpointError(f"value {v.name!r} is not in the checkpoint at {display(path)!r}")
             continue
-        new = decode_value(ck.metadata.values[v.name])
+        new = decode_value(ck.metadata.values[v.name], v.name, ck.metadata.version)
         if isinstance(v.parent, tuple):
             if new != v.value:
                 raise CheckpointError(f"{v.name!r} lives in a tuple and cannot be replaced in place")

@@ -189,7 +189,7 @@ class Checkpoint:
 
     @property
     def values(self) -> dict[str, Any]:
-        return {k: decode_value(v) for k, v in self.metadata.values.items()}
+        return {k: decode_value(v, k, self.metadata.version) for k, v in self.metadata.values.items()}
 
     @property
     def tensors(self) -> dict[str, TensorInfo]:

@@ -22,7 +22,6 @@ import numpy as np
 from ..errors import CheckpointError, SaveError, describe, rank_errors
 from ..format.format import (
     FORMAT_NAME,
-    FORMAT_VERSION,
     MANIFEST,
     FileEntry,
     Manifest,
@@ -147,7 +146,7 @@ def commit(
     storage.sync(path)  # the data files' and metadata's names are durable before the commit
     manifest = Manifest(
         format=FORMAT_NAME,
-        version=FORMAT_VERSION,
+        version=md.version,  # the metadata's: its values were encoded in it
         save_id=save_id,
         created=time.time(),
         world_size=world,

@@ -87,3 +87,27 @@ def main(out: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+
+
+# ``tests/ckpt/format/data/v1-5fe0497-tagkeys/``: version 1 knew three value tags (__tuple__,
+# __float__, __dict__) and wrote any other one-key dict of a user's as it was, among them dicts
+# keyed by the five names version 2 made tags. Written by commit 5fe0497's goodput, single
+# process, with ``TAG_KEYS_STEP``, ``TAG_KEYS_USER`` and ``{"w": tag_keys_tensor(), **tag_keyed_values()}``
+# (``gc.save(state, dir, step=..., user=...)``, that build's code on PYTHONPATH ahead of this one).
+TAG_KEYS_STEP = 42
+TAG_KEYS_USER = {"why": "dicts keyed by tags that format version 1 did not have"}
+
+
+def tag_keys_tensor() -> torch.Tensor:
+    return torch.arange(6.0).reshape(2, 3)
+
+
+def tag_keyed_values() -> dict[str, Any]:
+    """Values whose dicts a version-2 reader would take for tags (two of them malformed ones)."""
+    return {
+        "blobs": [{"__bytes__": "aGk="}, {"__bytes__": "not base64!"}],
+        "big": [{"__int__": "12345678901234567890123"}, {"__int__": "x"}],
+        "pair": ({"__numpy__": ["<i4", 3]}, {"__torch__": ["dtype", "float32"]}),
+        "groups": [{"__complex__": [1.0, 2.0]}, {"__torch__": ["Size", [2, 3]]}],
+        "escaped": [{"__tuple__": [1, 2]}, {"__dict__": []}],
+    }

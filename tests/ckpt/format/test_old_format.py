@@ -86,3 +86,45 @@ def test_old_checkpoint_verifies_and_reads_without_torch_types(ck: Path) -> None
     assert np.array_equal(c.read("model.i64"), old.replicated_state()["model"]["i64"].numpy())
     assert np.array_equal(c.read("tp"), old.global_sharded().numpy())
     assert gc.latest(ck.parent) is None or gc.latest(ck.parent) == ck
+
+
+TAG_KEYS = Path(__file__).parent / "data" / "v1-5fe0497-tagkeys"
+
+
+def test_version_1_dicts_keyed_by_later_tag_names_load_as_the_dicts_saved(tmp_path: Path) -> None:
+    """Version 1 wrote a user's ``{"__bytes__": ...}`` as it was (the name was no tag then); the
+    checkpoint's version decides the decoding, so it comes back as that dict, not as bytes, and
+    the dicts that would be malformed tags today do not make the checkpoint unreadable."""
+    ck = tmp_path / "old"
+    shutil.copytree(TAG_KEYS, ck)
+    want = old.tag_keyed_values()
+    got: dict = {"w": torch.zeros(2, 3), **dict.fromkeys(want)}
+    res = gc.load(got, ck)
+    assert res.step == old.TAG_KEYS_STEP
+    assert torch.equal(got["w"], old.tag_keys_tensor())
+    for k, v in want.items():
+        assert got[k] == v and type(got[k]) is type(v), (k, got[k])
+    c = gc.open(ck)
+    assert c.manifest.version == 1 and c.metadata.version == 1 and c.manifest.user == old.TAG_KEYS_USER
+    assert c.values == want
+
+
+def test_version_2_decodes_the_tags_a_version_1_checkpoint_keeps_as_dicts(tmp_path: Path) -> None:
+    """The same names saved today are tags (escaped when they are a user's dict): both round-trip."""
+    state = {"blob": [b"hi", {"__bytes__": "aGk="}], "big": [2**80, {"__int__": "7"}]}
+    gc.save(state, tmp_path / "new")
+    got = {"blob": None, "big": None}
+    gc.load(got, tmp_path / "new")
+    assert got == state and gc.open(tmp_path / "new").metadata.version == 2
+
+
+def test_metadata_and_manifest_of_different_versions_are_refused(tmp_path: Path) -> None:
+    from goodput.ckpt.format.format import MANIFEST, decode_manifest, encode_manifest
+
+    ck = tmp_path / "old"
+    shutil.copytree(TAG_KEYS, ck)
+    m = decode_manifest((ck / MANIFEST).read_bytes(), "m")
+    m.version = 2  # a version-2 reader would then decode version-1 values with the new tags
+    (ck / MANIFEST).write_bytes(encode_manifest(m))
+    with pytest.raises(gc.CheckpointError, match="metadata is format version 1, its manifest version 2"):
+        gc.load({"w": torch.zeros(2, 3)}, ck, strict=False)

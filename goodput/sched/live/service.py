@@ -82,6 +82,8 @@ MAX_INT = 2**53  # step numbers, sequence numbers
 RETRY_AFTER_S = 2  # what a 503 or 429 asks a client to wait
 TOKEN_REFRESH_S = 0.5  # the token cache is rebuilt from the store this often
 TOKEN_STALE_S = 5.0  # a cache not refreshed for this long is not trusted (each token is looked up)
+QUEUED_PRUNE_S = 0.2  # a tenant at max_queued_per_tenant has its ended jobs counted out at most this often
+_UNENDED = frozenset((JobState.PENDING, JobState.RUNNING, JobState.PREEMPTING))
 
 
 class FairLock:
@@ -219,6 +221,19 @@ class CommitReport(BaseModel):
     # "fast": committed on a tiered Checkpointer's fast tier only, which a restart on the same
     # nodes restores and the loss of a node does not; "durable" (the default) survives both
     tier: Literal["fast", "durable"] = "durable"
+    # optional (older jobs omit them; docs/PROTOCOL.md): when the run's resume was done and training
+    # began (the job's clock, as ``time``), what this save stalled the loop and how long it wrote
+    ready_time: float | None = Field(None, ge=0, le=1e11, allow_inf_nan=False)
+    stall_s: float | None = Field(None, ge=0, le=MAX_PROGRESS_S, allow_inf_nan=False)
+    write_s: float | None = Field(None, ge=0, le=MAX_PROGRESS_S, allow_inf_nan=False)
+
+    def timing(self) -> dict[str, float]:
+        """The record's timing fields: seconds trained since the resume (both times on the job's
+        clock, so no clock skew enters), this save's stall and write; absent ones left out."""
+        out = {"stall_s": self.stall_s, "write_s": self.write_s}
+        if self.ready_time is not None and self.time > 0:
+            out["trained_s"] = max(0.0, self.time - self.ready_time)
+        return {k: v for k, v in out.items() if v is not None}
 
 
 @dataclass(frozen=True)
@@ -352,6 +367,7 @@ class Service:
                 self.sched.save_all()
                 self.restored = False
             self.adopted = self.executor.adopt(self.sched.jobs)
+            self._count_queued()
         self.refresh_tokens()
         # (wall end, pass seconds, lock wait seconds) of recent loop iterations that ran a pass: GET /stats
         self.pass_times: deque[tuple[float, float, float]] = deque(maxlen=100_000)
@@ -503,6 +519,7 @@ class Service:
                 self.store, self.pools, clock=WallClock(), executor=self.executor, governance=self.gov
             )
             self._load_facts()
+            self._count_queued()
             reconcile = getattr(self.executor, "reconcile", None)
             if reconcile is not None:
                 killed = reconcile(self.sched.jobs)
@@ -531,6 +548,43 @@ class Service:
                 # a bug may have left memory half-changed: back to the store before anyone else looks
                 self._rebuild("an unexpected error in a request")
                 raise
+
+    # -- the per-tenant bound on queued work (limits.max_queued_per_tenant) ----------------------------
+
+    def _count_queued(self) -> None:
+        """Each tenant's jobs not yet ended, from the scheduler (the lock held): at start and after a rebuild."""
+        self._queued: dict[str, set[str]] = {}
+        self._queued_pruned: dict[str, float] = {}
+        for j in self.sched.jobs.values():
+            if j.state in _UNENDED:
+                self._queued.setdefault(j.tenant, set()).add(j.id)
+
+    def check_queued(self, tenant: str) -> None:
+        """429 when ``tenant`` already has the cluster's ``max_queued_per_tenant`` jobs not yet ended
+        (the lock held). The count is a set of ids added at submission and pruned of ended jobs only
+        when it reaches the limit, at most every ``QUEUED_PRUNE_S``: a submission costs O(1), and a
+        tenant at its limit cannot make each refused request walk its whole queue."""
+        limit = self.gov.limits.max_queued_per_tenant
+        ids = self._queued.get(tenant)
+        if ids is None or len(ids) < limit:
+            return
+        now = time.monotonic()
+        if now - self._queued_pruned.get(tenant, -math.inf) >= QUEUED_PRUNE_S:
+            self._queued_pruned[tenant] = now
+            jobs = self.sched.jobs
+            ended = [i for i in ids if i not in jobs or jobs[i].state not in _UNENDED]
+            ids.difference_update(ended)
+            if len(ids) < limit:
+                return
+        raise HTTPException(
+            429,
+            f"tenant {tenant!r} has {len(ids)} jobs queued or running, the cluster's max_queued_per_tenant "
+            f"is {limit}: retry once some have ended",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+
+    def note_queued(self, job: Job) -> None:
+        self._queued.setdefault(job.tenant, set()).add(job.id)
 
     # -- executor callbacks (watcher thread) -----------------------------------------------------------
 
@@ -973,7 +1027,7 @@ def create_app(svc: Service) -> FastAPI:
             403: {"description": "the tenant's jobs may not run here (no Unix user)"},
             409: {"description": "the key was used with another spec"},
             413: {"description": "body too large"},
-            429: {"description": "rate limited"},
+            429: {"description": "rate limited, or the tenant has max_queued_per_tenant jobs not yet ended"},
             503: {"description": "the store refused the change; retry"},
         },
     )
@@ -1033,6 +1087,7 @@ def create_app(svc: Service) -> FastAPI:
                     return replay
             if job_id in svc.sched.jobs:
                 raise _unavailable("a job id collided; retry")
+            svc.check_queued(c.tenant)  # after the replay: a retry of an accepted submission is never refused
             job.submit_s = svc.sched.clock.now()
             keyed = [(c.tenant, spec.key, job_id, spec_digest)] if spec.key is not None else []
             try:
@@ -1044,6 +1099,7 @@ def create_app(svc: Service) -> FastAPI:
                 raise _field_error(field, str(e)) from None
             except SubmissionRejected as e:
                 raise _field_error(e.field, e.message) from None
+            svc.note_queued(job)
             if spec.env:
                 svc.envs[job_id] = dict(spec.env)
             if spec.key is not None:
@@ -1138,7 +1194,7 @@ def create_app(svc: Service) -> FastAPI:
             # an accepted report is stored with the job's step (one transaction), so a restarted service shows it
             # (report_commit judges by commit_rejection itself, so the dry run and the step agree)
             with svc.store.along(commits={job.id: report} if not reason else None):
-                ok = svc.sched.report_commit(job.id, rep.epoch, rep.progress_s)
+                ok = svc.sched.report_commit(job.id, rep.epoch, rep.progress_s, rep.timing())
             if ok:
                 svc.last_commit[job.id] = report
             elif not reason:  # the core refused for a reason its dry run did not give: say so, never ''

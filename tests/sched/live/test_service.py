@@ -57,7 +57,13 @@ class Server:
     their checkpoint prefix; ``tenants`` replaces them (the isolation tests map them to users)."""
 
     def __init__(
-        self, tmp: Path, nodes: int = 1, db: str = "", tenants: list[dict] | None = None, extra: tuple = ()
+        self,
+        tmp: Path,
+        nodes: int = 1,
+        db: str = "",
+        tenants: list[dict] | None = None,
+        extra: tuple = (),
+        limits: dict | None = None,
     ) -> None:
         self.tmp = tmp
         self.db = db or f"sqlite:///{tmp / 'sched.db'}"
@@ -69,7 +75,7 @@ class Server:
             tenants = [{"name": t, "ckpt_prefix": str(tmp)} for t in ("alice", "bob", "ops")]
         self.tenants = tenants
         self.extra = tuple(extra) or (("--allow-root-jobs",) if os.geteuid() == 0 else ())
-        self.cluster = cluster_json(tmp / f"cluster-{self.port}.json", nodes, tenants)
+        self.cluster = cluster_json(tmp / f"cluster-{self.port}.json", nodes, tenants, **(limits or {}))
         self._admin = ""
         self.env: dict[str, str] | None = None  # the service's environment (default: the test's)
         self.state = tmp / "state"

@@ -16,7 +16,7 @@ SUBMITTED = "submitted"  # + tenant, priority, nodes, gpus_per_node, submit_s, l
 STARTED = "started"  # + pool, nodes (names), resume_from_s, epoch, gpus_per_node, backfill (true when backfilled)
 # + reason, preemptor (job id or null), victim_of (kept), lost_s, deadline_s, checkpoint (bool), candidates
 PREEMPT_REQUESTED = "preempt_requested"
-CHECKPOINT_COMMITTED = "checkpoint_committed"  # + progress_s, epoch
+CHECKPOINT_COMMITTED = "checkpoint_committed"  # + progress_s, epoch; trained_s, stall_s, write_s when reported
 EXITED = "exited"  # + status ("finished" | "preempted" | "failed" | "killed" | "lost"), epoch
 RELEASED = "released"  # + nodes, gpus: the job's GPUs are free for others
 REQUEUED = "requeued"  # + reason (preempted | infrastructure | failure), resume_from_s

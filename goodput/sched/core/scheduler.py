@@ -155,8 +155,10 @@ class Scheduler(Preemption):
             return f"progress {progress_s} is behind the committed {job.committed_s}"
         return ""
 
-    def report_commit(self, job_id: str, epoch: int, progress_s: float) -> bool:
-        """A job's checkpoint committed: its resume point advances, if the report is current."""
+    def report_commit(self, job_id: str, epoch: int, progress_s: float, timing: dict[str, float] | None = None) -> bool:
+        """A job's checkpoint committed: its resume point advances, if the report is current.
+        ``timing`` (``trained_s``, ``stall_s``, ``write_s``, from the job's report) goes into the
+        record as it is, so a ledger read from the log can tell restart and checkpoint stall apart."""
         job = self.jobs.get(job_id)
         reason = self.commit_rejection(job_id, epoch, progress_s)
         if reason:
@@ -169,7 +171,10 @@ class Scheduler(Preemption):
         if job.id in self._order:
             self._order_add(job)  # what it would lose restarts from this commit
         self._touch(job)
-        self._emit(ev.CHECKPOINT_COMMITTED, job=job_id, epoch=epoch, progress_s=progress_s)
+        if timing:
+            self._emit(ev.CHECKPOINT_COMMITTED, job=job_id, epoch=epoch, progress_s=progress_s, **timing)
+        else:
+            self._emit(ev.CHECKPOINT_COMMITTED, job=job_id, epoch=epoch, progress_s=progress_s)
         self._flush()
         return True
 

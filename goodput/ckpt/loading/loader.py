@@ -23,7 +23,7 @@ import torch
 from .. import collective
 from ..collective import name_ranks
 from ..dcp_compat import check_planner, location
-from ..errors import CheckpointError, describe, rank_errors
+from ..errors import CheckpointError, StorageError, describe, rank_errors
 from ..format.dtypes import dtype as dtype_info
 from ..format.format import decode_value
 from ..state import TensorLeaf, dest_bytes, expand_stateful, flatten, materialize_meta
@@ -239,6 +239,8 @@ def open_for_load(path: Path, storage: Storage | None = None) -> Any:
     :mod:`goodput.ckpt.loading.hf`)."""
     try:
         return Checkpoint(path, storage)
+    except StorageError:
+        raise  # the storage did not answer: no reason to think it holds anything else
     except CheckpointError:
         from .hf import HFCheckpoint, is_hf_dir
 

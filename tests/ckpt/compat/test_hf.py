@@ -216,3 +216,62 @@ def test_export_holds_one_shard_in_memory(tmp_path: Path) -> None:
     r = json.loads(p.stdout.strip().splitlines()[-1])
     assert len(r["files"]) == 5  # 4 shards of 2 tensors, and the index
     assert r["delta"] <= 24 << 20, r  # one 16 MiB shard and some slack; the whole is 64 MiB
+
+
+def _upload(local: Path, bucket: str, prefix: str) -> str:
+    """The directory's files under ``s3://bucket/prefix`` (``bucket`` as the fixture gives it)."""
+    from goodput.ckpt.storage import s3
+
+    name, _, base = bucket.partition("/")
+    c = s3.default_storage().client()
+    for f in sorted(os.listdir(local)):
+        c.upload_file(str(local / f), name, f"{base}/{prefix}/{f}")
+    return f"s3://{bucket}/{prefix}"
+
+
+def test_hf_directory_loads_from_s3_exactly_as_from_a_local_directory(tmp_path: Path, bucket: str) -> None:
+    """The same sharded Hugging Face directory, local and uploaded under an ``s3://`` prefix: the
+    load from the object store reads the same values, the same byte figures, and fetches nothing
+    beyond the files' headers and the runs its shards need (counted by the store itself)."""
+    from goodput.ckpt.storage import s3
+
+    w = torch.randn(40, 12)
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    save_file({"w": w[:20].clone(), "b": torch.randn(12)}, hf / "model-00001-of-00002.safetensors")
+    save_file({"w2": w[20:].clone().bfloat16()}, hf / "model-00002-of-00002.safetensors")
+    wm = {"w": "model-00001-of-00002.safetensors", "b": "model-00001-of-00002.safetensors"}
+    wm["w2"] = "model-00002-of-00002.safetensors"
+    (hf / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+    url = _upload(hf, bucket, "hf")
+
+    def targets() -> dict:
+        return {"w": gc.LocalShard(torch.zeros(20, 5), (20, 12), (0, 7)), "w2": torch.zeros(20, 12)}
+
+    local, remote = targets(), targets()
+    st_local = gc.load(local, hf, strict=False).stats
+    store = s3.default_storage()
+    before = store.bytes_read
+    st_remote = gc.load(remote, url, strict=False).stats
+    fetched = store.bytes_read - before
+    assert torch.equal(remote["w"].tensor, w[:20, 7:]) and torch.equal(remote["w2"], w[20:].bfloat16().float())
+    assert torch.equal(remote["w"].tensor, local["w"].tensor) and torch.equal(remote["w2"], local["w2"])
+    assert st_remote.bytes_read == st_local.bytes_read == st_remote.bytes_needed == 20 * 5 * 4 + 20 * 12 * 2
+    headers = sum(8 + int.from_bytes((hf / f).read_bytes()[:8], "little") for f in set(wm.values()))
+    assert fetched == st_remote.bytes_read + headers, (fetched, st_remote.bytes_read, headers)
+
+    # a single file without an index, found by listing the prefix; read whole
+    save_file({"x": torch.arange(10.0)}, tmp_path / "model.safetensors")
+    name, _, base = bucket.partition("/")
+    store.client().upload_file(str(tmp_path / "model.safetensors"), name, f"{base}/single/model.safetensors")
+    x = {"x": torch.zeros(10)}
+    gc.load(x, f"s3://{bucket}/single")
+    assert torch.equal(x["x"], torch.arange(10.0))
+
+    # an index naming a file the prefix lacks: an error naming the object, as a URL
+    store.client().delete_object(Bucket=name, Key=f"{base}/hf/model-00002-of-00002.safetensors")
+    with pytest.raises(gc.CheckpointError, match=rf"'s3://{bucket}/hf/model-00002-of-00002.safetensors' is missing"):
+        gc.load(targets(), url, strict=False)
+    # nothing under the prefix: not a checkpoint (not "an empty Hugging Face directory")
+    with pytest.raises(gc.CheckpointError, match=f"'s3://{bucket}/nothing' is not a committed checkpoint"):
+        gc.load(targets(), f"s3://{bucket}/nothing")

@@ -68,6 +68,12 @@ def sim(
     ui: str = typer.Option(
         "", "--ui", help="Write the dashboard of our policy's run (DIR/index.html, self-contained) into this directory."
     ),
+    seeds: int = typer.Option(
+        1,
+        "--seeds",
+        help="Repeat with seeds SEED..SEED+N-1 (workload draws, failures, reclaims) and report each policy's "
+        "mean and range: one run's dynamics can rank close policies by chance.",
+    ),
 ) -> None:
     """Compare policies on one workload and one cluster: goodput, lost GPU-hours, waits, cost, violations."""
     from goodput.sched.sim import formats, interruptions, traces
@@ -79,60 +85,77 @@ def sim(
         chosen = resolve(policy)
     except ValueError as e:
         _fail(str(e))
-    notes: list[str] = []
     given = [f for f, v in (("--workload", workload), ("--alibaba", alibaba), ("--philly", philly)) if v]
     if len(given) > 1:
         _fail(f"give one workload, not {' and '.join(given)}")
-    try:
-        if philly:
-            job_list, cl, replay = traces.read_philly(philly, gpus=gpus, start=philly_from, days=philly_days, seed=seed)
-            notes.append(replay.describe())
-        elif alibaba:
-            job_list, cl = traces.read_alibaba(alibaba, seed=seed)
-            notes.append(
-                f"Alibaba GPU trace {alibaba}: {len(job_list)} GPU tasks (a pod list for packing studies, not an "
-                "arrival stream: it barely loads its cluster)"
-            )
-        elif workload:
-            job_list = formats.read_workload_csv(workload)
-            notes.append(f"workload {workload}: {len(job_list)} jobs")
-        else:
-            if jobs < 1 or nodes < 1:
-                _fail("--jobs and --nodes must be positive")
-            job_list = syn.synthetic(jobs, nodes=nodes, seed=seed)
-            notes.append(f"synthetic workload: {jobs} jobs calibrated to Acme (Seren, Kalos), seed {seed}")
-        if cluster:
-            cl = formats.read_cluster_json(cluster)
-            notes.append(f"cluster {cluster}: {cl.gpus} GPUs, {len(cl.events)} listed events")
-        elif not alibaba and not philly:
-            cl = syn.synthetic_cluster(nodes=nodes)
-            notes.append(f"synthetic cluster: {cl.gpus} GPUs in {', '.join(p.name for p in cl.pools)}")
-            if not failures:
-                failures = "llama3"
-        # our own generator's gangs are capped at --nodes, not at the largest pool: its misfits are
-        # left out and listed; a user's workload (a file or a trace) is an error unless asked
-        synthetic = not (philly or alibaba or workload)
-        job_list, skipped = _fit(job_list, cl, notes, skip_unplaceable or synthetic)
-        extra = []
-        horizon = horizon_of(job_list)
-        if failures:
-            if failures != "llama3":
-                _fail(f"--failures: unknown model {failures!r} (known: llama3)")
-            fl = interruptions.llama3_failures(cl, horizon, seed=seed)
-            extra += fl
-            notes.append(f"failures at the Llama 3 rate: {len(fl)} over {horizon / 3600:.0f} h")
-        if reclaims:
-            counts, gap = interruptions.read_skypilot(reclaims)
-            for p in cl.pools:
-                if p.kind.value == "spot":
-                    extra += interruptions.reclaims_from_trace(counts, gap, pool=p.name, pool_nodes=p.nodes, seed=seed)
-            notes.append(f"spot reclaims replayed from {reclaims}")
-        elif not cluster and not alibaba and not philly:
-            rc = poisson_reclaims(cl, horizon, seed=seed)
-            extra += rc
-            notes.append(f"spot reclaims at the pool's priced rate: {len(rc)} (120 s notice)")
-    except (formats.WorkloadError, OSError, ValueError) as e:
-        _fail(str(e))
+    if seeds < 1:
+        _fail("--seeds must be at least 1")
+    if seeds > 1 and (events or ui or db or ledger or plot):
+        _fail("--seeds compares means: --events, --ui, --db, --ledger and --plot describe one run (give --seed)")
+
+    def build(seed: int, failures: str = failures):  # noqa: ANN202
+        notes: list[str] = []
+        try:
+            if philly:
+                job_list, cl, replay = traces.read_philly(
+                    philly, gpus=gpus, start=philly_from, days=philly_days, seed=seed
+                )
+                notes.append(replay.describe())
+            elif alibaba:
+                job_list, cl = traces.read_alibaba(alibaba, seed=seed)
+                notes.append(
+                    f"Alibaba GPU trace {alibaba}: {len(job_list)} GPU tasks (a pod list for packing studies, not an "
+                    "arrival stream: it barely loads its cluster)"
+                )
+            elif workload:
+                job_list = formats.read_workload_csv(workload)
+                notes.append(f"workload {workload}: {len(job_list)} jobs")
+            else:
+                if jobs < 1 or nodes < 1:
+                    _fail("--jobs and --nodes must be positive")
+                job_list = syn.synthetic(jobs, nodes=nodes, seed=seed)
+                notes.append(f"synthetic workload: {jobs} jobs calibrated to Acme (Seren, Kalos), seed {seed}")
+            if cluster:
+                cl = formats.read_cluster_json(cluster)
+                notes.append(f"cluster {cluster}: {cl.gpus} GPUs, {len(cl.events)} listed events")
+            elif not alibaba and not philly:
+                cl = syn.synthetic_cluster(nodes=nodes)
+                notes.append(f"synthetic cluster: {cl.gpus} GPUs in {', '.join(p.name for p in cl.pools)}")
+                if not failures:
+                    failures = "llama3"
+            # our own generator's gangs are capped at --nodes, not at the largest pool: its misfits are
+            # left out and listed; a user's workload (a file or a trace) is an error unless asked
+            synthetic = not (philly or alibaba or workload)
+            job_list, skipped = _fit(job_list, cl, notes, skip_unplaceable or synthetic)
+            extra = []
+            horizon = horizon_of(job_list)
+            if failures:
+                if failures != "llama3":
+                    _fail(f"--failures: unknown model {failures!r} (known: llama3)")
+                fl = interruptions.llama3_failures(cl, horizon, seed=seed)
+                extra += fl
+                notes.append(f"failures at the Llama 3 rate: {len(fl)} over {horizon / 3600:.0f} h")
+            if reclaims:
+                counts, gap = interruptions.read_skypilot(reclaims)
+                for p in cl.pools:
+                    if p.kind.value == "spot":
+                        extra += interruptions.reclaims_from_trace(
+                            counts, gap, pool=p.name, pool_nodes=p.nodes, seed=seed
+                        )
+                notes.append(f"spot reclaims replayed from {reclaims}")
+            elif not cluster and not alibaba and not philly:
+                rc = poisson_reclaims(cl, horizon, seed=seed)
+                extra += rc
+                notes.append(f"spot reclaims at the pool's priced rate: {len(rc)} (120 s notice)")
+        except (formats.WorkloadError, OSError, ValueError) as e:
+            _fail(str(e))
+        return job_list, cl, extra, notes, skipped
+
+    n_workers = workers or min(len(chosen), os.cpu_count() or 1)
+    if seeds > 1:
+        _sim_seeds(build, chosen, range(seed, seed + seeds), n_workers, as_json)
+        return
+    job_list, cl, extra, notes, skipped = build(seed)
     if db and len(job_list) > 20_000:
         notes.append("--db: one durable transaction per input; expect minutes for a large workload")
     names = [p.name for p in chosen]
@@ -140,7 +163,6 @@ def sim(
         events = str(Path(ui) / "events.jsonl")
         Path(ui).mkdir(parents=True, exist_ok=True)
     ev_policy = ours(names) if events else None
-    n_workers = workers or min(len(chosen), os.cpu_count() or 1)
     status = Console(stderr=True)
     done: list[str] = []
     with status.status(f"simulating {len(chosen)} policies on {len(job_list)} jobs ({n_workers} processes)") as st:
@@ -188,6 +210,35 @@ def sim(
         console.print(f"event log of {ev_policy}: {events}")
     for p in paths:
         console.print(f"plot: {p}")
+
+
+def _sim_seeds(build, chosen, seeds, n_workers: int, as_json: bool) -> None:  # noqa: ANN001
+    """The comparison once per seed, then each policy's mean and range over them."""
+    from goodput.sched.sim.compare import compare
+    from goodput.sched.sim.report import render_seeds, seeds_summary
+
+    per_seed: dict[int, list] = {}
+    all_notes: list[str] = []
+    status = Console(stderr=True)
+    with status.status(f"simulating {len(chosen)} policies x {len(seeds)} seeds ({n_workers} processes)") as st:
+        for s in seeds:
+            job_list, cl, extra, notes, _ = build(s)
+            all_notes.append(f"seed {s}: " + "; ".join(notes))
+            st.update(f"seed {s}: {len(job_list)} jobs ({len(per_seed)}/{len(seeds)} seeds done)")
+            try:
+                per_seed[s] = compare(job_list, cl, chosen, extra_events=extra, workers=n_workers)
+            except (ValueError, OSError) as e:
+                _fail(str(e))
+    summary = seeds_summary(per_seed)
+    if as_json:
+        out = {
+            "seeds": {str(s): {r.name: _finite(r.metrics) for r in rs} for s, rs in per_seed.items()},
+            "summary": _finite(summary),
+            "notes": all_notes,
+        }
+        print(json.dumps(out, indent=2))
+        return
+    render_seeds(summary, _console(), header="\n".join(all_notes))
 
 
 def _fit(job_list, cl, notes, skip: bool):  # noqa: ANN001, ANN202

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -243,3 +244,74 @@ def plots(results: Sequence[PolicyResult], directory: str | Path) -> list[Path]:
     plt.close(fig)
     paths.append(p)
     return paths
+
+
+SEED_KEYS = (  # (metric, label, best is higher)
+    ("useful_per_capacity", "useful / capacity", True),
+    ("lost_gpu_hours_total", "lost GPU-h", False),
+    ("victims_per_decision", "victims / decision", False),
+)
+
+
+def seeds_summary(per_seed: Mapping[int, Sequence[PolicyResult]]) -> dict[str, dict[str, Any]]:
+    """Per policy and metric of :data:`SEED_KEYS`: mean, min, max over the seeds and in how many
+    seeds it was the best of the comparison; plus the most evictions of one job and violations."""
+    names = [r.name for r in next(iter(per_seed.values()), [])]
+    out: dict[str, dict[str, Any]] = {n: {"seeds": len(per_seed)} for n in names}
+    for key, _, higher in SEED_KEYS:
+        best_count = dict.fromkeys(names, 0)
+        values: dict[str, list[float]] = {n: [] for n in names}
+        for rs in per_seed.values():
+            vals = {r.name: float(r.metrics.get(key, math.nan)) for r in rs}
+            for n, v in vals.items():
+                values[n].append(v)
+            finite = [v for v in vals.values() if math.isfinite(v)]
+            if finite:
+                best = max(finite) if higher else min(finite)
+                for n, v in vals.items():
+                    best_count[n] += v == best
+        for n in names:
+            xs = [v for v in values[n] if math.isfinite(v)]
+            out[n][key] = {
+                "mean": sum(xs) / len(xs) if xs else math.nan,
+                "min": min(xs, default=math.nan),
+                "max": max(xs, default=math.nan),
+                "best_in": best_count[n],
+            }
+    for n in names:
+        ms = [r.metrics for rs in per_seed.values() for r in rs if r.name == n]
+        out[n]["max_evictions_of_one_job"] = max((int(m.get("max_evictions_of_one_job", 0)) for m in ms), default=0)
+        out[n]["violations"] = sum(int(m.get("violations", 0)) for m in ms)
+    return out
+
+
+def render_seeds(summary: Mapping[str, Mapping[str, Any]], console: Console, header: str = "") -> None:
+    """Means with their range: a difference inside the ranges is not a ranking."""
+    if header:
+        console.print(header)
+    n = max((int(v["seeds"]) for v in summary.values()), default=0)
+    for key, label, higher in SEED_KEYS:
+        t = _table(
+            f"{label} over {n} seeds ({'higher' if higher else 'lower'} is better)",
+            "policy",
+            ("mean", "min", "max", "best in"),
+        )
+        fmt = (
+            (lambda x: f"{x:.4f}")
+            if key == "useful_per_capacity"
+            else (_h if key.startswith("lost") else "{:.2f}".format)
+        )
+        for name, v in summary.items():
+            m = v[key]
+            t.add_row(
+                f"[bold]{name}[/bold]" if "goodput" in name else name,
+                fmt(m["mean"]),
+                fmt(m["min"]),
+                fmt(m["max"]),
+                f"{m['best_in']}/{n}",
+            )
+        console.print(t)
+    t = _table("over every seed", "policy", ("most evictions\nof one job", "checker\nviolations"))
+    for name, v in summary.items():
+        t.add_row(name, str(v["max_evictions_of_one_job"]), str(v["violations"]))
+    console.print(t)

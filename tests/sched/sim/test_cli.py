@@ -254,3 +254,29 @@ def test_check_takes_a_live_services_slots(tmp_path: Path) -> None:
     assert ok.exit_code == 0 and "no violations" in ok.output, ok.output
     wrong = runner.invoke(app, ["sched", "check", str(log)])  # the synthetic cluster has no such slots
     assert wrong.exit_code == 1 and "not_all_or_nothing" in wrong.output
+
+
+def test_sim_seeds_reports_each_policys_mean_and_range_over_the_seeds() -> None:
+    args = ["sched", "sim", "--jobs", "300", "--nodes", "16", "--policy", "goodput", "--policy", "spot-by-price"]
+    res = runner.invoke(app, [*args, "--seeds", "2", "--seed", "5", "--workers", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert sorted(out["seeds"]) == ["5", "6"]
+    for name in ("goodput", "spot-by-price"):
+        per = [out["seeds"][s][name]["useful_per_capacity"] for s in ("5", "6")]
+        got = out["summary"][name]["useful_per_capacity"]
+        assert got["mean"] == sum(per) / 2 and got["min"] == min(per) and got["max"] == max(per)
+    # the best of each seed is counted once per seed (ties count for each of the tied)
+    best = [max(out["seeds"][s][n]["useful_per_capacity"] for n in ("goodput", "spot-by-price")) for s in ("5", "6")]
+    assert sum(out["summary"][n]["useful_per_capacity"]["best_in"] for n in ("goodput", "spot-by-price")) >= len(best)
+    # each seed is its own run: the same as a single run with that seed
+    one = runner.invoke(app, [*args, "--seed", "6", "--workers", "1", "--json"])
+    assert (
+        json.loads(one.stdout)["policies"]["goodput"]["useful_per_capacity"]
+        == out["seeds"]["6"]["goodput"]["useful_per_capacity"]
+    )
+    # a seed table is rendered, and one-run outputs are refused beside --seeds
+    table = runner.invoke(app, [*args, "--seeds", "2", "--workers", "1"])
+    assert table.exit_code == 0 and "over 2 seeds" in table.output
+    bad = runner.invoke(app, [*args, "--seeds", "2", "--events", "x.jsonl"])
+    assert bad.exit_code == 2 and "--seeds" in bad.output

@@ -51,9 +51,14 @@ class Limits:
     usage_half_life_s: float = 604800.0  # fair share's usage decays by half over this (one week)
     infra_backoff_s: float = 60.0  # first delay before an infrastructure loss is retried; doubles
     max_infra_losses: int = 10  # infrastructure losses a job may suffer before it fails for good
+    # exits 75 ("checkpointed, yielding") nobody asked for: a node-level notice that reached the job
+    # first is one, a job that yields at every start would requeue for ever; past this it fails
+    max_unasked_yields: int = 10
     # jobs one tenant may have not yet ended (pending, running or preempting): the live service refuses
     # an HTTP submission past it (429); the simulator's workloads are the operator's own and ignore it
     max_queued_per_tenant: int = 100_000
+    # bytes a run's log may hold (the live service's local executor): past it the log keeps its newest half
+    max_log_bytes: int = 64 << 20
 
     def decay(self, dt: float) -> float:
         """The factor usage keeps over ``dt`` seconds."""
@@ -90,7 +95,9 @@ _LIMIT_KEYS: dict[str, str] = {  # key -> "num" (finite >= 0), "pos" (finite > 0
     "usage_half_life_s": "pos",
     "infra_backoff_s": "num",
     "max_infra_losses": "int",
+    "max_unasked_yields": "int",
     "max_queued_per_tenant": "count",
+    "max_log_bytes": "count",
 }
 
 

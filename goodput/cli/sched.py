@@ -290,7 +290,11 @@ def check_cmd(
     from goodput.sched.sim.compare import rules_of
 
     try:
-        if cluster:
+        if cluster and partition:  # over Slurm the file's pools are optional (goodput.sched.live.slurm)
+            from goodput.sched.live.slurm import read_cluster_json
+
+            cl = read_cluster_json(cluster)
+        elif cluster:
             cl = formats.read_cluster_json(cluster)
         elif nodes:
             cl = formats.Cluster(pools=list(_pools("", nodes, gpus_per_node)))
@@ -300,10 +304,10 @@ def check_cmd(
         if partition:  # the nodes as Slurm names them (goodput.sched.live.slurm.discover, as serve does)
             import dataclasses
 
-            from goodput.sched.live.slurm import Slurm, discover
+            from goodput.sched.live.slurm import Slurm, check_pools, discover
 
             slurm_pools, built, _ = discover(Slurm(conf=slurm_conf), partition)
-            cl = dataclasses.replace(cl, pools=slurm_pools)
+            cl = dataclasses.replace(cl, pools=check_pools(cl.pools, slurm_pools, partition))
         capacity = {n.name: n.gpus for n in built}
         node_pool = {n.name: n.pool for n in built}
         kinds = {p.name: p.kind.value for p in cl.pools}
@@ -405,9 +409,10 @@ def serve_cmd(
 
     opts = _slurm_options(cluster, executor, partition, slurm_conf, job_python)
     pools = _pools(cluster, nodes, gpus_per_node) if opts is None else []
-    gov = _governance(cluster)
+    gov = _governance(cluster, slurm=opts is not None)
     if opts is not None:
         opts["allow_root_jobs"] = allow_root_jobs
+        opts["pools"] = _slurm_cluster(cluster).pools if cluster else []  # checked against Slurm's at start
     notes = Console(stderr=True)
     try:
         serve(
@@ -421,13 +426,25 @@ def serve_cmd(
         _fail(str(e))
 
 
-def _governance(cluster: str):  # noqa: ANN202
+def _slurm_cluster(cluster: str):  # noqa: ANN202
+    """The cluster JSON of ``serve --executor slurm``: pools optional (goodput.sched.live.slurm.read_cluster_json)."""
+    from goodput.sched.live.slurm import read_cluster_json
+
+    try:
+        return read_cluster_json(cluster)
+    except (OSError, ValueError) as e:
+        _fail(str(e))
+
+
+def _governance(cluster: str, *, slurm: bool = False):  # noqa: ANN202
     """The cluster JSON's tenants (users, checkpoint prefixes, priority caps) and limits, or the defaults."""
     from goodput.sched.core.governance import Governance
     from goodput.sched.sim import formats
 
     if not cluster:
         return Governance()
+    if slurm:
+        return _slurm_cluster(cluster).governance
     try:
         return formats.read_cluster_json(cluster).governance
     except (formats.WorkloadError, OSError, ValueError) as e:
@@ -456,6 +473,7 @@ def _slurm_options(cluster: str, executor: str, partition: str, conf: str, pytho
         "partition": partition,
         "slurm_conf": conf or str(section.get("slurm_conf", "")),
         "python": python or str(section.get("job_python", "")),
+        "drain_grace_s": section.get("drain_grace_s", 30.0),
     }
 
 

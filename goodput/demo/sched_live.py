@@ -53,7 +53,12 @@ TERMINAL = ("finished", "failed", "cancelled")
 
 
 class ServiceProcess:
-    """``goodput sched serve`` as a child process, so that it can be SIGKILLed and restarted."""
+    """``goodput sched serve`` as a child process, so that it can be SIGKILLed and restarted.
+
+    The demos' and tests' one way to run the service apart: :meth:`spawn` starts it with the given
+    arguments and waits for ``/healthz``; :meth:`kill9` is the crash, :meth:`stop` the clean end.
+    This demo's own service (4 local slots, one admin tenant) is :meth:`start`;
+    ``goodput.demo.slurm.SlurmService`` starts the Slurm executor's."""
 
     def __init__(self, base: Path) -> None:
         from goodput.sched.live.local import free_port
@@ -65,20 +70,48 @@ class ServiceProcess:
         self.proc: subprocess.Popen | None = None
         self.health: dict[str, Any] = {}
 
-    def token(self) -> str:
+    def new_token(self, tenant: str, *, admin: bool = False) -> str:
+        """A fresh token of ``tenant`` in the service's store (the store may be written while it runs)."""
         from goodput.sched.live.service import new_token
         from goodput.sched.live.store import open_store
 
         store = open_store(self.db)
         try:
-            return new_token(store, "demo", "admin")
+            return new_token(store, tenant, "admin" if admin else "tenant")
         finally:
             store.close()
+
+    def token(self) -> str:
+        return self.new_token("demo", admin=True)
+
+    def spawn(self, args: list[str], *, env: dict[str, str] | None = None, timeout_s: float = 60.0) -> None:
+        """``goodput sched serve --db DB --port PORT ARGS...``, its output appended to ``serve.log``;
+        returns once ``/healthz`` answers (kept in ``health``), raises with the log's tail if it exits."""
+        cmd = [sys.executable, "-m", "goodput.cli.main", "sched", "serve", "--db", self.db, "--port", str(self.port)]
+        with open(self.base / "serve.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                cmd + args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+            )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/healthz", timeout=2) as r:
+                    self.health = json.loads(r.read())
+                return
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError("the service exited: " + self.log_tail()) from None
+                time.sleep(0.1)
+        raise RuntimeError("the service did not come up: " + self.log_tail())
+
+    def log_tail(self, n: int = 3000) -> str:
+        with contextlib.suppress(OSError):
+            return (self.base / "serve.log").read_text(errors="replace")[-n:]
+        return ""
 
     def start(self) -> None:
         if not getattr(self, "admin", ""):
             self.admin = self.token()
-        cmd = [sys.executable, "-m", "goodput.cli.main", "sched", "serve", "--db", self.db, "--port", str(self.port)]
         # one user's machine: the demo tenant's jobs run as this user (root included, --allow-root-jobs),
         # their checkpoints under the demo's directory, and a young run may be preempted (min_run_s 0)
         cluster = self.base / "cluster.json"
@@ -99,43 +132,24 @@ class ServiceProcess:
                 }
             )
         )
-        cmd += [
-            "--cluster",
-            str(cluster),
-            "--allow-root-jobs",
-            "--state-dir",
-            str(self.base / "state"),
-            "--tick-s",
-            "0.2",
-        ]
-        with open(self.base / "serve.log", "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.url + "/healthz", timeout=2) as r:
-                    self.health = json.loads(r.read())
-                # how it started (restored, adopted runs) is the operator's: GET /service, admin only
-                req = urllib.request.Request(self.url + "/service", headers={"Authorization": f"Bearer {self.admin}"})
-                with urllib.request.urlopen(req, timeout=10) as r:
-                    self.health.update(json.loads(r.read()))
-                return
-            except OSError:
-                if self.proc.poll() is not None:
-                    raise RuntimeError("the service exited: " + (self.base / "serve.log").read_text()[-2000:]) from None
-                time.sleep(0.1)
-        raise RuntimeError("the service did not come up")
+        self.spawn(
+            ["--cluster", str(cluster), "--allow-root-jobs", "--state-dir", str(self.base / "state"), "--tick-s", "0.2"]
+        )
+        # how it started (restored, adopted runs) is the operator's: GET /service, admin only
+        req = urllib.request.Request(self.url + "/service", headers={"Authorization": f"Bearer {self.admin}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            self.health.update(json.loads(r.read()))
 
     def kill9(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=10)
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 15.0) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=10)
+                self.proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 self.kill9()
 

@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import pwd
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -38,6 +37,7 @@ from typing import Any
 
 from rich.console import Console
 
+from .sched_live import ServiceProcess
 from .slurm_cluster import SlurmCluster, missing
 
 console = Console()
@@ -96,7 +96,7 @@ def runtime_for(users: list[str]) -> Runtime:
 # ---------------------------------------------------------------------- the service, as a child process
 
 
-class SlurmService:
+class SlurmService(ServiceProcess):
     """``goodput sched serve --executor slurm`` over a local cluster, as a child process (killable)."""
 
     def __init__(
@@ -108,95 +108,34 @@ class SlurmService:
         allow_root_jobs: bool,
         users: dict[str, str] | None = None,
     ) -> None:
-        from goodput.sched.live.local import free_port
-
-        self.base = base
+        super().__init__(base)
         self.cluster = cluster
         self.runtime = runtime
-        self.db = f"sqlite:///{base / 'sched.db'}"
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
         self.allow_root_jobs = allow_root_jobs
         # the operator's file: tenants and their Unix users, and limits that let a preemption happen
         # within a demo (a run is no victim for its first 600 s by default; an infrastructure loss
-        # waits 60 s before its retry). Its pools describe the partition; Slurm's own are used.
+        # waits 60 s before its retry). No pools: they are the partition's, from sinfo.
         self.cluster_json = base / "cluster.json"
         self.cluster_json.write_text(
             json.dumps(
                 {
-                    "pools": [
-                        {
-                            "name": cluster.partition,
-                            "kind": "on-demand",
-                            "nodes": cluster.nodes,
-                            "gpus_per_node": cluster.gpus,
-                            "price_per_gpu_hour": 0,
-                        }
-                    ],
                     "limits": {"min_run_s": 0, "infra_backoff_s": 1},
                     "tenants": [{"name": t, "user": u} for t, u in sorted((users or {}).items())],
                 }
-            ),  # fmt: skip
+            ),
             encoding="utf-8",
         )
 
-    def token(self, tenant: str, *, admin: bool = False) -> str:
-        from goodput.sched.live.service import new_token
-        from goodput.sched.live.store import open_store
-
-        store = open_store(self.db)
-        try:
-            return new_token(store, tenant, "admin" if admin else "tenant")
-        finally:
-            store.close()
+    def token(self, tenant: str, *, admin: bool = False) -> str:  # type: ignore[override]
+        return self.new_token(tenant, admin=admin)
 
     def start(self) -> None:
-        cmd = [sys.executable, "-m", "goodput.cli.main", "sched", "serve", "--db", self.db, "--port", str(self.port)]
-        cmd += [
-            "--cluster",
-            str(self.cluster_json),
-            "--executor",
-            "slurm",
-            "--partition",
-            self.cluster.partition,
-            "--slurm-conf",
-            str(self.cluster.conf),
-        ]
-        cmd += ["--job-python", self.runtime.python, "--state-dir", str(self.base / "state"), "--tick-s", "0.2"]
-        cmd += ["--allow-root-jobs"] if self.allow_root_jobs else []
+        args = ["--cluster", str(self.cluster_json), "--executor", "slurm", "--partition", self.cluster.partition]
+        args += ["--slurm-conf", str(self.cluster.conf), "--job-python", self.runtime.python]
+        args += ["--state-dir", str(self.base / "state"), "--tick-s", "0.2"]
+        args += ["--allow-root-jobs"] if self.allow_root_jobs else []
         env = {**os.environ, "PYTHONPATH": self.runtime.pythonpath, "SLURM_CONF": str(self.cluster.conf)}
-        with open(self.base / "serve.log", "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.url + "/healthz", timeout=2) as r:
-                    json.loads(r.read())
-                    return
-            except OSError:
-                if self.proc.poll() is not None:
-                    raise RuntimeError("the service exited: " + self.log_tail()) from None
-                time.sleep(0.1)
-        raise RuntimeError("the service did not come up: " + self.log_tail())
-
-    def log_tail(self) -> str:
-        with contextlib.suppress(OSError):
-            return (self.base / "serve.log").read_text(errors="replace")[-3000:]
-        return ""
-
-    def kill9(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill9()
+        self.spawn(args, env=env, timeout_s=90.0)
 
 
 def get(url: str, token: str) -> Any:

@@ -78,6 +78,7 @@ DOWN_NODE_STATES = frozenset({"down", "fail", "failing"})
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 COMMENT = re.compile(r"^goodput:([0-9a-f]{12}):([A-Za-z0-9._-]{1,128}):([0-9]{1,9})$")
 META_KEY = "."  # the row of the slurm_runs table that holds this service's instance id
+DRAINED_KEY = ".drained"  # the row that holds the nodes goodput drained because Slurm had (a JSON list)
 
 
 class SlurmError(OSError):
@@ -189,6 +190,64 @@ def discover(slurm: Slurm, partition: str) -> tuple[list[Pool], list[Node], dict
     return [pool], recs, {n.name: n for n in nodes}
 
 
+def read_cluster_json(path: str | os.PathLike) -> Any:
+    """The cluster JSON of a service over Slurm (``serve --executor slurm``, ``check --partition``): a
+    ``goodput.sched.sim.formats.Cluster`` whose ``pools`` are the file's if it gives any, else empty:
+    over Slurm they come from ``sinfo``, so the file needs only its ``tenants`` and ``limits``. Pools it
+    does give are read as the simulator reads them and must agree with Slurm's (:func:`check_pools`).
+    A file that cannot be read raises ``ValueError``/``OSError`` naming it and the key at fault."""
+    from ..core.governance import Governance, GovernanceError
+    from ..sim import formats
+
+    name = str(path)
+    try:
+        obj = json.loads(Path(path).read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise formats.WorkloadError(f"{name}: not JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise formats.WorkloadError(f"{name}: expected an object, got {type(obj).__name__}")
+    if "pools" in obj:
+        return formats.read_cluster_json(path)
+    if obj.get("events"):
+        raise formats.WorkloadError(f"{name}: events: cluster events name pools, and this file gives none")
+    try:
+        gov = Governance.from_obj(obj.get("tenants"), obj.get("limits"))
+    except GovernanceError as e:
+        raise formats.WorkloadError(f"{name}: {e}") from None
+    return formats.Cluster(pools=[], governance=gov)
+
+
+def check_pools(given: list[Pool], found: list[Pool], partition: str) -> list[Pool]:
+    """Slurm's pools, checked against a cluster JSON's: none given is agreement; given ones must be
+    exactly Slurm's (one pool named after the partition, on-demand, as many nodes, as many GPUs per
+    node), or a ``ValueError`` says where they differ. A given price is kept (Slurm knows none)."""
+    if not given:
+        return found
+    want = {p.name: p for p in found}
+    got = {p.name: p for p in given}
+    if set(got) != set(want):
+        raise ValueError(
+            f"the cluster JSON's pools {sorted(got)} are not Slurm's: over --executor slurm the pool is the "
+            f"partition {partition!r} (from sinfo); leave 'pools' out of the file, or name it {sorted(want)}"
+        )
+    out = []
+    for name, f in want.items():
+        g = got[name]
+        diff = [
+            f"{k} {getattr(g, k)!r} (Slurm: {getattr(f, k)!r})"
+            for k in ("kind", "nodes", "gpus_per_node")
+            if getattr(g, k) != getattr(f, k)
+        ]
+        if diff:
+            raise ValueError(
+                f"the cluster JSON's pool {name!r} disagrees with Slurm's partition {partition!r}: "
+                + ", ".join(diff)
+                + "; leave 'pools' out of the file (Slurm's are used) or make it match"
+            )
+        out.append(Pool(f.name, f.kind, f.nodes, f.gpus_per_node, g.price_per_gpu_hour, g.reclaim_per_node_hour))
+    return out
+
+
 def exit_code(raw: Any) -> tuple[int | None, int | None]:
     """(status, signal) from squeue's ``exit_code``: a wait status (22.05) or an object (23.02+)."""
     if isinstance(raw, bool):
@@ -288,6 +347,27 @@ class RunTable:
         self._put(META_KEY, inst)
         return inst
 
+    def drained(self) -> set[str]:
+        """The nodes Slurm had drained when this service last looked (so that a RESUME while it was
+        down still returns them); a row that does not decode is logged and read as none."""
+        s = self.store
+        with s._use(), s._transaction(write=False) as cur:
+            cur.execute(s._sql("SELECT body FROM slurm_runs WHERE job = ?"), (DRAINED_KEY,))
+            row = cur.fetchone()
+        if row is None:
+            return set()
+        try:
+            names = json.loads(row[0])
+            if not isinstance(names, list) or not all(isinstance(n, str) and SAFE_ID.match(n) for n in names):
+                raise ValueError("not a list of node names")
+        except ValueError as e:
+            log.error("slurm_runs row %r does not decode (%s): no node counts as drained by Slurm", DRAINED_KEY, e)
+            return set()
+        return set(names)
+
+    def save_drained(self, names: Iterable[str]) -> None:
+        self._put(DRAINED_KEY, json.dumps(sorted(names)))
+
     def save(self, run: SlurmRun) -> None:
         self._put(run.job, json.dumps(asdict(run), sort_keys=True))
 
@@ -306,7 +386,7 @@ class RunTable:
             rows = cur.fetchall()
         out = []
         for key, body in rows:
-            if key == META_KEY:
+            if str(key).startswith("."):  # this service's own rows (instance id, drained nodes)
                 continue
             try:
                 raw = json.loads(body)
@@ -341,9 +421,9 @@ class View:
 class SlurmExecutor:
     """Runs each gang as one Slurm job; a watcher thread reads Slurm once per pass.
 
-    ``on_exit(job_id, epoch, status)`` as the local executor's; ``on_nodes(down, up)`` with the
-    node names Slurm reports down or back (all of them at the first pass, then changes; the caller
-    takes its own lock for both). ``run_as(job)`` is the identity a job runs as (None: the service's
+    ``on_exit(job_id, epoch, status)`` as the local executor's; ``on_nodes(down, up, drained, resumed)``
+    with the node names Slurm reports down, up, drained, and up again after a drain (every node at the
+    first pass, then changes; the caller takes its own lock for both; :func:`node_changes` applies them). ``run_as(job)`` is the identity a job runs as (None: the service's
     own; may raise, which fails the run), ``env_for(job)`` its spec's environment; the rest of a
     job's environment is the local executor's (``local.job_environment``), with its token in a file.
     """
@@ -358,7 +438,7 @@ class SlurmExecutor:
         slurm: Slurm | None = None,
         token_for: Callable[[Job], str] | None = None,
         on_exit: Callable[[str, int, str], None] | None = None,
-        on_nodes: Callable[[list[str], list[str]], None] | None = None,
+        on_nodes: Callable[[list[str], list[str], list[str], list[str]], None] | None = None,
         run_as: Callable[[Job], RunAs | None] | None = None,
         env_for: Callable[[Job], dict[str, str]] | None = None,
         python: str = "",
@@ -383,6 +463,7 @@ class SlurmExecutor:
         self.runs: dict[str, SlurmRun] = {}
         self.nodes: dict[str, SlurmNode] = {}
         self.down: set[str] = set()  # nodes we reported down to the core
+        self.drained: set[str] = self.table.drained()  # nodes we drained in the core because Slurm had
         self._first_nodes = True
         self.view = View()
         self.failures: list[str] = []  # Slurm commands that failed (kept short): what /healthz may show
@@ -581,25 +662,50 @@ class SlurmExecutor:
         return len(done)
 
     def _poll_nodes(self) -> None:
+        """Slurm's node states into the core's, as changes: ``DOWN``/``FAIL`` is a loss, ``DRAIN`` (an
+        operator's ``scontrol update nodename=X state=DRAIN``, whatever the base state) is goodput's
+        drain, anything else is up. A node back from down that still does not respond stays down."""
         try:
             nodes = read_nodes(self.slurm, self.partition)
         except SlurmError as e:
             self._note(str(e))
             return
-        down, up = [], []
+        down, up, drained, resumed = [], [], [], []
         with self._lock:
             first, self._first_nodes = self._first_nodes, False
+            was_drained = set(self.drained)
             for n in nodes:
                 self.nodes[n.name] = n
-                is_down = n.state in DOWN_NODE_STATES
-                if is_down and (first or n.name not in self.down):
+                if n.state in DOWN_NODE_STATES:
+                    want = "down"
+                elif "DRAIN" in n.flags:
+                    want = "drain"
+                elif "NOT_RESPONDING" in n.flags and n.name in self.down:
+                    continue
+                else:
+                    want = "up"
+                was = "down" if n.name in self.down else "drain" if n.name in self.drained else "up"
+                if want == was and not first:
+                    continue
+                self.down.discard(n.name)
+                self.drained.discard(n.name)
+                if want == "down":
                     self.down.add(n.name)
                     down.append(n.name)
-                elif not is_down and (first or n.name in self.down) and "NOT_RESPONDING" not in n.flags:
-                    self.down.discard(n.name)
+                elif want == "drain":
+                    self.drained.add(n.name)
+                    drained.append(n.name)
+                elif was == "drain":
+                    resumed.append(n.name)
+                else:
                     up.append(n.name)
-        if (down or up) and self.on_nodes is not None:
-            self.on_nodes(down, up)
+            if self.drained != was_drained:
+                try:
+                    self.table.save_drained(self.drained)
+                except Exception as e:  # noqa: BLE001 - the next change writes it again; the core is told now
+                    self._note(f"cannot store the drained nodes: {e}")
+        if (down or up or drained or resumed) and self.on_nodes is not None:
+            self.on_nodes(down, up, drained, resumed)
 
     # ------------------------------------------------------------------ Slurm calls
 
@@ -783,17 +889,43 @@ class SlurmExecutor:
 # ---------------------------------------------------------------------- wiring into the service
 
 
-def node_changes(sched: Any, down: Iterable[str], up: Iterable[str]) -> None:
-    """Slurm's node view into the core: down nodes are lost (their jobs resume from their commits,
-    counted as infrastructure), nodes back are returned. Call with the service's lock held."""
+def node_changes(
+    sched: Any,
+    down: Iterable[str],
+    up: Iterable[str],
+    drained: Iterable[str] = (),
+    resumed: Iterable[str] = (),
+    *,
+    drain_grace_s: float = 30.0,
+) -> None:
+    """Slurm's node view into the core (call with the service's lock held):
+
+    - ``down`` nodes are lost (their jobs resume from their commits, counted as infrastructure);
+    - ``drained`` nodes get goodput's drain, as ``POST /nodes/{name}/drain?grace_s=`` gives it: no new
+      placement there, each running job asked to checkpoint (when its write fits) and leave by now +
+      ``drain_grace_s``, killed at that deadline, requeued as an infrastructure loss (docs/SCHED.md);
+    - ``up`` nodes that were lost return; ``resumed`` nodes (Slurm drained them, and goodput with it)
+      return from the drain or the loss. A node drained through goodput's own API while Slurm has it
+      up stays drained: only Slurm's drains are undone by Slurm's RESUME.
+    """
     from ..core.model import Health
 
-    lost = [n for n in down if n in sched.cap.nodes and sched.cap.nodes[n].health is not Health.LOST]
+    nodes = sched.cap.nodes
+    lost = [n for n in down if n in nodes and nodes[n].health is not Health.LOST]
     if lost:
         sched.node_lost(lost)
-    back = [n for n in up if n in sched.cap.nodes and sched.cap.nodes[n].health is Health.LOST]
+    back = [n for n in up if n in nodes and nodes[n].health is Health.LOST]
+    back += [n for n in resumed if n in nodes and nodes[n].health is not Health.UP]
     if back:
         sched.node_up(back)
+    drain = [n for n in drained if n in nodes]
+    if drain:
+        from_loss = [n for n in drain if nodes[n].health is Health.LOST]  # back from down, but drained
+        if from_loss:
+            sched.node_up(from_loss)
+        fresh = [n for n in drain if nodes[n].health is Health.UP]
+        if fresh:
+            sched.reclaim_notice(fresh, sched.clock.now() + drain_grace_s, why="node_loss")
 
 
 __all__ = [
@@ -803,10 +935,12 @@ __all__ = [
     "SlurmExecutor",
     "SlurmNode",
     "SlurmRun",
+    "check_pools",
     "discover",
     "exit_code",
     "node_changes",
     "parse_sacct",
+    "read_cluster_json",
     "read_nodes",
     "service_executor",
     "status_of",
@@ -822,23 +956,34 @@ def service_executor(
     slurm_conf: str = "",
     python: str = "",
     allow_root_jobs: bool = False,
+    drain_grace_s: float = 30.0,
+    pools: list[Pool] | None = None,
 ) -> tuple[list[Pool], list[Node], SlurmExecutor]:
     """The pools, nodes and executor of a live service over Slurm partition ``partition``
     (``goodput sched serve --executor slurm --partition P``); ``svc`` is the service being built
     (its ``lock``, ``wake``, ``sched``, ``store``, ``state_dir``, ``users``, ``envs`` and ``_job_token``
-    are used). ``allow_root_jobs`` is the service's own setting, which its ``users`` map applies."""
+    are used). ``allow_root_jobs`` is the service's own setting, which its ``users`` map applies.
+    ``drain_grace_s`` is the notice a job on a node drained in Slurm gets (as ``POST /nodes/{name}/drain``'s
+    ``grace_s``); ``pools`` are the cluster JSON's, if it gave any: a ``ValueError`` unless they are Slurm's."""
     del allow_root_jobs
+    if (
+        isinstance(drain_grace_s, bool)
+        or not isinstance(drain_grace_s, (int, float))
+        or not 0 <= drain_grace_s <= 86400
+    ):
+        raise ValueError(f"slurm.drain_grace_s: expected seconds in [0, 86400], got {drain_grace_s!r}")
     slurm = Slurm(conf=slurm_conf)
-    pools, nodes, seen = discover(slurm, partition)
+    found, nodes, seen = discover(slurm, partition)
+    pools = check_pools(list(pools or ()), found, partition)
 
     def on_exit(job_id: str, epoch: int, status: str) -> None:
         with svc.lock:
             svc.sched.report_exit(job_id, epoch, status)
         svc.wake.set()
 
-    def on_nodes(down: list[str], up: list[str]) -> None:
+    def on_nodes(down: list[str], up: list[str], drained: list[str], resumed: list[str]) -> None:
         with svc.lock:
-            node_changes(svc.sched, down, up)
+            node_changes(svc.sched, down, up, drained, resumed, drain_grace_s=drain_grace_s)
         svc.wake.set()
 
     def run_as(job: Job) -> RunAs | None:

@@ -4,7 +4,9 @@
 on the allocation's first node as the job's user, picks the gang's rendezvous (``MASTER_ADDR``:
 this node's address as Slurm lists it, ``GOODPUT_NODE_ADDRS``; ``MASTER_PORT``: a port free here)
 and starts ``srun`` with one task per node, each ``python -m goodput.sched.live.slurm_launch task --
-CMD...``, which sets the rank variables from Slurm's and execs the command.
+CMD...``, which sets the rank variables from Slurm's (and torchrun's ``PET_*`` defaults: a gang's
+command ``torchrun -m train`` is one torchrun per node, rendezvous at the first node) and runs the
+command, waiting for it and for any worker it orphans.
 
 The checkpoint signal reaches the batch step only (``scancel -b --signal=USR1``, or
 ``sbatch --signal=B:USR1@grace`` before a time limit): the batch step passes USR1 or TERM on to
@@ -30,6 +32,8 @@ import time
 ENV_NODE_ADDRS = "GOODPUT_NODE_ADDRS"  # "n1=10.0.0.1,n2=10.0.0.2": each node's address as Slurm has it
 ENV_STATUS_FILE = "GOODPUT_STATUS_FILE"
 ENV_GPUS_PER_NODE = "GOODPUT_GPUS_PER_NODE"
+PREEMPTED_EXIT = 75  # goodput.sched.live.local.PREEMPTED_EXIT: the job left after its checkpoint
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def _addr() -> str:
@@ -109,7 +113,45 @@ def batch(cmd: list[str]) -> int:
     return rc
 
 
+def _subreaper() -> bool:
+    """Become the child subreaper (Linux): a launcher's workers orphaned by its death are ours to wait for."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _reap_orphans() -> list[int]:
+    """Wait for every descendant reparented here; their exit statuses (as Popen's)."""
+    out: list[int] = []
+    while True:
+        try:
+            _, st = os.wait()
+        except ChildProcessError:
+            return out
+        except InterruptedError:
+            continue
+        out.append(os.waitstatus_to_exitcode(st))
+
+
+def task_status(command_rc: int, orphans: list[int]) -> int:
+    """A node's status from its command's and its orphaned workers'. Slurm signals every process of
+    the step, the launcher too: torchrun has no handler for SIGUSR1 and dies of it (138) while its
+    workers checkpoint and leave with 75, orphaned to this task. When every one did, the node was
+    preempted, whatever the launcher's own status (the local executor reads it the same way)."""
+    if command_rc < 0:
+        command_rc = 128 - command_rc
+    if command_rc not in (0, PREEMPTED_EXIT) and orphans and all(c == PREEMPTED_EXIT for c in orphans):
+        return PREEMPTED_EXIT
+    return command_rc
+
+
 def task(cmd: list[str]) -> int:
+    """One node's task: the rank variables, then the command as a child, waited for with whatever it
+    orphans. Not an exec: the step ends when this process does, and slurmstepd then kills what is left,
+    which would be a dead launcher's workers in the middle of their checkpoint."""
     env = os.environ
     nodes = env.get("SLURM_NNODES", env.get("SLURM_JOB_NUM_NODES", "1"))
     per_node = env.get(ENV_GPUS_PER_NODE, "1")
@@ -126,12 +168,28 @@ def task(cmd: list[str]) -> int:
             "PET_MASTER_PORT": env.get("MASTER_PORT", "29500"),
         }
     )
+    # Slurm delivers the step's signals to every process, the command's included: here they are only
+    # kept (a Python handler, reset to the default in the child at exec) and passed on to a child
+    # that did not exist yet when one came
+    early: list[int] = []
+    for sig in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(sig, lambda signum, _frame: early.append(signum))
+    _subreaper()
     try:
-        os.execvp(cmd[0], cmd)
+        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
     except OSError as e:
         print(f"goodput.sched.live.slurm_launch: cannot start {cmd[0]!r}: {e}", file=sys.stderr)
         return 127
-    return 0  # not reached
+    for sig in dict.fromkeys(early):
+        with contextlib.suppress(ProcessLookupError):
+            p.send_signal(sig)
+    while True:
+        try:
+            rc = p.wait()
+            break
+        except InterruptedError:
+            continue
+    return task_status(rc, _reap_orphans())
 
 
 def main(argv: list[str]) -> int:

@@ -365,3 +365,184 @@ def test_a_tenant_env_reaches_the_job_never_root_sbatch(slurm, tmp_path):  # noq
     # no accounting on this cluster: sacct refuses, which reads as "nothing known" (the status file decides)
     assert ex._sacct([run.slurm_id]) == {}
     store.close()
+
+
+def _job_processes(job_id: str) -> list[dict]:
+    """Every process on this machine whose environment names ``job_id`` (``GOODPUT_JOB_ID``): its
+    command line and the variables a gang's rendezvous is made of."""
+    keys = ("SLURMD_NODENAME", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PET_MASTER_ADDR",
+            "PET_MASTER_PORT", "PET_NODE_RANK", "PET_NNODES", "GOODPUT_NODE_ADDRS", "SLURM_JOB_ID")  # fmt: skip
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            with open(f"/proc/{p.pid}/environ", "rb") as f:
+                env = dict(x.split(b"=", 1) for x in f.read().split(b"\0") if b"=" in x)
+        except OSError:
+            continue
+        if env.get(b"GOODPUT_JOB_ID") != job_id.encode():
+            continue
+        row = {k: env.get(k.encode(), b"").decode() for k in keys}
+        row["cmd"] = " ".join(p.info["cmdline"] or [])
+        out.append(row)
+    return out
+
+
+@pytest.mark.slow  # two runs of a 2-node torchrun gang: 4 training processes start twice (~60-120 s here)
+def test_a_gang_is_one_slurm_job_with_one_torchrun_per_node_and_leaves_with_75(slurm, tmp_path):  # noqa: F811
+    """A 2-node gang is ONE Slurm job over its nodes; srun starts one torchrun per node, which
+    rendezvous at the allocation's first node (MASTER_ADDR/MASTER_PORT picked by the batch step
+    there) into one gloo world of 2 ranks on 2 Slurm nodes. Asked to checkpoint, Slurm signals every
+    process of the step: torchrun dies of SIGUSR1 (it has no handler) while its workers commit and
+    leave with 75, so the run reads ``preempted`` (not the launcher's 138). The next run, on two other
+    nodes, resumes from that commit and ends with an uninterrupted run's weights."""
+    import torch
+
+    from goodput.ckpt import latest
+    from goodput.demo.example_dist_job import compare, reference
+    from goodput.sched.core.model import Job, JobState
+    from goodput.sched.live.slurm import Slurm, SlurmExecutor, discover
+    from goodput.sched.live.store import open_store
+
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+    sl = Slurm(conf=str(slurm.conf))
+    _pools, _nodes, seen = discover(sl, slurm.partition)
+    root = Path(slurm.root) / "gang-ckpt"
+    steps = 60
+    cmd = (sys.executable, "-m", "torch.distributed.run", "--monitor-interval", "0.1", "-m",
+           "goodput.demo.example_dist_job", "--steps", str(steps), "--step-s", "0.1", "--interval", "5")  # fmt: skip
+    pkg = str(Path(__file__).resolve().parents[3])
+    env = {"PYTHONPATH": pkg, "OMP_NUM_THREADS": "1"}
+    ex = SlurmExecutor(Path(slurm.root) / "gp", store=store, partition=slurm.partition, slurm=sl,
+                       env_for=lambda j: dict(env))  # fmt: skip
+    ex.nodes.update(seen)
+    exits: list[tuple[int, str]] = []
+    ex.on_exit = lambda j, e, st: exits.append((e, st))
+    job = Job(id="gang.00000001", tenant="t", priority=0, nodes=2, gpus_per_node=1, submit_s=0.0, command=cmd)
+    job.ckpt_root = str(root)
+    job.epoch, job.state = 1, JobState.RUNNING
+    ex.start(job, ("n2", "n3"), 0.0)
+    first = ex.runs[job.id]
+    assert first.slurm_id > 0, ex.failures
+    ex.after_pass()
+    deadline = time.monotonic() + 240
+    procs: list[dict] = []
+    while time.monotonic() < deadline:
+        ex.poll()
+        assert not exits, (exits, (Path(first.dir) / "log").read_text())
+        c = latest(root) if root.exists() else None
+        if c is not None and int(c.name.split("_")[-1]) >= 5:
+            procs = _job_processes(job.id)
+            break
+        time.sleep(0.3)
+    else:
+        pytest.fail("the gang never committed step 5:\n" + (Path(first.dir) / "log").read_text()[-3000:])
+    # one Slurm job over both nodes
+    q = json.loads(sl.run(["squeue", "--json"]))
+    mine = [j for j in q["jobs"] if str(j.get("comment", "")).endswith(f":{job.id}:1")]
+    assert len(mine) == 1 and mine[0]["job_id"] == first.slurm_id and mine[0]["node_count"] == 2, mine
+    torchruns = [p for p in procs if "torch.distributed.run" in p["cmd"] and "slurm_launch" not in p["cmd"]]
+    workers = [p for p in procs if "example_dist_job" in p["cmd"] and "torch.distributed.run" not in p["cmd"]]
+    batch = [p for p in procs if "slurm_launch batch" in p["cmd"]]
+    assert sorted(p["SLURMD_NODENAME"] for p in torchruns) == ["n2", "n3"], procs  # one torchrun per node
+    assert sorted(p["PET_NODE_RANK"] for p in torchruns) == ["0", "1"]
+    assert {p["SLURM_JOB_ID"] for p in procs} == {str(first.slurm_id)}
+    # the rendezvous: the first node's address and a port the batch step picked there
+    assert [p["SLURMD_NODENAME"] for p in batch] == ["n2"], batch
+    addr = dict(x.split("=") for x in batch[0]["GOODPUT_NODE_ADDRS"].split(","))["n2"]
+    port = {p["PET_MASTER_PORT"] for p in torchruns}
+    assert {p["PET_MASTER_ADDR"] for p in torchruns} == {addr} and len(port) == 1 and port != {"29500"}
+    assert sorted((p["SLURMD_NODENAME"], p["RANK"], p["WORLD_SIZE"]) for p in workers) == [
+        ("n2", "0", "2"), ("n3", "1", "2")], workers  # fmt: skip
+    assert {p["MASTER_ADDR"] for p in workers} == {addr}
+    # the preemption: USR1 to the batch step; the workers commit and leave with 75
+    committed = int(latest(root).name.split("_")[-1])
+    ex.notify(job, checkpoint=True, deadline_s=time.time() + 60)
+    while time.monotonic() < deadline and not exits:
+        ex.poll()
+        time.sleep(0.3)
+    assert exits == [(1, "preempted")], (exits, (Path(first.dir) / "log").read_text()[-3000:])
+    at_exit = int(latest(root).name.split("_")[-1])
+    assert committed <= at_exit < steps
+    # the next run elsewhere resumes from the commit and finishes
+    job.epoch = 2
+    ex.start(job, ("n4", "n1"), 1.0)
+    ex.after_pass()
+    while time.monotonic() < deadline and len(exits) < 2:
+        ex.poll()
+        time.sleep(0.3)
+    assert exits[1:] == [(2, "finished")], (exits, (Path(ex.runs[job.id].dir) / "log").read_text()[-3000:]
+                                            if job.id in ex.runs else "")  # fmt: skip
+    starts = [json.loads(x) for x in (root / "starts.jsonl").read_text().splitlines()]
+    assert [(s["epoch"], s["world"]) for s in starts] == [(1, 2), (2, 2)]
+    assert starts[1]["restored_step"] == at_exit
+    ok, worst = compare(torch.load(root / "final.pt", weights_only=True), reference(steps))
+    assert ok or worst <= 1e-6, worst
+    store.close()
+
+
+def test_slurm_drain_is_goodputs_drain_and_resume_returns_the_node(slurm):  # noqa: F811
+    """An operator's ``scontrol update nodename=X state=DRAIN`` (Slurm's own way) is goodput's drain of
+    X, read from the per-pass ``sinfo --json``: a notice for X, its running job asked to leave
+    (``reason: drain``, an infrastructure loss, not a failure) and started again elsewhere, and no new
+    placement on X while the other nodes are full. ``state=RESUME`` offers X again: the job that
+    waited starts there."""
+    from goodput.demo.slurm import Runtime, SlurmService, events_of, get
+    from goodput.sched.live.client import post_json
+
+    base = Path(slurm.root) / "goodput"
+    base.mkdir()
+    os.chmod(base, 0o755)
+    rt = Runtime(sys.executable, str(Path(__file__).resolve().parents[3]))
+    svc = SlurmService(base, slurm, rt, allow_root_jobs=True)
+    admin = svc.token("admin", admin=True)
+    tok = svc.token("t")
+    svc.start()
+    try:
+
+        def submit(name: str) -> str:
+            body = {"name": name, "command": ["sleep", "600"], "nodes": 1, "gpus_per_node": 2, "grace_s": 10,
+                    }  # fmt: skip
+            code, ans = post_json(svc.url + "/jobs", body, tok)
+            assert code == 201, ans
+            return ans["id"]
+
+        def wait(cond, what: str, timeout_s: float = 90.0):  # noqa: ANN001, ANN202
+            end = time.monotonic() + timeout_s
+            while time.monotonic() < end:
+                got = cond()
+                if got:
+                    return got
+                time.sleep(0.3)
+            pytest.fail(f"{what}: not within {timeout_s:.0f} s\n{svc.log_tail()}")
+
+        def job(jid: str) -> dict:
+            return get(f"{svc.url}/jobs/{jid}", admin)
+
+        first = submit("first")
+        j = wait(lambda: (x := job(first))["state"] == "running" and x, "the first job running")
+        x = j["placement"][0]
+        slurm.run(["scontrol", "update", f"nodename={x}", "state=DRAIN", "reason=goodput-test"])
+        # goodput's drain: the notice, the job asked to leave for the drain, requeued and started elsewhere
+        j = wait(lambda: (y := job(first))["state"] == "running" and y["epoch"] == 2 and y, "the job moved")
+        assert x not in j["placement"] and j["failures"] == 0 and j["infra_losses"] == 1, j
+        ev = events_of(svc.url, admin)
+        assert any(r["event"] == "node_reclaim_notice" and r["node"] == x for r in ev), ev
+        pre = [r for r in ev if r["event"] == "preempt_requested" and r["job"] == first]
+        assert [r["reason"] for r in pre] == ["drain"], pre
+        # three more jobs for the three other nodes, one of them taken: one waits, none lands on x
+        more = [submit(f"m{i}") for i in range(3)]
+        wait(lambda: sum(job(m)["state"] == "running" for m in more) == 2, "two more running")
+        time.sleep(2.0)  # a few passes: the drained node stays out
+        states = {m: job(m) for m in more}
+        waiting = [m for m, v in states.items() if v["state"] == "pending"]
+        assert len(waiting) == 1, states
+        assert all(x not in v["placement"] for v in states.values())
+        cluster = get(f"{svc.url}/cluster", admin)
+        assert next(n for n in cluster["nodes"] if n["name"] == x)["health"] == "reclaiming", cluster
+        # Slurm's RESUME: goodput offers x again and the waiting job starts there
+        slurm.run(["scontrol", "update", f"nodename={x}", "state=RESUME"])
+        j = wait(lambda: (y := job(waiting[0]))["state"] == "running" and y, "the waiting job started")
+        assert j["placement"] == [x], j
+        assert any(r["event"] == "node_up" and r["node"] == x for r in events_of(svc.url, admin))
+    finally:
+        svc.stop()

@@ -4,19 +4,30 @@ The live page and the static report read the same records (docs/SCHED.md's schem
 from this one replay; a live service feeds it the records its scheduler appended since the last
 request. Records of other versions are tolerated: unknown keys are ignored, and keys added later
 (``reason`` and ``preemptor`` on ``preempt_requested``, ``reason`` on ``failed``, ``limit_s`` on
-``submitted``, the ``reserved`` event) are used when present and derived or left empty when not.
+``submitted``, the ``reserved`` event, ``trained_s``/``stall_s``/``write_s`` on
+``checkpoint_committed``) are used when present and derived or left empty when not.
 
-The event log times runs, commits, notices and exits, not restarts or checkpoint stalls, so the
-ledger built here is an estimate in fewer causes than the simulator's own (:mod:`..ledger`): a run's
-*useful* GPU-time is the progress its commits (or its finish) kept, *draining* runs from the notice
-to the exit, *lost* is the rest of a run that ended (restart and stall included), charged to
-preemption when the run was asked to leave and to failures otherwise, and *at risk* is the
-uncommitted part of a run still going.
+The replay keeps aggregates, not the log: a run's GPU-time is folded into the ledger's sums and the
+series' time grid when it is released (its account is final then), a commit's kept work into the
+grid when it arrives; only jobs not yet ended, the newest ``JOBS_ENDED_KEPT`` ended ones, each job's
+newest records, runs and checkpoints, and the newest ``PREEMPTIONS_KEPT`` preemptions (per tenant
+too) stay, with their totals. So the memory of a service's dashboard does not grow with its log.
+
+The ledger (by cause, in GPU-seconds, summing to the allocation): *useful* is the progress a run's
+commits (or its finish) kept, less the checkpoint stalls inside it; *restart* runs from the run's
+start to its resume being done (``checkpoint_committed``'s ``trained_s``, which a job's report
+carries); *checkpoint stall* is what its saves stalled training (``stall_s``); *draining* runs from
+the notice to the exit; *lost* is the rest of a run that ended, charged to preemption when the run
+was asked to leave and to failures otherwise; *at risk* is the rest of a run still going. A run whose
+reports carry no ``trained_s`` (an older job, or one that ended before its first report) cannot tell
+restart from lost work: its time before its first commit, less the progress that commit kept (all of
+it when it never committed and ended), is *unattributed*, never useful.
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,9 +36,29 @@ from typing import Any
 PRIORITY_VICTIM_OF = frozenset({"reclaim", "node_loss", "cancel", "drain", "time_limit"})
 
 
+# what the replay keeps beyond aggregates (every one a bound on memory however long the log)
+JOBS_ENDED_KEPT = 2_000  # ended jobs kept for their pages (jobs not yet ended are all kept)
+PREEMPTIONS_KEPT = 1_000  # newest preemptions kept for the log's table, cluster-wide and per tenant
+RECORDS_KEPT = 500  # a job's newest records (its page's history)
+RUNS_KEPT = 200  # a job's newest runs
+CHECKPOINTS_KEPT = 200  # a job's newest committed checkpoints
+GRID_SLOTS = 1_024  # the series' time grid: slots double in width as the log's span grows
+
+CAUSES = (
+    "useful",
+    "restart",
+    "checkpoint_stall",
+    "lost_preemption",
+    "lost_failure",
+    "draining",
+    "at_risk",
+    "unattributed",
+)
+
+
 @dataclass(slots=True)
 class Run:
-    """One epoch of a job: from its start to the release of its GPUs."""
+    """One epoch of a job: from its start to the release of its GPUs (its commits as sums, not a list)."""
 
     job: str
     tenant: str
@@ -37,9 +68,15 @@ class Run:
     gpus_per_node: int
     start: float
     resume_from: float
-    commits: list[tuple[float, float]] = field(default_factory=list)  # (t, progress_s)
+    commits: int = 0
+    first_commit: tuple[float, float] | None = None  # (t, progress_s)
+    last_commit: tuple[float, float] | None = None
+    ready_t: float | None = None  # its resume done (from a report's trained_s), None when never reported
+    stall_s: float = 0.0  # the stalls of its reported saves, summed
+    last_stall_s: float = 0.0
+    useful_added: float = 0.0  # GPU-seconds of useful work already put on the series' grid
     preempt_t: float | None = None
-    preemption: int = -1  # index into Timeline.preemptions
+    preemption: Preemption | None = None
     exit_t: float | None = None
     status: str = ""  # the exit's status
     release_t: float | None = None
@@ -48,46 +85,79 @@ class Run:
     def gpus(self) -> int:
         return self.gpus_per_node * len(self.nodes)
 
+    def committed(self) -> float:
+        return self.last_commit[1] if self.last_commit else self.resume_from
+
     def account(self, now: float) -> dict[str, float]:
-        """This run's GPU-seconds by cause, as of ``now`` (an estimate: see the module's docstring)."""
+        """This run's GPU-seconds by cause, as of ``now`` (the module's docstring says how)."""
         end = self.release_t if self.release_t is not None else now
         g = self.gpus
         alloc = g * max(0.0, end - self.start)
+        left = alloc
+
+        def take(x: float) -> float:
+            nonlocal left
+            x = min(max(0.0, x), left)
+            left -= x
+            return x
+
         drain = 0.0
         if self.preempt_t is not None:
-            drain = g * max(0.0, (self.exit_t if self.exit_t is not None else end) - self.preempt_t)
-        drain = min(drain, alloc)
-        if self.status == "finished":
-            useful = alloc - drain
+            drain = take(g * ((self.exit_t if self.exit_t is not None else end) - self.preempt_t))
+        restart = take(g * (self.ready_t - self.start)) if self.ready_t is not None else 0.0
+        unattributed = 0.0
+        if self.ready_t is None:
+            if self.first_commit is not None:  # before the first commit, less the training it kept
+                t1, p1 = self.first_commit
+                unattributed = take(g * ((t1 - self.start) - (p1 - self.resume_from)))
+            elif self.exit_t is not None:  # ended with no commit: restart or lost work, no one can say
+                unattributed = take(left)
+        kept = g * max(0.0, self.committed() - self.resume_from)
+        stall_inside = g * max(0.0, self.stall_s - self.last_stall_s)  # the last save's stall is after its mark
+        if self.status == "finished" and self.exit_t is not None:
+            stall = take(g * self.stall_s)
+            useful = take(left)
         else:
-            useful = g * max(0.0, self.committed() - self.resume_from)
-        useful = min(useful, alloc - drain)
-        rest = max(0.0, alloc - useful - drain)
-        out = {"allocated": alloc, "useful": useful, "draining": drain, "lost_preemption": 0.0}
-        out["lost_failure"] = out["at_risk"] = 0.0
+            useful = take(kept - stall_inside)
+            stall = take(g * self.stall_s)
+        out = {
+            "allocated": alloc,
+            "useful": useful,
+            "restart": restart,
+            "checkpoint_stall": stall,
+            "draining": drain,
+            "unattributed": unattributed,
+            "lost_preemption": 0.0,
+            "lost_failure": 0.0,
+            "at_risk": 0.0,
+        }
         if self.exit_t is None:
-            out["at_risk"] = rest
+            out["at_risk"] = left
         elif self.preempt_t is not None and self.status in ("preempted", "killed", "failed"):
-            out["lost_preemption"] = rest
+            out["lost_preemption"] = left
         else:
-            out["lost_failure"] = rest
+            out["lost_failure"] = left
         return out
 
-    def committed(self) -> float:
-        return self.commits[-1][1] if self.commits else self.resume_from
-
-    def useful_segments(self, now: float) -> Iterable[tuple[float, float, float]]:
-        """(t0, t1, GPU-seconds) of useful work, spread between the commits that kept it."""
+    def commit(
+        self, t: float, progress: float, trained_s: float | None, stall_s: float | None
+    ) -> tuple[float, float, float]:
+        """Count a commit; returns the (t0, t1, GPU-seconds) of useful work it kept, for the grid."""
+        if trained_s is not None and self.ready_t is None:
+            self.ready_t = min(t, max(self.start, t - trained_s))
         g = self.gpus
-        t, p = self.start, self.resume_from
-        for ct, cp in self.commits:
-            if cp > p:
-                yield t, ct, g * (cp - p)
-            t, p = ct, max(p, cp)
-        if self.status == "finished" and self.exit_t is not None:
-            stop = self.preempt_t if self.preempt_t is not None else self.exit_t
-            if stop > t:
-                yield t, stop, g * (stop - t)
+        if self.last_commit is None:
+            t0, p0 = max(self.start, t - max(0.0, progress - self.resume_from)), self.resume_from
+            self.first_commit = (t, progress)
+        else:
+            t0, p0 = self.last_commit
+        gain = g * max(0.0, progress - p0 - self.last_stall_s)
+        self.commits += 1
+        self.last_commit = (t, max(progress, p0))
+        self.last_stall_s = stall_s or 0.0
+        self.stall_s += self.last_stall_s
+        self.useful_added += gain
+        return t0, t, gain
 
 
 @dataclass(slots=True)
@@ -101,8 +171,13 @@ class JobInfo:
     limit_s: float | None = None
     state: str = "pending"
     substate: str = "queued"
-    records: list[dict[str, Any]] = field(default_factory=list)
-    runs: list[Run] = field(default_factory=list)
+    records: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=RECORDS_KEPT))
+    records_total: int = 0
+    runs: deque[Run] = field(default_factory=lambda: deque(maxlen=RUNS_KEPT))
+    runs_total: int = 0
+    checkpoints: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=CHECKPOINTS_KEPT))
+    checkpoints_total: int = 0
+    rejected: int = 0
     failed_reason: str = ""
 
 
@@ -121,6 +196,76 @@ class Preemption:
     deadline_s: float
     candidates: list[dict[str, Any]]
     realized_gpu_s: float | None = None  # what the run lost in fact, once it ended
+    preemptor_tenant: str = ""  # as submitted, kept here: the preemptor's job may be forgotten first
+
+
+class Grid:
+    """Amounts (GPU-seconds) on fixed slots from ``t0``; a slot's width doubles (pairs merged) when an
+    amount lands beyond the last, so its size is fixed however long the log."""
+
+    __slots__ = ("t0", "width", "slots")
+
+    def __init__(self, t0: float, width: float = 1.0) -> None:
+        self.t0, self.width = t0, width
+        self.slots = [0.0] * GRID_SLOTS
+
+    def add(self, a: float, b: float, amount: float) -> None:
+        if amount == 0:
+            return
+        a = max(a, self.t0)
+        b = max(b, a)
+        while b > self.t0 + self.width * GRID_SLOTS:
+            s = self.slots
+            self.slots = [s[2 * i] + s[2 * i + 1] for i in range(GRID_SLOTS // 2)] + [0.0] * (GRID_SLOTS // 2)
+            self.width *= 2
+        w = self.width
+        if b <= a:
+            self.slots[min(GRID_SLOTS - 1, int((a - self.t0) / w))] += amount
+            return
+        rate = amount / (b - a)
+        i = min(GRID_SLOTS - 1, int((a - self.t0) / w))
+        while i < GRID_SLOTS:
+            lo, hi = self.t0 + i * w, self.t0 + (i + 1) * w
+            ov = min(hi, b) - max(lo, a)
+            if ov > 0:
+                self.slots[i] += rate * ov
+            if hi >= b:
+                break
+            i += 1
+
+    def into(self, out: list[float], t0: float, width: float) -> None:
+        """Spread every slot (uniformly within it) onto the buckets ``out`` of ``width`` from ``t0``."""
+        w = self.width
+        for i, amount in enumerate(self.slots):
+            if amount == 0:
+                continue
+            lo, hi = self.t0 + i * w, self.t0 + (i + 1) * w
+            _spread(out, t0, width, lo, hi, amount)
+
+
+def _spread(arr: list[float], t0: float, width: float, a: float, b: float, amount: float) -> None:
+    """Add ``amount`` spread uniformly over [a, b) to the buckets of ``arr`` (``width`` each from ``t0``)."""
+    n = len(arr)
+    t1 = t0 + n * width
+    if amount == 0:
+        return
+    if b <= a:
+        if t0 <= a < t1:
+            arr[min(n - 1, int((a - t0) / width))] += amount
+        return
+    rate = amount / (b - a)
+    a2, b2 = max(a, t0), min(b, t1)
+    if b2 <= a2:
+        return
+    i = min(n - 1, int((a2 - t0) / width))
+    while i < n:
+        lo, hi = t0 + i * width, t0 + (i + 1) * width
+        ov = min(hi, b2) - max(lo, a2)
+        if ov > 0:
+            arr[i] += rate * ov
+        if hi >= b2:
+            break
+        i += 1
 
 
 def _reason_of(rec: dict[str, Any]) -> tuple[str, str]:
@@ -145,29 +290,45 @@ def _num(x: Any, default: float = 0.0) -> float:
     return v if math.isfinite(v) else default
 
 
+def _zero() -> dict[str, float]:
+    return dict.fromkeys(("allocated", *CAUSES), 0.0)
+
+
 class Timeline:
-    """An incremental replay of one event log (records applied in order, as the checker does)."""
+    """An incremental replay of one event log (records applied in order, as the checker does), in
+    memory bounded however long the log (the module's docstring says what is kept)."""
 
     def __init__(self, capacity: dict[str, int] | None = None, pool_kinds: dict[str, str] | None = None) -> None:
         self.capacity: dict[str, int] = dict(capacity or {})
         self.inferred = capacity is None  # node sizes guessed from what ran on them
         self.pool_kinds = dict(pool_kinds or {})
         self.jobs: dict[str, JobInfo] = {}
-        self.owner: dict[str, str] = {}  # job -> tenant, as submitted
-        self.runs: list[Run] = []
+        self.owner: dict[str, str] = {}  # job -> tenant, as submitted (jobs kept only)
+        self.ended: OrderedDict[str, None] = OrderedDict()  # kept ended jobs, oldest first
+        self.states: dict[str, int] = {}  # jobs by state, every job the log named (forgotten ones too)
         self.active: dict[str, Run] = {}  # job -> its run not yet released
-        self.preemptions: list[Preemption] = []
-        # tenant -> indices into ``preemptions`` where its job was the victim or the preemptor: a
-        # tenant's view reads its own, not every preemption of the cluster on every poll
-        self.preemptions_of: dict[str, list[int]] = {}
+        self.runs_total = 0
+        self.closed = _zero()  # released runs' GPU-seconds by cause, summed
+        self.closed_untimed = 0.0  # GPU-seconds of released runs that never reported trained_s
+        self.closed_tenants: dict[str, dict[str, float]] = {}
+        self.preemptions: deque[Preemption] = deque(maxlen=PREEMPTIONS_KEPT)
+        self.preemptions_total = 0
+        # tenant -> its newest preemptions where its job was the victim or the preemptor, and how many:
+        # a tenant's view reads its own, not every preemption of the cluster on every poll
+        self.preemptions_of: dict[str, deque[Preemption]] = {}
+        self.preemptions_of_total: dict[str, int] = {}
         self.node_health: dict[str, str] = {}  # absent: up
         self.node_notice: dict[str, float] = {}
-        self.node_down: dict[str, list[list[float]]] = {}  # node -> [[lost_t, up_t or inf], ...]
+        self.node_lost_at: dict[str, float] = {}  # nodes down now -> since when
+        self.down_gpu_s = 0.0  # GPU-seconds of capacity lost while nodes were down (spans now closed)
         self.alloc: dict[str, dict[str, int]] = {}  # node -> job -> GPUs bound
         self.reservation: dict[str, Any] | None = None
         self.t0 = math.inf
         self.t1 = -math.inf
         self.count = 0
+        self.grid_alloc: Grid | None = None  # released runs' allocation over time
+        self.grid_useful: Grid | None = None  # kept work over time
+        self.grid_down: Grid | None = None  # capacity lost to down nodes (closed spans)
 
     # ------------------------------------------------------------------ replay
 
@@ -185,11 +346,42 @@ class Timeline:
         j = self.jobs.get(jid)
         if j is None:
             j = self.jobs[jid] = JobInfo(jid)
+            self.states[j.state] = self.states.get(j.state, 0) + 1
         return j
+
+    def _state(self, j: JobInfo, state: str, substate: str) -> None:
+        if state != j.state:
+            self.states[j.state] = self.states.get(j.state, 0) - 1
+            self.states[state] = self.states.get(state, 0) + 1
+        j.state, j.substate = state, substate
+        if state in ("finished", "failed", "cancelled"):
+            self.ended[j.id] = None
+            self.ended.move_to_end(j.id)
+            self._forget()
+
+    def _forget(self) -> None:
+        """Drop the oldest ended jobs beyond ``JOBS_ENDED_KEPT`` (a job with a run still holding GPUs stays
+        until it is released)."""
+        tries = len(self.ended)
+        while len(self.ended) > JOBS_ENDED_KEPT and tries > 0:
+            tries -= 1
+            jid = next(iter(self.ended))
+            if jid in self.active:
+                self.ended.move_to_end(jid)
+                continue
+            del self.ended[jid]
+            self.jobs.pop(jid, None)
+            self.owner.pop(jid, None)
+
+    def _grids(self, t: float) -> tuple[Grid, Grid, Grid]:
+        if self.grid_alloc is None or self.grid_useful is None or self.grid_down is None:
+            self.grid_alloc, self.grid_useful, self.grid_down = Grid(t), Grid(t), Grid(t)
+        return self.grid_alloc, self.grid_useful, self.grid_down
 
     def _apply(self, rec: dict[str, Any]) -> None:
         t = _num(rec.get("t"))
         self.t0, self.t1 = min(self.t0, t), max(self.t1, t)
+        self._grids(t)
         kind = rec.get("event")
         if "node" in rec and "job" not in rec:
             self._node_event(kind, str(rec["node"]), t, rec)
@@ -206,8 +398,11 @@ class Timeline:
                 "at": t,
             }
             return
+        if kind == "started" and not isinstance(rec.get("nodes"), list):
+            raise ValueError(f"job {jid!r}: started without a list of nodes")
         j = self._job(jid)
         j.records.append(rec)
+        j.records_total += 1
         if kind == "submitted":
             j.tenant = self.owner[jid] = str(rec.get("tenant", ""))
             j.priority = int(rec.get("priority", 0))
@@ -216,37 +411,45 @@ class Timeline:
             j.submit_s = _num(rec.get("submit_s"), t)
             if rec.get("limit_s") is not None:
                 j.limit_s = _num(rec.get("limit_s"))
-            j.state, j.substate = "pending", "queued"
+            self._state(j, "pending", "queued")
         elif kind == "started":
-            if not isinstance(rec.get("nodes"), list):
-                raise ValueError(f"job {jid!r}: started without a list of nodes")
             nodes = tuple(str(n) for n in rec["nodes"])
             gpn = int(rec.get("gpus_per_node", j.gpus_per_node or 1))
             run = Run(
                 job=jid,
                 tenant=j.tenant,
-                epoch=int(rec.get("epoch", len(j.runs) + 1)),
+                epoch=int(rec.get("epoch", j.runs_total + 1)),
                 pool=str(rec.get("pool", "")),
                 nodes=nodes,
                 gpus_per_node=gpn,
                 start=t,
                 resume_from=_num(rec.get("resume_from_s")),
             )
+            self._grids(t)
             j.runs.append(run)
-            self.runs.append(run)
+            j.runs_total += 1
+            self.runs_total += 1
             self.active[jid] = run
             for n in nodes:
                 held = self.alloc.setdefault(n, {})
                 held[jid] = held.get(jid, 0) + gpn
                 if self.inferred:
                     self.capacity[n] = max(self.capacity.get(n, 0), sum(held.values()))
-            j.state, j.substate = "running", "running"
+            self._state(j, "running", "running")
             if self.reservation is not None and self.reservation["job"] == jid:
                 self.reservation = None
         elif kind == "checkpoint_committed":
+            progress = _num(rec.get("progress_s"))
+            j.checkpoints.append({"t": rec.get("t"), "epoch": rec.get("epoch"), "progress_s": rec.get("progress_s")})
+            j.checkpoints_total += 1
             run = self.active.get(jid)
             if run is not None:
-                run.commits.append((t, _num(rec.get("progress_s"))))
+                trained = _num(rec["trained_s"], -1.0) if "trained_s" in rec else -1.0
+                stall = _num(rec["stall_s"], 0.0) if "stall_s" in rec else 0.0
+                a, b, gain = run.commit(t, progress, trained if trained >= 0 else None, max(0.0, stall))
+                self._grids(t)[1].add(a, b, gain)
+        elif kind == "commit_rejected":
+            j.rejected += 1
         elif kind == "preempt_requested":
             run = self.active.get(jid)
             reason, preemptor = _reason_of(rec)
@@ -262,16 +465,18 @@ class Timeline:
                 gpus=run.gpus if run else j.nodes * j.gpus_per_node,
                 checkpoint=bool(rec.get("checkpoint", False)),
                 deadline_s=_num(rec.get("deadline_s"), math.inf),
-                candidates=[c for c in rec.get("candidates") or [] if isinstance(c, dict)],
+                candidates=[c for c in rec.get("candidates") or [] if isinstance(c, dict)][:64],
+                preemptor_tenant=self.owner.get(preemptor, "") if preemptor else "",
             )
             self.preemptions.append(p)
-            k = len(self.preemptions) - 1
-            for tn in {j.tenant, self.owner.get(preemptor, "") if preemptor else ""} - {""}:
-                self.preemptions_of.setdefault(tn, []).append(k)
+            self.preemptions_total += 1
+            for tn in {j.tenant, p.preemptor_tenant} - {""}:
+                self.preemptions_of.setdefault(tn, deque(maxlen=PREEMPTIONS_KEPT)).append(p)
+                self.preemptions_of_total[tn] = self.preemptions_of_total.get(tn, 0) + 1
             if run is not None and run.preempt_t is None:
                 run.preempt_t = t
-                run.preemption = len(self.preemptions) - 1
-            j.state, j.substate = "preempting", "checkpointing" if p.checkpoint else "stopping"
+                run.preemption = p
+            self._state(j, "preempting", "checkpointing" if p.checkpoint else "stopping")
         elif kind == "exited":
             run = self.active.get(jid)
             if run is not None:
@@ -279,38 +484,56 @@ class Timeline:
         elif kind == "released":
             run = self.active.pop(jid, None)
             if run is not None:
-                run.release_t = t
-                if run.exit_t is None:  # released at the decision (a baseline): its exit comes later, if logged
-                    run.exit_t = t
-                for n in run.nodes:
-                    held = self.alloc.get(n)
-                    if held is not None:
-                        left = held.get(jid, 0) - run.gpus_per_node
-                        if left > 0:
-                            held[jid] = left
-                        else:
-                            held.pop(jid, None)
-                if run.preemption >= 0:
-                    acct = run.account(t)
-                    self.preemptions[run.preemption].realized_gpu_s = acct["lost_preemption"] + acct["lost_failure"]
+                self._close(run, t)
             if j.state in ("running", "preempting"):
-                j.state, j.substate = "pending", "released"
+                self._state(j, "pending", "released")
+            self._forget()
         elif kind == "requeued":
-            j.state = "pending"
-            j.substate = "backoff" if rec.get("reason") == "failure" else "queued"
+            self._state(j, "pending", "backoff" if rec.get("reason") == "failure" else "queued")
         elif kind == "resized":
             j.nodes = int(rec.get("nodes", j.nodes))
             j.gpus_per_node = int(rec.get("gpus_per_node", j.gpus_per_node))
         elif kind in ("finished", "failed", "cancelled"):
-            j.state, j.substate = kind, kind
             if kind == "failed":
                 j.failed_reason = str(rec.get("reason", ""))
+            self._state(j, kind, kind)
+
+    def _close(self, run: Run, t: float) -> None:
+        """A run released: its GPUs freed, its account final and folded into the sums and the grid."""
+        jid = run.job
+        run.release_t = t
+        if run.exit_t is None:  # released at the decision (a baseline): its exit comes later, if logged
+            run.exit_t = t
+        for n in run.nodes:
+            held = self.alloc.get(n)
+            if held is not None:
+                left = held.get(jid, 0) - run.gpus_per_node
+                if left > 0:
+                    held[jid] = left
+                else:
+                    held.pop(jid, None)
+        acct = run.account(t)
+        if run.preemption is not None:
+            run.preemption.realized_gpu_s = acct["lost_preemption"] + acct["lost_failure"]
+        if run.ready_t is None:
+            self.closed_untimed += acct["allocated"]
+        acc = self.closed_tenants.setdefault(run.tenant, _zero())
+        for k, v in acct.items():
+            self.closed[k] += v
+            acc[k] += v
+        g_alloc, g_useful, _ = self._grids(run.start)
+        g_alloc.add(run.start, t, acct["allocated"])
+        more = acct["useful"] - run.useful_added  # a finish keeps the work after the last commit
+        if more > 0:
+            a = run.last_commit[0] if run.last_commit else (run.ready_t if run.ready_t is not None else run.start)
+            g_useful.add(a, run.preempt_t if run.preempt_t is not None else (run.exit_t or t), more)
+            run.useful_added += more
 
     def _node_event(self, kind: Any, node: str, t: float, rec: dict[str, Any]) -> None:
         if kind == "node_lost":
             self.node_health[node] = "lost"
             self.node_notice.pop(node, None)
-            self.node_down.setdefault(node, []).append([t, math.inf])
+            self.node_lost_at.setdefault(node, t)
         elif kind == "node_reclaim_notice":
             if self.node_health.get(node) != "lost":
                 self.node_health[node] = "reclaiming"
@@ -318,40 +541,43 @@ class Timeline:
         elif kind == "node_up":
             self.node_health.pop(node, None)
             self.node_notice.pop(node, None)
-            spans = self.node_down.get(node)
-            if spans and math.isinf(spans[-1][1]):
-                spans[-1][1] = t
+            since = self.node_lost_at.pop(node, None)
+            if since is not None and t > since:
+                g = self.capacity.get(node, 0)
+                self.down_gpu_s += g * (t - since)
+                self._grids(since)[2].add(since, t, g * (t - since))
 
     # ------------------------------------------------------------------ summaries
 
     def ledger(self, now: float, weights: dict[str, float] | None = None) -> dict[str, Any]:
         """GPU-hours by cause for the cluster and per tenant, with each tenant's entitlement."""
-        causes = ("useful", "lost_preemption", "lost_failure", "draining", "at_risk")
-        total = dict.fromkeys(("allocated", *causes), 0.0)
-        tenants: dict[str, dict[str, float]] = {}
-        for run in self.runs:
+        total = {k: v / 3600.0 for k, v in self.closed.items()}
+        tenants = {n: {k: v / 3600.0 for k, v in acc.items()} for n, acc in self.closed_tenants.items()}
+        untimed = self.closed_untimed
+        for run in self.active.values():
             a = run.account(now)
-            acc = tenants.setdefault(run.tenant, dict.fromkeys(("allocated", *causes), 0.0))
+            acc = tenants.setdefault(run.tenant, dict.fromkeys(("allocated", *CAUSES), 0.0))
             for k, v in a.items():
                 total[k] += v / 3600.0
                 acc[k] += v / 3600.0
+            if run.ready_t is None:
+                untimed += a["allocated"]
         capacity = self.capacity_gpu_s(self.t0 if math.isfinite(self.t0) else now, now) / 3600.0
         total["idle"] = max(0.0, capacity - total["allocated"])
         names = set(tenants) | {j.tenant for j in self.jobs.values() if j.tenant}
         w = {n: (weights or {}).get(n, 1.0) for n in names}
         wsum = sum(w.values()) or 1.0
         for n in names:
-            tenants.setdefault(n, dict.fromkeys(("allocated", *causes), 0.0))["entitled"] = capacity * w[n] / wsum
-        return {"capacity_gpu_h": capacity, "total": total, "tenants": tenants}
+            tenants.setdefault(n, dict.fromkeys(("allocated", *CAUSES), 0.0))["entitled"] = capacity * w[n] / wsum
+        # the GPU-hours of runs that never reported when their resume was done (older jobs, runs that ended
+        # before their first commit): their restart is unattributed, their stalls inside their useful work
+        return {"capacity_gpu_h": capacity, "total": total, "tenants": tenants, "untimed_gpu_h": untimed / 3600.0}
 
     def capacity_gpu_s(self, t0: float, t1: float) -> float:
-        total = sum(self.capacity.values()) * max(0.0, t1 - t0)
-        for node, spans in self.node_down.items():
-            g = self.capacity.get(node, 0)
-            for a, b in spans:
-                lo, hi = max(a, t0), min(b, t1)
-                if hi > lo:
-                    total -= g * (hi - lo)
+        """Capacity from ``t0`` (the log's start) to ``t1``: every node's GPUs, less the time nodes were down."""
+        total = sum(self.capacity.values()) * max(0.0, t1 - t0) - self.down_gpu_s
+        for node, since in self.node_lost_at.items():
+            total -= self.capacity.get(node, 0) * max(0.0, t1 - max(since, t0))
         return max(0.0, total)
 
     def series(self, now: float, buckets: int = 240) -> dict[str, Any]:
@@ -360,51 +586,29 @@ class Timeline:
         t1 = max(now, t0 + 1.0)
         n = max(1, buckets)
         width = (t1 - t0) / n
-        cap = [0.0] * n
+        cap = [sum(self.capacity.values()) * width] * n
         alloc = [0.0] * n
         useful = [0.0] * n
-
-        def spread(arr: list[float], a: float, b: float, amount: float) -> None:
-            a, b = max(a, t0), min(b, t1)
-            if b <= a or amount == 0:
-                if b == a and t0 <= a < t1 and amount:
-                    arr[min(n - 1, int((a - t0) / width))] += amount
-                return
-            rate = amount / (b - a)
-            i = min(n - 1, int((a - t0) / width))
-            while i < n:
-                lo, hi = t0 + i * width, t0 + (i + 1) * width
-                ov = min(hi, b) - max(lo, a)
-                if ov > 0:
-                    arr[i] += rate * ov
-                if hi >= b:
-                    break
-                i += 1
-
-        total_gpus = sum(self.capacity.values())
-        for i in range(n):
-            cap[i] = total_gpus * width
-        for node, spans in self.node_down.items():
-            g = self.capacity.get(node, 0)
-            for a, b in spans:
-                spread(cap, a, min(b, t1), -g * (min(b, t1) - max(a, t0)) if min(b, t1) > max(a, t0) else 0.0)
-        for run in self.runs:
-            end = run.release_t if run.release_t is not None else now
-            spread(alloc, run.start, end, run.gpus * max(0.0, end - run.start))
-            for a, b, amount in run.useful_segments(now):
-                spread(useful, a, b, amount)
+        down = [0.0] * n
+        if self.grid_alloc is not None and self.grid_useful is not None and self.grid_down is not None:
+            self.grid_alloc.into(alloc, t0, width)
+            self.grid_useful.into(useful, t0, width)
+            self.grid_down.into(down, t0, width)
+        for node, since in self.node_lost_at.items():
+            _spread(down, t0, width, max(since, t0), t1, self.capacity.get(node, 0) * max(0.0, t1 - max(since, t0)))
+        for run in self.active.values():
+            _spread(alloc, t0, width, run.start, now, run.gpus * max(0.0, now - run.start))
         ts = [t0 + (i + 0.5) * width for i in range(n)]
-        to_gpus = [1.0 / width] * n
-        a_g = [x * k for x, k in zip(alloc, to_gpus)]
-        u_g = [min(x * k, y) for x, k, y in zip(useful, to_gpus, a_g)]
+        a_g = [x / width for x in alloc]
+        u_g = [min(x / width, y) for x, y in zip(useful, a_g)]
         return {
             "t": ts,
             "width_s": width,
-            "capacity": [max(0.0, x * k) for x, k in zip(cap, to_gpus)],
+            "capacity": [max(0.0, (c - d) / width) for c, d in zip(cap, down)],
             "allocated": a_g,
             "useful": u_g,
             "goodput": [u / a if a > 1e-9 else None for u, a in zip(u_g, a_g)],
         }
 
 
-__all__ = ["JobInfo", "Preemption", "Run", "Timeline"]
+__all__ = ["CAUSES", "JobInfo", "Preemption", "Run", "Timeline"]

@@ -24,6 +24,11 @@ STATIC_JOB_PAGES = 400  # job pages embedded in a static report (preempted and r
 HISTORY_SHOWN = 500
 RUNS_SHOWN = 200
 CHECKPOINTS_SHOWN = 200
+LEDGER_NOTE = (
+    "from the event log: restart from each run's start to its resume being done and checkpoint stall as its"
+    " jobs' commit reports say; a run whose reports do not say (an older job, or one that ended before its first"
+    " commit) has its restart in 'unattributed' and its stalls inside 'useful'"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +171,9 @@ def cluster_view(nodes: list[NodeFacts], states: dict[str, str], viewer: Viewer,
 # ---------------------------------------------------------------------- preemptions
 
 
-def preemption_view(p: Preemption, viewer: Viewer, owner: dict[str, str]) -> dict[str, Any] | None:
+def preemption_view(p: Preemption, viewer: Viewer, owner: Any) -> dict[str, Any] | None:
+    if p.preemptor and p.preemptor_tenant:  # the preemptor's owner as submitted, even once it is forgotten
+        owner = Owners(owner, {p.preemptor: p.preemptor_tenant})
     victim_mine = viewer.sees(p.tenant)
     pre_mine = bool(p.preemptor) and viewer.sees(owner.get(p.preemptor, ""))
     if not (victim_mine or pre_mine):
@@ -202,13 +209,15 @@ def preemptions_view(tl: Timeline, viewer: Viewer, owner: dict[str, str]) -> dic
     """The newest ``PREEMPTIONS_SHOWN`` preemptions the viewer may see, and how many it may see: an
     admin's of every preemption, a tenant's of those of its own jobs (the timeline's index, so a poll
     costs what it shows, not the length of the cluster's history)."""
-    idxs = range(len(tl.preemptions)) if viewer.admin else tl.preemptions_of.get(viewer.tenant, [])
+    if viewer.admin:
+        kept, total = tl.preemptions, tl.preemptions_total
+    else:
+        kept, total = tl.preemptions_of.get(viewer.tenant, ()), tl.preemptions_of_total.get(viewer.tenant, 0)
     shown: list[dict[str, Any]] = []
-    total = len(idxs)
-    for i in reversed(idxs):
+    for p in reversed(kept):
         if len(shown) >= PREEMPTIONS_SHOWN:
             break
-        v = preemption_view(tl.preemptions[i], viewer, owner)
+        v = preemption_view(p, viewer, owner)
         if v is None:
             total -= 1
             continue
@@ -234,7 +243,13 @@ def ledger_view(
                 others[k] = others.get(k, 0.0) + v
     if others:
         tenants.append({"tenant": "other tenants", **others})
-    return {"capacity_gpu_h": led["capacity_gpu_h"], "total": led["total"], "tenants": tenants, "exact": None}
+    return {
+        "capacity_gpu_h": led["capacity_gpu_h"],
+        "total": led["total"],
+        "tenants": tenants,
+        "untimed_gpu_h": led.get("untimed_gpu_h", 0.0),
+        "exact": None,
+    }
 
 
 # ---------------------------------------------------------------------- job pages
@@ -266,7 +281,7 @@ def job_page(
     For a tenant ``viewer`` (its own job), another tenant's job named in a record is anonymous."""
     owner = owner if owner is not None else tl.owner
     runs = []
-    for r in j.runs[-RUNS_SHOWN:]:
+    for r in list(j.runs)[-RUNS_SHOWN:]:
         runs.append(
             {
                 "epoch": r.epoch,
@@ -275,8 +290,9 @@ def job_page(
                 "gpus": r.gpus,
                 "start": r.start,
                 "resume_from_s": r.resume_from,
-                "commits": len(r.commits),
-                "last_commit_t": r.commits[-1][0] if r.commits else None,
+                "commits": r.commits,
+                "last_commit_t": r.last_commit[0] if r.last_commit else None,
+                "ready_t": r.ready_t,
                 "committed_s": r.committed(),
                 "preempt_t": r.preempt_t,
                 "exit_t": r.exit_t,
@@ -285,14 +301,7 @@ def job_page(
                 "account_gpu_s": r.account(now),
             }
         )
-    checkpoints, rejected = [], 0
-    for rec in j.records:
-        kind = rec.get("event")
-        if kind == "checkpoint_committed":
-            checkpoints.append({"t": rec.get("t"), "epoch": rec.get("epoch"), "progress_s": rec.get("progress_s")})
-        elif kind == "commit_rejected":
-            rejected += 1
-    history = [_redact(rec, viewer, owner) for rec in j.records[-HISTORY_SHOWN:]]
+    history = [_redact(rec, viewer, owner) for rec in list(j.records)[-HISTORY_SHOWN:]]
     out: dict[str, Any] = {
         "id": j.id,
         "name": j.id.rsplit(".", 1)[0] if "." in j.id else j.id,
@@ -304,16 +313,16 @@ def job_page(
         "gpus_per_node": j.gpus_per_node,
         "submit_s": j.submit_s,
         "limit_s": j.limit_s,
-        "epoch": len(j.runs),
-        "restarts": max(0, len(j.runs) - 1),
+        "epoch": j.runs_total,
+        "restarts": max(0, j.runs_total - 1),
         "failed_reason": j.failed_reason or None,
         "history": history,
-        "history_total": len(j.records),
+        "history_total": j.records_total,
         "runs": runs,
-        "runs_total": len(j.runs),
-        "checkpoints": checkpoints[-CHECKPOINTS_SHOWN:],
-        "checkpoints_total": len(checkpoints),
-        "commits_rejected": rejected,
+        "runs_total": j.runs_total,
+        "checkpoints": list(j.checkpoints)[-CHECKPOINTS_SHOWN:],
+        "checkpoints_total": j.checkpoints_total,
+        "commits_rejected": j.rejected,
         "reports": None,
         "log": None,
     }
@@ -475,7 +484,7 @@ def live_overview(
         "preemptions": preemptions_view(tl, viewer, owner),
         "series": shared[0] if shared else tl.series(now),
         "ledger": ledger_view(tl, now, viewer, weights, shared[1] if shared else None),
-        "ledger_note": "estimated from the event log: restart and checkpoint stall are inside 'lost' and 'useful'",
+        "ledger_note": LEDGER_NOTE,
     }
 
 
@@ -524,14 +533,14 @@ def static_report(
                 "why_detail": detail,
                 "nodes": j.nodes,
                 "gpus_per_node": j.gpus_per_node,
-                "restarts": max(0, len(j.runs) - 1),
+                "restarts": max(0, j.runs_total - 1),
             }
         )
     running = []
     for jid, run in tl.active.items():
         j = tl.jobs[jid]
         m = meta.get(jid, {})
-        since = run.commits[-1][0] if run.commits else run.start
+        since = run.last_commit[0] if run.last_commit else run.start
         interval = float(m.get("interval_s", 0.0) or 0.0)
         limit = m.get("limit_s", j.limit_s)
         age = end - since
@@ -549,7 +558,7 @@ def static_report(
                 "epoch": run.epoch,
                 "started_s": run.start,
                 "commit_age_s": age,
-                "committed_this_run": bool(run.commits),
+                "committed_this_run": run.commits > 0,
                 "interval_s": interval or None,
                 "overdue": bool(interval) and age > interval + float(m.get("write_s", 0.0) or 0.0),
                 "tier": "durable" if run.commits else None,
@@ -576,9 +585,7 @@ def static_report(
             break
         chosen.setdefault(jid)
     pages = {jid: job_page(tl.jobs[jid], tl, end) for jid in chosen if jid in tl.jobs}
-    counts: dict[str, int] = {}
-    for j in tl.jobs.values():
-        counts[j.state] = counts.get(j.state, 0) + 1
+    counts = {state: n for state, n in tl.states.items() if n > 0}  # every job the log named, forgotten ones too
     ledger = ledger_view(tl, end, viewer, None)
     ledger["exact"] = exact_ledger
     return {
@@ -602,8 +609,7 @@ def static_report(
         "preemptions": preemptions_view(tl, viewer, owner),
         "series": tl.series(end),
         "ledger": ledger,
-        "ledger_note": "estimated from the event log: restart and checkpoint stall are inside 'lost' and 'useful'"
-        + ("; the simulator's exact books are shown beside it" if exact_ledger else ""),
+        "ledger_note": LEDGER_NOTE + ("; the simulator's exact books are shown beside it" if exact_ledger else ""),
         "policies": policies or [],
         "job_pages": pages,
     }

@@ -44,7 +44,7 @@ PREEMPT_REASONS = ("priority", "quota", "reclaim", "drain", "node_loss", "cancel
 EVICTION_REASONS = frozenset({"priority", "quota"})  # what min_run_s and max_preemptions guard against
 INFRA_REASONS = frozenset({"drain", "node_loss"})  # requeued as an infrastructure loss
 # why a job ended ``failed`` (``failed``'s ``reason``)
-FAIL_REASONS = ("failure", "time_limit", "infrastructure")
+FAIL_REASONS = ("failure", "time_limit", "infrastructure", "unasked_yields")
 
 
 class RequeueReason(str, Enum):
@@ -114,6 +114,7 @@ class Job:
     preemptor: str = ""  # the job the current preemption makes room for ("" for none)
     evictions: int = 0  # preemptions for priority or quota: what max_preemptions bounds
     leave_crashes: int = 0  # non-zero exits while asked to leave: with infra_losses, the infrastructure budget
+    unasked_yields: int = 0  # exits 75 while nobody asked it to leave: what max_unasked_yields bounds
     killed_at: float = -1.0  # when the current run's kill was sent (unkillable_s counts from it)
     fail_reason: str = ""  # why it ended failed (one of FAIL_REASONS)
     ckpt_requested: bool = False  # the notice asked for a checkpoint of the current step

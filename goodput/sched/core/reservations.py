@@ -3,6 +3,8 @@ declared ends, and on which nodes) and the backfill that may not delay it."""
 
 from __future__ import annotations
 
+import math
+
 from . import events as ev
 from .claims import Claims
 from .model import Health, Job
@@ -59,13 +61,15 @@ class Reservations(Claims):
         went around the reservation, so it still holds."""
         key = (job.id, tuple(self._freed[p] for p in cls[2]), self._health_gen)
         cached = self._reservation_cache
-        if cached is not None and cached[0] == key and (cached[1] is None or cached[1].t >= now):
+        if cached is not None and cached[0] == key and now <= cached[2] and (cached[1] is None or cached[1].t >= now):
             return cached[1]
         self._plan_on_clock = False
+        self._plan_until = math.inf
         best = self._reserve_now(job, cls, now)
         # a claim whose victims' ends are past comes back at now + its hold: a plan that moves
-        # with the clock alone is not kept
-        self._reservation_cache = None if self._plan_on_clock else (key, best)
+        # with the clock alone is not kept, and one that will once a victim outlives its end (a
+        # kill whose exit has not come) is kept only until that end
+        self._reservation_cache = None if self._plan_on_clock else (key, best, self._plan_until)
         return best
 
     def _reserve_now(self, job: Job, cls: Class, now: float) -> Reservation | None:
@@ -98,6 +102,8 @@ class Reservations(Claims):
                         start = e[1]
             if start == now:
                 self._plan_on_clock = True
+            elif start < self._plan_until:
+                self._plan_until = start
             claim_ends.append((start + self._hold(c), cid))
         claim_ends.sort(key=lambda e: (e[0], self.jobs[e[1]].seq))
         released: set[str] = set()

@@ -198,9 +198,15 @@ class Scheduler(Preemption):
         elif was is JobState.PREEMPTING:
             self._gone(job, crashed=status == "failed")
         elif status == "preempted":
-            self._move(job, "left", "queued")
+            # exit 75 unasked: checkpointed and yielding (a node-level notice may have reached it
+            # first); on a budget of its own, so that a job yielding at every start ends
             job.preemptions += 1
-            self._requeue(job, "preempted")
+            job.unasked_yields += 1
+            if job.unasked_yields > self.gov.limits.max_unasked_yields:
+                self._fail(job, "yield_final", "unasked_yields")
+            else:
+                self._move(job, "left", "queued")
+                self._requeue(job, "preempted")
         elif status == "lost":
             job.infra_losses += 1
             self._infra_requeue(job, "lost")

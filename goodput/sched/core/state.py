@@ -100,6 +100,7 @@ class SchedulerState:
         self._head_res: Reservation | None = None
         self._pass_res: Reservation | None = None  # the reservation in force during this pass
         self._plan_on_clock = False  # the last plan depended on the clock alone (see _reserve)
+        self._plan_until = math.inf  # and the clock past this makes it stale (see _reserve)
         self.passes = 0
         self.refused = 0  # priority preemptions found but not made: the victims would lose more than the wait
         self.terminal = 0  # jobs finished, failed or cancelled
@@ -161,11 +162,12 @@ class SchedulerState:
         rc = self._reservation_cache
         cache = None
         if rc is not None:
-            (jid, freed, gen), r = rc
+            (jid, freed, gen), r, until = rc
             cache = {
                 "job": jid,
                 "freed": list(freed),
                 "gen": gen,
+                "until": until,
                 "reservation": None
                 if r is None
                 else {"job": r.job, "pool": r.pool, "t": r.t, "nodes": sorted(r.nodes, key=self.cap.index.__getitem__)},
@@ -207,7 +209,10 @@ class SchedulerState:
                 names = [n for n in r.get("nodes", ()) if n in self.cap.nodes]
                 res = Reservation(str(r["job"]), r["pool"], float(r["t"]), frozenset(names))
             key = (str(cache.get("job")), tuple(int(x) for x in cache.get("freed", ())), int(cache.get("gen", 0)))
-            self._reservation_cache = (key, res)
+            until = cache.get("until")
+            # a plan stored without the time it holds until may be stale: planned again instead
+            if isinstance(until, (int, float)) and not isinstance(until, bool):
+                self._reservation_cache = (key, res, float(until))
 
     def save_all(self) -> None:
         """Write every record (the first commit of a new store)."""

@@ -54,7 +54,14 @@ EDGES: tuple[Edge, ...] = (
         "left",
         P,
         "exited 75 (checkpoint committed) unasked, e.g. a node-level notice reached it first: "
-        "requeued as a preemption, the retry budget untouched",
+        "requeued as a preemption, the retry budget untouched (a budget of its own, max_unasked_yields)",
+    ),
+    Edge(
+        R,
+        "yield_final",
+        FAIL,
+        "exited 75 unasked with its budget (max_unasked_yields) spent: failed with reason unasked_yields, "
+        "its committed checkpoint kept",
     ),
     Edge(
         R,

@@ -418,6 +418,49 @@ def test_infrastructure_losses_back_off_and_have_their_own_budget() -> None:
     assert recs(s, "failed", "j")[0]["reason"] == "infrastructure"
 
 
+def test_a_job_that_always_yields_unasked_fails_once_its_yield_budget_is_spent() -> None:
+    """Exit 75 means "checkpointed, yielding". Nobody asked this job to leave, and it yields at
+    every start: requeued as a preemption (retry budget untouched) up to ``max_unasked_yields``
+    times, then ``failed`` with reason ``unasked_yields``, not requeued for ever."""
+    s, clock = make(nodes=1, gov=Governance(limits=Limits(max_unasked_yields=3)))
+    s.submit(job("j", limit=10_000.0, ckpt=CKPT))
+    s.tick()
+    starts = 0
+    for t in range(1, 20):
+        j = s.jobs["j"]
+        if j.state is not JobState.RUNNING:
+            break
+        starts += 1
+        clock.t = float(t)
+        assert s.report_commit("j", j.epoch, float(t))
+        s.report_exit("j", j.epoch, "preempted")
+        s.tick()
+    j = s.jobs["j"]
+    assert starts == 4  # three yields requeued, the fourth spends the budget
+    assert j.state is JobState.FAILED and j.fail_reason == "unasked_yields"
+    assert (j.unasked_yields, j.preemptions, j.failures) == (4, 4, 0)
+    assert j.committed_s == 4.0  # its checkpoint is kept
+    assert [r["reason"] for r in recs(s, "requeued", "j")] == ["preempted"] * 3
+    assert recs(s, "failed", "j")[0]["reason"] == "unasked_yields"
+    assert check(s.log.records, {N[0]: 8}).ok
+
+
+def test_a_yield_that_was_asked_for_is_not_counted_against_the_yield_budget() -> None:
+    """A job asked to leave (here by a reclaim) that exits 75 is a preemption like any other: its
+    ``unasked_yields`` stay 0 however often it happens."""
+    s, clock = make(nodes=1, gov=Governance(limits=Limits(max_unasked_yields=0)))
+    s.submit(job("j", limit=10_000.0, ckpt=CKPT))
+    s.tick()
+    for t in (1.0, 2.0, 3.0):
+        clock.t = t
+        s.reclaim_notice([N[0]], t + 60.0)
+        s.report_exit("j", s.jobs["j"].epoch, "preempted")
+        s.node_up([N[0]])
+        s.tick()
+        assert s.jobs["j"].state is JobState.RUNNING
+    assert s.jobs["j"].unasked_yields == 0 and s.jobs["j"].preemptions == 3
+
+
 @pytest.mark.parametrize("how", ["cancel", "resize"])
 def test_cancelling_or_resizing_a_claimant_withdraws_its_claim(how: str) -> None:
     s, clock = make(nodes=2, gov=Governance(limits=Limits(min_run_s=0.0)))
@@ -448,6 +491,7 @@ def test_the_default_limits_are_the_documented_ones() -> None:
     lim = Limits()
     assert (lim.max_grace_s, lim.max_restart_s, lim.min_run_s, lim.max_preemptions) == (600, 1800, 600, 5)
     assert (lim.over_time_limit_s, lim.unkillable_s, lim.usage_half_life_s) == (60, 300, 604800)
+    assert lim.max_unasked_yields == 10
     assert math.isclose(lim.decay(604800.0), 0.5)
 
 

@@ -546,3 +546,45 @@ def test_slurm_drain_is_goodputs_drain_and_resume_returns_the_node(slurm):  # no
         assert any(r["event"] == "node_up" and r["node"] == x for r in events_of(svc.url, admin))
     finally:
         svc.stop()
+
+
+def test_over_slurm_the_cluster_json_needs_no_pools_and_given_ones_must_be_slurms(slurm, tmp_path):  # noqa: F811
+    """``serve --executor slurm`` and ``check --partition`` take a cluster JSON of tenants and limits
+    alone (the pools are sinfo's); pools the file does give must be Slurm's, or both commands stop
+    saying which field differs, before anything runs."""
+    from goodput.sched.core.model import Pool, PoolKind
+    from goodput.sched.live.slurm import Slurm, check_pools, discover, read_cluster_json
+
+    found, _nodes, _seen = discover(Slurm(conf=str(slurm.conf)), slurm.partition)
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({"tenants": [{"name": "t", "max_priority": 3}], "limits": {"min_run_s": 7}}))
+    cl = read_cluster_json(bare)
+    assert cl.pools == [] and cl.governance.limits.min_run_s == 7 and cl.governance.tenant("t").max_priority == 3
+    assert check_pools(cl.pools, found, slurm.partition) == found
+    same = {"name": slurm.partition, "kind": "on-demand", "nodes": 4, "gpus_per_node": 2, "price_per_gpu_hour": 2.5}
+    (tmp_path / "same.json").write_text(json.dumps({"pools": [same]}))
+    kept = check_pools(read_cluster_json(tmp_path / "same.json").pools, found, slurm.partition)
+    assert [(p.name, p.nodes, p.gpus_per_node, p.price_per_gpu_hour) for p in kept] == [("goodput", 4, 2, 2.5)]
+    with pytest.raises(ValueError, match=r"nodes 3 \(Slurm: 4\)"):
+        check_pools([Pool("goodput", PoolKind.ON_DEMAND, 3, 2)], found, slurm.partition)
+    with pytest.raises(ValueError, match="not Slurm's"):
+        check_pools([Pool("local", PoolKind.ON_DEMAND, 4, 2)], found, slurm.partition)
+    (tmp_path / "ev.json").write_text(json.dumps({"events": [{"t": 1, "kind": "reclaim", "pool": "x", "nodes": 1}]}))
+    with pytest.raises(ValueError, match="events"):
+        read_cluster_json(tmp_path / "ev.json")
+    # the commands: a pool-less file checks a log; a disagreeing one stops serve and check alike
+    log = tmp_path / "ev.jsonl"
+    log.write_text("")
+    env = {**os.environ, "SLURM_CONF": str(slurm.conf)}
+    base = [sys.executable, "-m", "goodput.cli.main", "sched"]
+    chk = [*base, "check", str(log), "--partition", slurm.partition, "--json", "--cluster"]
+    p = subprocess.run([*chk, str(bare)], capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0 and json.loads(p.stdout)["total"] == 0, p.stdout + p.stderr
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"pools": [dict(same, gpus_per_node=8)]}))
+    p = subprocess.run([*chk, str(wrong)], capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode != 0 and "gpus_per_node 8 (Slurm: 2)" in p.stderr + p.stdout, p.stdout + p.stderr
+    serve = [*base, "serve", "--db", f"sqlite:///{tmp_path / 's.db'}", "--port", "0", "--executor", "slurm",
+             "--partition", slurm.partition, "--state-dir", str(tmp_path / "st"), "--allow-root-jobs"]  # fmt: skip
+    p = subprocess.run([*serve, "--cluster", str(wrong)], capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode != 0 and "gpus_per_node 8 (Slurm: 2)" in p.stderr + p.stdout, p.stdout + p.stderr

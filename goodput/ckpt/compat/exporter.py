@@ -12,8 +12,16 @@ tensor is read whole, every checksum verified. The destination is a directory or
 prefix that must hold nothing yet (``overwrite=True`` replaces what is there by name); on an
 object store each shard is written to a local temporary file first, then uploaded.
 
-What is not a tensor is not exported and is reported: values (``step``, ``param_groups``...)
-and ``io.BytesIO`` blobs are listed in :attr:`ExportResult.skipped`, and the CLI prints them.
+What is not a tensor goes beside the shards, never silently away. A safetensors file holds
+tensors only (its ``__metadata__`` is str -> str), and Hugging Face's tools read only the tensors,
+so the values (``step``, ``param_groups``, a ``torch.dtype``...) and ``io.BytesIO`` blobs under
+the prefix are carried in ``goodput_values.json`` (:data:`VALUES`), in goodput's value encoding
+(docs/FORMAT.md, no pickle: a blob is base64), which the Hugging Face loader
+(:mod:`goodput.ckpt.loading.hf`) reads back: export then ``gc.load`` of the directory restores
+them. ``transformers`` and ``safetensors`` ignore the file. They are listed in
+:attr:`ExportResult.carried`. ``--format torch`` (one ``{name: tensor}`` file for
+``torch.load(weights_only=True)``) has no such place: there they are listed by key in
+:attr:`ExportResult.skipped`, and the CLI prints each.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ from typing import Any
 
 from ..errors import CheckpointError
 from ..format.dtypes import dtype as dtype_info
+from ..format.format import FORMAT_VERSION, decode_value, encode_value
+from ..loading.hf import VALUES, VALUES_FORMAT  # the values and blobs beside the tensors (module doc)
 from ..loading.reader import Checkpoint
 from ..storage.base import Storage
 from ..storage.local import PosixStorage
@@ -72,6 +82,7 @@ class ExportResult:
     tensors: int
     bytes: int  # tensor bytes written (after any cast)
     skipped: dict[str, str] = field(default_factory=dict)  # name -> why it was not exported
+    carried: list[str] = field(default_factory=list)  # values and blobs written to VALUES (names as written)
     seconds: float = 0.0
 
 
@@ -105,15 +116,16 @@ def shard_name(i: int, n: int) -> str:
     return SINGLE if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
 
 
-def _select(ck: Checkpoint, prefix: str | None, cast: str | None) -> tuple[list[_Item], dict[str, str]]:
+def _select(ck: Checkpoint, prefix: str | None, cast: str | None) -> tuple[list[_Item], list[str], list[str]]:
+    """(tensors to export, blobs, values): names as in the checkpoint, those under ``prefix``."""
     items: list[_Item] = []
-    skipped: dict[str, str] = {}
+    blobs: list[str] = []
     for t in ck.metadata.tensors:
         if prefix and not t.name.startswith(prefix):
             continue
         name = t.name[len(prefix) :] if prefix else t.name
         if t.kind == "bytes":
-            skipped[t.name] = "an io.BytesIO blob, not a tensor"
+            blobs.append(t.name)
             continue
         if not name:
             raise ExportError(f"tensor {t.name!r}: the prefix {prefix!r} leaves it no name")
@@ -124,14 +136,31 @@ def _select(ck: Checkpoint, prefix: str | None, cast: str | None) -> tuple[list[
         items.append(
             _Item(t.name, name, t.dtype, out, tuple(int(s) for s in t.shape), numel * dtype_info(out).itemsize)
         )
-    for k in ck.metadata.values:
-        if not prefix or k.startswith(prefix):
-            skipped[k] = "a value, not a tensor"
+    values = [k for k in ck.metadata.values if not prefix or k.startswith(prefix)]
+    for k in values:
+        if prefix and k == prefix:
+            raise ExportError(f"value {k!r}: the prefix {prefix!r} leaves it no name")
     items.sort(key=lambda it: it.name)
     names = [it.name for it in items]
     if len(set(names)) != len(names):  # cannot happen: the checkpoint's names are unique
         raise ExportError("two tensors would be written under one name")
-    return items, skipped
+    return items, blobs, values
+
+
+def _values_doc(ck: Checkpoint, prefix: str | None, blobs: list[str], values: list[str], read_buffer: int) -> bytes:
+    """``goodput_values.json``: the values re-encoded in this format version (decoded in the
+    source's own), the blobs as base64 bytes values; names without ``prefix``."""
+    import base64
+
+    cut = len(prefix) if prefix else 0
+    md = ck.metadata
+    out_values = {k[cut:]: encode_value(decode_value(md.values[k], k, md.version), k) for k in values}
+    out_blobs = {
+        k[cut:]: base64.b64encode(ck.read(k, raw=True, read_buffer=read_buffer).tobytes()).decode("ascii")
+        for k in blobs
+    }
+    doc = {"format": VALUES_FORMAT, "version": FORMAT_VERSION, "values": out_values, "blobs": out_blobs}
+    return (json.dumps(doc, indent=1, sort_keys=True, allow_nan=False) + "\n").encode()
 
 
 def _tensor(ck: Checkpoint, it: _Item, read_buffer: int, threads: int) -> Any:
@@ -240,7 +269,12 @@ def export(
     if display(src_p).rstrip("/") == display(dst_p).rstrip("/"):
         raise ExportError(f"the destination {display(dst_p)!r} is the checkpoint itself; choose another")
     ck = Checkpoint(src_p)
-    items, skipped = _select(ck, prefix, cast)
+    items, blobs, values = _select(ck, prefix, cast)
+    skipped: dict[str, str] = {}
+    carried: list[str] = []
+    if format == "torch":  # one {name: tensor} file: no place for them, each reported
+        skipped = {k: "an io.BytesIO blob, not a tensor" for k in blobs}
+        skipped.update({k: "a value, not a tensor" for k in values})
     if not items:
         raise ExportError(
             f"no tensor of {display(src_p)!r} to export"
@@ -295,12 +329,19 @@ def export(
             files.append(name)
             if progress:
                 progress("shard", i + 1)
+        if blobs or values:  # before the index: a loader that finds the index finds them too
+            storage.publish(dst_p, VALUES, _values_doc(ck, prefix, blobs, values, read_buffer))
+            files.append(VALUES)
+            carried = sorted(k[len(prefix) if prefix else 0 :] for k in blobs + values)
         if len(shards) > 1:
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
             storage.publish(dst_p, INDEX, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
             files.append(INDEX)
-        if overwrite:  # an earlier export's shards and index under other names would mislead a loader
+        if overwrite:  # an earlier export's shards, index and values under other names would mislead a loader
             for e in storage.list(dst_p):
-                if e.name not in files and (e.name == INDEX or e.name == SINGLE or _SHARD.match(e.name)):
+                stale = e.name in (INDEX, SINGLE, VALUES) or _SHARD.match(e.name)
+                if e.name not in files and stale:
                     storage.remove(dst_p, e.name)
-    return ExportResult(display(dst_p), format, files, len(items), total, skipped, seconds=time.perf_counter() - t0)
+    return ExportResult(
+        display(dst_p), format, files, len(items), total, skipped, carried, seconds=time.perf_counter() - t0
+    )

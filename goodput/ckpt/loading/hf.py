@@ -21,6 +21,7 @@ shards need, as from a disk.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -33,7 +34,16 @@ import numpy as np
 
 from ..errors import CheckpointError
 from ..format.dtypes import dtype as dtype_info
-from ..format.format import MANIFEST, FileEntry, Metadata, TensorEntry, check_file_name, shape_error
+from ..format.format import (
+    FORMAT_VERSION,
+    MANIFEST,
+    FileEntry,
+    Metadata,
+    TensorEntry,
+    check_file_name,
+    decode_value,
+    shape_error,
+)
 from ..storage.base import Source, Storage
 from ..storage.local import PosixSource, PosixStorage
 from ..storage.location import as_location, display, storage_for
@@ -43,6 +53,8 @@ from .read_plan import ReadPlanner, Request
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 MAX_INDEX_BYTES = 64 << 20
+VALUES = "goodput_values.json"  # what goodput's export carried beside the tensors
+VALUES_FORMAT = "goodput.values"
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit on a header
 
 #: safetensors' dtype names -> goodput's
@@ -276,6 +288,45 @@ def hf_metadata(d: Path, storage: Storage | None = None) -> tuple[Metadata, dict
     return md, weight_map
 
 
+def _carried(st: Storage, d: Path) -> tuple[dict[str, Any], int, dict[str, bytes]]:
+    """What ``goodput ckpt export`` carried beside the tensors (``goodput_values.json``, see
+    :mod:`goodput.ckpt.compat.exporter`): (values in their stored encoding, the format version
+    that encoding is in, blobs). Nothing when the file is absent (any other Hugging Face
+    directory); a malformed one is refused, naming it, never half-read."""
+    import base64
+
+    where = display(d / VALUES)
+    raw = st.get_if_exists(d, VALUES, "goodput values", MAX_INDEX_BYTES)
+    if raw is None:
+        return {}, FORMAT_VERSION, {}
+    try:
+        doc = json.loads(raw)
+    except ValueError as e:
+        raise CheckpointError(f"{where!r} is not JSON: {e}") from None
+    ok = isinstance(doc, dict) and doc.get("format") == VALUES_FORMAT and isinstance(doc.get("version"), int)
+    values, blobs = (doc.get("values"), doc.get("blobs")) if ok else (None, None)
+    if not (isinstance(values, dict) and isinstance(blobs, dict) and all(isinstance(v, str) for v in blobs.values())):
+        raise CheckpointError(f"{where!r} is not a goodput values file (format, version, values, blobs)")
+    version = doc["version"]
+    if not 1 <= version <= FORMAT_VERSION:
+        raise CheckpointError(f"{where!r}: format version {version} is not supported (max {FORMAT_VERSION})")
+    for k, v in values.items():
+        try:
+            decode_value(v, f"{where}: value {k!r}", version)  # refuse a malformed value before any read
+        except RecursionError:
+            raise CheckpointError(f"{where}: value {k!r} is nested too deeply") from None
+    out: dict[str, bytes] = {}
+    for k, b in blobs.items():
+        try:
+            out[k] = base64.b64decode(b.encode("ascii"), validate=True)
+        except (ValueError, UnicodeEncodeError):
+            raise CheckpointError(f"{where}: blob {k!r} is not base64") from None
+    both = set(values) & set(out)
+    if both:
+        raise CheckpointError(f"{where}: {sorted(both)[0]!r} is both a value and a blob")
+    return values, version, out
+
+
 class HFCheckpoint:
     """A Hugging Face safetensors directory opened for :func:`goodput.ckpt.load`: the same
     surface the loader uses of :class:`goodput.ckpt.loading.reader.Checkpoint`. No checksums exist to
@@ -288,8 +339,18 @@ class HFCheckpoint:
         self.storage = _storage(self.path)
         if isinstance(self.storage, PosixStorage) and not self.path.is_dir():
             raise CheckpointError(f"{str(self.path)!r} is not a directory")
-        self.metadata, self.weight_map = hf_metadata(self.path, self.storage)
-        self._planner = ReadPlanner(self.metadata)
+        # the tensors' metadata plans and reads; the one the loader sees adds what the export
+        # carried beside them: values, and blobs (served from memory by :meth:`read`)
+        self._data, self.weight_map = hf_metadata(self.path, self.storage)
+        values, version, self.blobs = _carried(self.storage, self.path)
+        clash = sorted((set(values) | set(self.blobs)) & {t.name for t in self._data.tensors})
+        if clash:
+            raise CheckpointError(f"{display(self.path / VALUES)!r} names {clash[0]!r}, a tensor of the directory")
+        blob_entries = [TensorEntry(k, "uint8", [len(b)], kind="bytes") for k, b in sorted(self.blobs.items())]
+        self.metadata = dataclasses.replace(
+            self._data, tensors=self._data.tensors + blob_entries, values=values, version=version
+        )
+        self._planner = ReadPlanner(self._data)
 
     @property
     def tensors(self) -> dict[str, TensorEntry]:
@@ -297,12 +358,14 @@ class HFCheckpoint:
 
     def read_into(self, requests: list[Request], **kw: Any) -> ReadStats:
         kw["verify"] = False  # safetensors carries no checksums
-        return read_requests(self.path, self.metadata, requests, planner=self._planner, storage=self.storage, **kw)
+        return read_requests(self.path, self._data, requests, planner=self._planner, storage=self.storage, **kw)
 
     def read(self, name: str, raw: bool = True, read_buffer: int = DEFAULT_READ_BUFFER, **kw: Any) -> np.ndarray:
-        """A whole tensor as numpy, raw bits for the types numpy lacks."""
+        """A whole tensor as numpy, raw bits for the types numpy lacks; a carried blob's bytes."""
+        if name in self.blobs:
+            return np.frombuffer(self.blobs[name], np.uint8)
         tid = self._planner.tensor_id(name)
-        t = self.metadata.tensors[tid]
+        t = self._data.tensors[tid]
         from ..format.geometry import Region
 
         dt = dtype_info(t.dtype)

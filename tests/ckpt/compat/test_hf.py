@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import goodput.ckpt as gc
-from goodput.ckpt.compat.exporter import INDEX, plan_shards
+from goodput.ckpt.compat.exporter import INDEX, VALUES, plan_shards
 from tests.distributed import run_ranks
 
 
@@ -105,16 +105,18 @@ def test_export_single_file_dtype_cast_and_torch_format(tmp_path: Path) -> None:
     sd = {"model": {"w": torch.randn(64, 32), "i": torch.arange(10), "h": torch.randn(3).half()}, "opt": {"lr": 0.1}}
     gc.save(sd, tmp_path / "ck")
     res = gc.export(tmp_path / "ck", tmp_path / "hf", dtype="bf16")
-    assert res.files == ["model.safetensors"]
+    assert res.files == ["model.safetensors", VALUES]
     got = load_file(tmp_path / "hf" / "model.safetensors")
     assert set(got) == {"model.w", "model.i", "model.h"}
     assert got["model.w"].dtype == torch.bfloat16 and torch.equal(got["model.w"], sd["model"]["w"].bfloat16())
     assert got["model.i"].dtype == torch.int64 and torch.equal(got["model.i"], sd["model"]["i"])  # ints uncast
-    assert res.skipped == {"opt.lr": "a value, not a tensor"}
+    assert res.skipped == {} and res.carried == ["opt.lr"]  # beside the tensors, not lost
 
     res = gc.export(tmp_path / "ck", tmp_path / "m.pt", format="torch", prefix="model.")
     t = torch.load(tmp_path / "m.pt", weights_only=True)
     assert set(t) == {"w", "i", "h"} and torch.equal(t["w"], sd["model"]["w"])
+    res = gc.export(tmp_path / "ck", tmp_path / "all.pt", format="torch")  # no place for values: each named
+    assert res.skipped == {"opt.lr": "a value, not a tensor"} and res.carried == []
     with pytest.raises(gc.CheckpointError, match="builds the file in memory"):
         gc.export(tmp_path / "ck", tmp_path / "m2.pt", format="torch", max_shard_size=100)
 
@@ -275,3 +277,62 @@ def test_hf_directory_loads_from_s3_exactly_as_from_a_local_directory(tmp_path: 
     # nothing under the prefix: not a checkpoint (not "an empty Hugging Face directory")
     with pytest.raises(gc.CheckpointError, match=f"'s3://{bucket}/nothing' is not a committed checkpoint"):
         gc.load(targets(), f"s3://{bucket}/nothing")
+
+
+def test_export_carries_every_non_tensor_value_and_the_hf_load_restores_it(tmp_path: Path) -> None:
+    """Values of every kind a save takes and an io.BytesIO blob go to goodput_values.json beside
+    the shards (safetensors holds tensors only; Hugging Face's loaders see only the tensors), and
+    gc.load of the exported directory gives each back exactly. Nothing under the prefix is lost."""
+    import io
+
+    import numpy as np
+
+    sd = {
+        "model": {"w": torch.randn(8, 4), "b": torch.randn(4)},
+        "optim": {
+            "step": 1234,
+            "param_groups": [{"lr": 3e-4, "betas": (0.9, 0.95), "params": [0, 1]}],
+            "big": 2**80,
+            "nan": float("nan"),
+            "dtype": torch.bfloat16,
+            "size": torch.Size([2, 3]),
+            "np": np.float32(1.5),
+            "raw": b"\x80opaque",
+            "name": "adamw",
+            "none": None,
+        },
+        "loader": io.BytesIO(b"\x80\x04pickled by the user"),
+    }
+    gc.save(sd, tmp_path / "ck", step=9)
+    res = gc.export(tmp_path / "ck", tmp_path / "hf", max_shard_size=100)
+    want = sorted(["loader", *(f"optim.{k}" for k in sd["optim"])])
+    assert res.carried == want and res.skipped == {}
+    assert res.files[-2:] == [VALUES, INDEX]  # beside the shards, before the index
+    index = json.loads((tmp_path / "hf" / INDEX).read_text())
+    assert set(index["weight_map"]) == {"model.w", "model.b"}  # the index names tensors only
+    got = {}
+    for f in set(index["weight_map"].values()):
+        got.update(load_file(tmp_path / "hf" / f))
+    assert set(got) == {"model.w", "model.b"}
+
+    out = {
+        "model": {"w": torch.zeros(8, 4), "b": torch.zeros(4)},
+        "optim": dict.fromkeys(sd["optim"]),
+        "loader": io.BytesIO(),
+    }
+    gc.load(out, tmp_path / "hf")
+    assert torch.equal(out["model"]["w"], sd["model"]["w"]) and torch.equal(out["model"]["b"], sd["model"]["b"])
+    for k, v in sd["optim"].items():
+        g = out["optim"][k]
+        assert type(g) is type(v) and (g == v or (k == "nan" and g != g)), (k, g, v)
+    assert out["loader"].getvalue() == sd["loader"].getvalue()
+
+    # with a prefix only what is under it goes: here tensors only, so no values file
+    res = gc.export(tmp_path / "ck", tmp_path / "m", prefix="model.")
+    assert res.carried == [] and VALUES not in res.files  # the model has no values: no file
+    # a damaged values file is refused naming it, never half-read
+    (tmp_path / "hf" / VALUES).write_text(
+        '{"format": "goodput.values", "version": 2, "values": {"x": {"__int__": "z"}}, "blobs": {}}'
+    )
+    with pytest.raises(gc.CheckpointError, match="goodput_values.json.*malformed int"):
+        gc.load({"model": {"w": torch.zeros(8, 4)}}, tmp_path / "hf", strict=False)

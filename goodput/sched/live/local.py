@@ -61,6 +61,7 @@ from .runas import RunAs
 log = logging.getLogger("goodput.sched.live.local")
 
 PREEMPTED_EXIT = 75  # goodput.ckpt.PREEMPTED_EXIT, repeated so the executor never imports torch
+DEFAULT_MAX_LOG_BYTES = 64 << 20  # the cluster's limits.max_log_bytes when it gives none
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 # the environment a job is started with (docs/PROTOCOL.md)
@@ -210,8 +211,11 @@ class LocalExecutor:
         run_as: Callable[[Job], RunAs | None] | None = None,
         env_for: Callable[[Job], dict[str, str]] | None = None,
         max_user_procs: int | None = None,
+        max_log_bytes: int = DEFAULT_MAX_LOG_BYTES,
     ) -> None:
         self.dir = Path(state_dir).absolute()
+        # a run's log is cut past this, keeping its newest half (the supervisor relays the output: _relay)
+        self.max_log_bytes = max_log_bytes
         # RLIMIT_NPROC of a job run as a tenant's user (docs/SCHED.md, Security model)
         self.max_user_procs = max_user_procs if max_user_procs else default_user_procs()
         self.runs_dir = self.dir / "runs"
@@ -294,6 +298,7 @@ class LocalExecutor:
                 "mkdir": [job.ckpt_root] if job.ckpt_root else [],
                 "user": who.to_obj() if who is not None else None,
                 "nproc": self.max_user_procs,
+                "max_log_bytes": self.max_log_bytes,
             }
             fd = os.open(spec_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -521,13 +526,18 @@ class LocalExecutor:
         is ``failed``, with backoff and the retry budget; ``lost`` is only for a run that vanished with
         no status written at all (the supervisor went too: the slot, not the job)."""
         rc: int | None = None
+        dropped = None
         try:
-            rc = int(json.loads(Path(run.status_file).read_text(encoding="utf-8"))["rc"])
-        except (OSError, ValueError, KeyError, TypeError):
+            st = json.loads(Path(run.status_file).read_text(encoding="utf-8"))
+            rc = int(st["rc"])
+            dropped = st.get("log_dropped_bytes")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             rc = None
         if rc is None and run.popen is not None and run.popen.returncode not in (None, -signal.SIGKILL):
             rc = run.popen.returncode  # the supervisor itself failed
         detail: dict = {"rc": rc}
+        if isinstance(dropped, int) and not isinstance(dropped, bool) and dropped > 0:
+            detail["log_dropped_bytes"] = dropped  # shown in the job's last_exit: the cut is never silent
         if rc is not None and rc < 0:
             with contextlib.suppress(ValueError):
                 detail["signal"] = signal.Signals(-rc).name
@@ -608,7 +618,8 @@ class LocalExecutor:
         _write_atomic(self._record_path(run), d)
 
     def _forget(self, run: Run) -> None:
-        for p in (self._record_path(run), Path(run.status_file), Path(run.notice_file)):
+        logcut = Path(run.status_file).with_suffix(".logcut")
+        for p in (self._record_path(run), Path(run.status_file), Path(run.notice_file), logcut):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
         with contextlib.suppress(FileNotFoundError):
@@ -769,12 +780,29 @@ def _supervise(argv: list[str]) -> int:
                     print(
                         f"goodput.sched.live.local: cannot bound the user's processes: {e}", file=sys.stderr, flush=True
                     )
+    cap = spec.get("max_log_bytes")
+    relay: threading.Thread | None = None
+    dropped = [0]
+    pipe_w = -1
+    if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0:
+        pipe_r, pipe_w = os.pipe()  # both close-on-exec; the child gets the write end as 1 and 2
+        kw.update(stdout=pipe_w, stderr=pipe_w)
+        relay = threading.Thread(
+            target=_relay, args=(pipe_r, 1, cap, status.with_suffix(".logcut"), dropped), daemon=True
+        )
+        relay.start()
     try:
         child = subprocess.Popen(cmd, **kw)
     except (OSError, subprocess.SubprocessError) as e:
         print(f"goodput.sched.live.local: cannot start {cmd[0]!r}: {e}", file=sys.stderr, flush=True)
         crc = 127
+        if pipe_w >= 0:
+            os.close(pipe_w)
+            pipe_w = -1
     else:
+        if pipe_w >= 0:
+            os.close(pipe_w)  # the child's copies are the only writers left: EOF when the run is over
+            pipe_w = -1
         # once each: a notice that came while the child was being started may also have reached it
         # through the group, and a second one changes nothing (the Checkpointer only sets a flag)
         for sig in dict.fromkeys(early):
@@ -784,11 +812,75 @@ def _supervise(argv: list[str]) -> int:
         if reaper:  # the run is over only when every process of it is: slots are released after that
             orphans = _reap_orphans()
     rc = exit_status(crc, orphans)
+    if relay is not None:
+        relay.join(timeout=10)  # every writer is gone (reaped); a process that escaped keeps it no longer
     if crc < 0:
         with contextlib.suppress(ValueError):
             print(f"goodput.sched.live.local: the command was killed by {signal.Signals(-crc).name}", file=sys.stderr)
-    _write_atomic(status, {"rc": rc, "command_rc": crc, "orphans": orphans, "t": time.time()})
+    out = {"rc": rc, "command_rc": crc, "orphans": orphans, "t": time.time()}
+    if dropped[0]:
+        out["log_dropped_bytes"] = dropped[0]
+    _write_atomic(status, out)
     return 0
+
+
+def _relay(src: int, out: int, cap: int, note_file: Path, dropped: list[int]) -> None:
+    """Copy the run's output from ``src`` (a pipe) to ``out`` (its log, O_APPEND), keeping the log at
+    most ``cap`` bytes: past it, the log is cut to its newest ``cap // 2`` bytes under a first line
+    that says how many were dropped, and ``note_file`` (``<run>.logcut``) records the count for the
+    service's view. The relay is the log's only writer besides this supervisor's own few lines, so
+    the cut loses nothing it does not count. ``dropped[0]`` is the total, for the status file."""
+    from collections import deque
+
+    keep = max(1, cap // 2)
+    recent: deque[bytes] = deque()  # the newest output, at least `keep` bytes of it when there is that much
+    held = 0
+    noted = 0  # the length of the first line a cut wrote, which is no output of the run's
+    try:
+        size = os.fstat(out).st_size
+    except OSError:
+        size = 0
+    while True:
+        try:
+            data = os.read(src, 1 << 16)
+        except OSError:
+            break
+        if not data:
+            break
+        recent.append(data)
+        held += len(data)
+        while held - len(recent[0]) >= keep:
+            held -= len(recent.popleft())
+        try:
+            if size + len(data) > cap:
+                size = os.fstat(out).st_size  # this supervisor's own lines go there too
+            if size + len(data) > cap:
+                tail = b"".join(recent)[-keep:]  # kept here: the log is write-only to us
+                dropped[0] += size - noted + len(data) - len(tail)
+                note = (
+                    f"[goodput: {dropped[0]} bytes of this run's output were dropped so far (the log is kept "
+                    f"under limits.max_log_bytes = {cap}); the newest follow]\n"
+                ).encode()
+                os.ftruncate(out, 0)
+                _write_all(out, note + tail)
+                size, noted = len(note) + len(tail), len(note)
+                with contextlib.suppress(OSError):
+                    _write_atomic(note_file, {"log_dropped_bytes": dropped[0], "t": time.time()})
+            else:
+                _write_all(out, data)
+                size += len(data)
+        except OSError as e:  # a full disk: the output is dropped, counted, and said once it can be
+            dropped[0] += len(data)
+            print(f"goodput.sched.live.local: cannot write the run's log: {e}", file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError):
+        os.close(src)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
 
 
 if __name__ == "__main__":

@@ -296,7 +296,9 @@ class Service:
         self.gov = governance if governance is not None else Governance()
         # a busy timeout short enough that a store locked by another process is a quick 503, not a
         # request (and the lock it holds) hanging for half a minute
-        self.store = open_store(db, busy_timeout_s=store_timeout_s)
+        # deferred_sync: a commit's fsync happens after the lock is released (durable() below), shared
+        # by every request that committed meanwhile, instead of one fsync per request under the lock
+        self.store = open_store(db, busy_timeout_s=store_timeout_s, deferred_sync=True)
         self._check_state_dir()
         # reads that must not queue behind the scheduler's commits (tokens, the event stream) use a
         # connection of their own (SQLite in WAL mode reads while another connection writes)
@@ -346,6 +348,7 @@ class Service:
                 run_as=self._run_as,
                 env_for=lambda job: self.envs.get(job.id, {}),
                 max_user_procs=max_user_procs,
+                max_log_bytes=self.gov.limits.max_log_bytes,
             )
         self._private_dirs()
         snap = self.store.load()
@@ -495,6 +498,7 @@ class Service:
                 self.sched.tick()
                 after = getattr(self.executor, "after_pass", None)  # Slurm: release what it started
                 if after is not None:
+                    self.store.sync()  # only once the starts are durable (its hold is the safety)
                     after()
             except StoreUnavailable as e:
                 self._rebuild(f"a scheduling pass: {e}")
@@ -506,6 +510,10 @@ class Service:
             t2 = time.perf_counter()
         if ran:
             self.pass_times.append((time.time(), t2 - t1, t1 - t0))
+        try:
+            self.store.sync()  # the pass's commits, outside the lock
+        except StoreUnavailable:
+            log.exception("the store cannot make a pass's commits durable; next pass retries")
         return nxt
 
     def _rebuild(self, why: str) -> None:
@@ -529,6 +537,17 @@ class Service:
         except Exception as e:  # noqa: BLE001 - reported by /healthz and 503s until a retry succeeds
             self.degraded = f"the store cannot be read: {e}"
             log.exception("rebuilding the scheduler from the store failed; retrying")
+
+    def durable(self) -> None:
+        """Before a request that changed state answers: its commit is durable (Store.sync, outside the
+        lock; one fsync for every request that committed meanwhile)."""
+        try:
+            self.store.sync()
+        except StoreUnavailable as e:
+            raise _unavailable(
+                f"the change was written but the store cannot make it durable ({e}); a retry with the same "
+                "key answers the same job"
+            ) from None
 
     @contextlib.contextmanager
     def changing(self) -> Iterator[None]:
@@ -598,6 +617,7 @@ class Service:
             except StoreUnavailable as e:
                 self._rebuild(f"an exit report: {e}")
                 raise
+        self.store.sync()  # raises: the exit is reported again, a replay the core ignores
         self.wake.set()
 
     def _job_token(self, job: Job) -> str:
@@ -1042,6 +1062,7 @@ def create_app(svc: Service) -> FastAPI:
             spec_digest = hashlib.sha256(spec.model_dump_json(exclude={"key"}).encode()).hexdigest()
             replay = svc.replay(c.tenant, spec.key, spec_digest)  # before any work: a retry is cheap
             if replay is not None:
+                svc.durable()  # the first submission may be committed and not yet synced
                 return replay
         job_id = f"{spec.name}.{secrets.token_hex(4)}"
         root = svc.confine(c.tenant, spec.ckpt_root, job_id)
@@ -1080,33 +1101,37 @@ def create_app(svc: Service) -> FastAPI:
         except OSError as e:
             raise _unavailable(f"cannot make the checkpoint prefix: {e.strerror}") from None
         # 3. change, under the lock, all or nothing
+        replay = None
         with svc.changing():
             if spec.key is not None:  # again under the lock: the same key may be racing in another request
                 replay = svc.replay(c.tenant, spec.key, spec_digest)
-                if replay is not None:
-                    return replay
-            if job_id in svc.sched.jobs:
-                raise _unavailable("a job id collided; retry")
-            svc.check_queued(c.tenant)  # after the replay: a retry of an accepted submission is never refused
-            job.submit_s = svc.sched.clock.now()
-            keyed = [(c.tenant, spec.key, job_id, spec_digest)] if spec.key is not None else []
-            try:
-                # the key and the env are stored in the submission's own transaction
-                with svc.store.along(keys=keyed, envs={job_id: spec.env} if spec.env else None):
-                    svc.sched.submit(job)
-            except SchedulerError as e:
-                field = "gpus_per_node" if "GPUs" in str(e) else "nodes"
-                raise _field_error(field, str(e)) from None
-            except SubmissionRejected as e:
-                raise _field_error(e.field, e.message) from None
-            svc.note_queued(job)
-            if spec.env:
-                svc.envs[job_id] = dict(spec.env)
-            if spec.key is not None:
-                svc.keys[(c.tenant, spec.key)] = (job_id, spec_digest)
-                svc.key_of[job_id] = spec.key
-            state = job.state.value
+            if replay is None:
+                if job_id in svc.sched.jobs:
+                    raise _unavailable("a job id collided; retry")
+                svc.check_queued(c.tenant)  # after the replay: a retry of an accepted submission is never refused
+                job.submit_s = svc.sched.clock.now()
+                keyed = [(c.tenant, spec.key, job_id, spec_digest)] if spec.key is not None else []
+                try:
+                    # the key and the env are stored in the submission's own transaction
+                    with svc.store.along(keys=keyed, envs={job_id: spec.env} if spec.env else None):
+                        svc.sched.submit(job)
+                except SchedulerError as e:
+                    field = "gpus_per_node" if "GPUs" in str(e) else "nodes"
+                    raise _field_error(field, str(e)) from None
+                except SubmissionRejected as e:
+                    raise _field_error(e.field, e.message) from None
+                svc.note_queued(job)
+                if spec.env:
+                    svc.envs[job_id] = dict(spec.env)
+                if spec.key is not None:
+                    svc.keys[(c.tenant, spec.key)] = (job_id, spec_digest)
+                    svc.key_of[job_id] = spec.key
+                state = job.state.value
+        if replay is not None:
+            svc.durable()  # its first submission may be committed and not yet synced
+            return replay
         svc.wake.set()
+        svc.durable()
         return JSONResponse({"id": job_id, "state": state}, status_code=201)
 
     @app.get("/jobs")
@@ -1151,6 +1176,7 @@ def create_app(svc: Service) -> FastAPI:
             svc.sched.cancel(job.id)
             out = {"id": job.id, "state": job.state.value, "substate": job.substate}
         svc.wake.set()
+        svc.durable()
         return out
 
     @app.delete("/jobs/{job_id}")
@@ -1171,6 +1197,7 @@ def create_app(svc: Service) -> FastAPI:
                 raise _field_error("nodes", str(e)) from None
             out = {"id": job.id, "state": job.state.value, "nodes": job.nodes, "gpus_per_node": job.gpus_per_node}
         svc.wake.set()
+        svc.durable()
         return out
 
     @app.post("/jobs/{job_id}/commits")
@@ -1199,6 +1226,7 @@ def create_app(svc: Service) -> FastAPI:
                 svc.last_commit[job.id] = report
             elif not reason:  # the core refused for a reason its dry run did not give: say so, never ''
                 reason = "rejected"
+        svc.durable()
         return JSONResponse({"accepted": ok, "reason": reason}, status_code=200 if ok else 409)
 
     @app.get("/cluster")
@@ -1293,6 +1321,7 @@ def create_app(svc: Service) -> FastAPI:
             svc.sched.reclaim_notice([name], svc.sched.clock.now() + grace_s, why="node_loss")
             health = svc.sched.cap.nodes[name].health.value
         svc.wake.set()
+        svc.durable()
         return {"node": name, "health": health}
 
     @app.post("/nodes/{name}/up")
@@ -1302,6 +1331,7 @@ def create_app(svc: Service) -> FastAPI:
         with svc.changing():
             svc.sched.node_up([name])
         svc.wake.set()
+        svc.durable()
         return {"node": name, "health": Health.UP.value}
 
     @app.get("/stats")

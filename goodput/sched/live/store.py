@@ -6,6 +6,14 @@ records, metadata and events to :meth:`Store.commit`, which writes them in ONE t
 when it returns (SQLite: WAL with synchronous=FULL; PostgreSQL: its own commit). A restart therefore reads
 the state after some whole number of steps, never a torn one.
 
+A SQLite store opened with ``deferred_sync=True`` (the live service's) splits the commit in two: the
+transaction is written to the WAL when :meth:`Store.commit` returns (synchronous=NORMAL: safe against a
+SIGKILL of the process, which leaves the written WAL to the OS), and it is durable against power loss
+once :meth:`Store.sync` returns, which fsyncs the WAL once for every commit made before it: concurrent
+callers share one fsync (group commit), and the caller does it after releasing its own locks. The
+service calls it before it answers any request that changed state and after each scheduling pass, so
+what it acknowledges is as durable as with synchronous=FULL; only the fsync moved out of its lock.
+
 Bodies are JSON text, never pickles, because storage is not trusted: a row that does not decode into its
 record is an error naming the table and key, not code run. Records go through msgspec, which is what makes a
 100,000-job first commit take seconds rather than minutes. JSON has no infinity and msgspec writes one as
@@ -260,10 +268,16 @@ class Store:
     seq_type = "INTEGER"
     text_order = ""  # collation clause that makes key order byte order, as in SQLite and Python
 
+    deferred_sync = False  # commit() durable on return; else once sync() returns (SQLite's open())
+
     def __init__(self, url: str, conn: Any) -> None:
         self.url = url
         self._conn = conn
         self._lock = threading.RLock()
+        self._commits = 0  # write transactions committed (counted under _lock), for sync()
+        self._synced = 0  # of those, how many sync() has made durable
+        self._syncing = False
+        self._sync_cv = threading.Condition(threading.Lock())
         self._staged = threading.local()  # Store.along's rows, per thread
         self._closed = False
         try:
@@ -678,6 +692,40 @@ class Store:
                 (key, value),
             )
 
+    # -- durability ----------------------------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """Every transaction committed before this call is durable when it returns (a no-op unless the
+        store was opened with ``deferred_sync``). Group commit: a caller that finds an fsync under way
+        waits for it and does one more only if that one began before its own commit; an fsync that
+        fails raises :class:`StoreUnavailable` (the commits stay written, not known durable)."""
+        if not self.deferred_sync:
+            return
+        with self._sync_cv:
+            target = self._commits
+            while self._synced < target:
+                if self._syncing:
+                    self._sync_cv.wait()
+                    continue
+                self._syncing = True
+                upto = self._commits  # each counted commit's frames are in the WAL already
+                self._sync_cv.release()
+                err: OSError | None = None
+                try:
+                    self._fsync()
+                except OSError as e:
+                    err = e
+                finally:
+                    self._sync_cv.acquire()
+                    self._syncing = False
+                    self._sync_cv.notify_all()
+                if err is not None:
+                    raise StoreUnavailable(f"{_redact(self.url)}: cannot make its commits durable: {err}")
+                self._synced = max(self._synced, upto)
+
+    def _fsync(self) -> None:
+        raise NotImplementedError
+
     # -- lifecycle -----------------------------------------------------------------------------------------
 
     @contextmanager
@@ -692,6 +740,10 @@ class Store:
             if not self._closed:
                 self._closed = True
                 self._conn.close()
+                self._close_extra()
+
+    def _close_extra(self) -> None:
+        pass
 
     def __enter__(self) -> Store:
         return self
@@ -705,9 +757,11 @@ class Store:
 
 class SQLiteStore(Store):
     dialect = "sqlite"
+    path = ":memory:"
+    _wal_fd: int | None = None
 
     @classmethod
-    def open(cls, url: str, path: str, busy_timeout_s: float = 30.0) -> SQLiteStore:
+    def open(cls, url: str, path: str, busy_timeout_s: float = 30.0, deferred_sync: bool = False) -> SQLiteStore:
         if path != ":memory:":
             _private_file(path)
         try:
@@ -719,8 +773,10 @@ class SQLiteStore(Store):
             mode = _retry_locked(lambda: conn.execute("PRAGMA journal_mode=WAL").fetchone()[0], busy_timeout_s)
             if path != ":memory:" and str(mode).lower() != "wal":
                 raise StoreError(f"SQLite store {path!r} refused WAL mode (got {mode!r})")
-            # FULL: in WAL mode NORMAL may lose the last commits on power loss; FULL makes commit durable
-            conn.execute("PRAGMA synchronous=FULL")
+            # FULL: in WAL mode NORMAL may lose the last commits on power loss; FULL makes commit durable.
+            # deferred_sync: NORMAL, and sync() fsyncs the WAL for every commit before it (module docstring)
+            deferred = deferred_sync and path != ":memory:"
+            conn.execute(f"PRAGMA synchronous={'NORMAL' if deferred else 'FULL'}")
             conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
         except sqlite3.DatabaseError as e:
             conn.close()
@@ -732,7 +788,34 @@ class SQLiteStore(Store):
             for side in (path + "-wal", path + "-shm"):  # SQLite copies the database's mode; say it anyway
                 with contextlib.suppress(FileNotFoundError):
                     _private_file(side)
-        return cls(url, conn)
+        store = cls(url, conn)
+        store.path = path
+        store.deferred_sync = deferred
+        return store
+
+    def _fsync(self) -> None:
+        """fsync the WAL (the descriptor kept open: SQLite holds no lock on that file, so ours cannot
+        drop one; reopened if the WAL was recreated), and its directory when it is new to us."""
+        wal = self.path + "-wal"
+        fd = self._wal_fd
+        if fd is not None and os.fstat(fd).st_ino != os.stat(wal).st_ino:
+            os.close(fd)
+            fd = self._wal_fd = None
+        if fd is None:
+            fd = os.open(wal, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            self._wal_fd = fd
+            dfd = os.open(os.path.dirname(wal) or ".", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        os.fsync(fd)
+
+    def _close_extra(self) -> None:
+        if self._wal_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._wal_fd)
+            self._wal_fd = None
 
     @contextmanager
     def _transaction(self, write: bool) -> Iterator[Any]:
@@ -742,6 +825,8 @@ class SQLiteStore(Store):
             cur.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             yield cur
             cur.execute("COMMIT")
+            if write:
+                self._commits += 1
         except sqlite3.OperationalError as e:  # locked past busy_timeout, read-only, disk full, I/O error
             self._rollback()
             raise StoreUnavailable(f"SQLite store {_redact(self.url)}: {e}") from e
@@ -883,15 +968,16 @@ def _retry_locked(fn, timeout_s: float):  # noqa: ANN001, ANN202
             time.sleep(0.01)
 
 
-def open_store(url: str, *, busy_timeout_s: float = 30.0) -> Store:
-    """Open (creating if absent) the store a URL names; see the module docstring for the spellings."""
+def open_store(url: str, *, busy_timeout_s: float = 30.0, deferred_sync: bool = False) -> Store:
+    """Open (creating if absent) the store a URL names; see the module docstring for the spellings and
+    for ``deferred_sync`` (SQLite only; PostgreSQL's commit is durable on return either way)."""
     if not isinstance(url, str) or not url:
         raise ValueError(f"a store URL is a non-empty string, got {url!r}")
     if url.startswith(("postgresql://", "postgres://")):
         return PostgresStore.open(url)
     if url.startswith("sqlite:"):
-        return SQLiteStore.open(url, _sqlite_path(url), busy_timeout_s)
+        return SQLiteStore.open(url, _sqlite_path(url), busy_timeout_s, deferred_sync)
     if "://" in url:
         raise ValueError(f"unknown store URL {_redact(url)!r}: expected sqlite:///PATH, postgresql://... or a path")
     path = url if url == ":memory:" else os.path.abspath(url)
-    return SQLiteStore.open(url, path, busy_timeout_s)
+    return SQLiteStore.open(url, path, busy_timeout_s, deferred_sync)

@@ -234,6 +234,34 @@ def test_a_tenants_queued_jobs_are_bounded_by_the_clusters_limit(server, tmp_pat
         s.post(f"/jobs/{jid}/cancel", {}, alice)
 
 
+def test_a_runs_log_is_capped_keeping_its_tail_and_saying_so(server, tmp_path):  # noqa: F811
+    """limits.max_log_bytes = 100,000: a real job prints 1,000,000 bytes. Its log stays under the cap,
+    keeps the newest output (the last line included), says on its first line how much was dropped, and
+    the job's last_exit says it too; the count is exact: dropped + kept = printed."""
+    s = server(nodes=1, limits={"max_log_bytes": 100_000})
+    alice = s.token("alice")
+    s.start()
+    lines = 20_000  # 50 bytes each
+    prog = (
+        "import sys\n"
+        f"for i in range({lines}):\n"
+        "    sys.stdout.write(f'line {i:08d} ' + 'x' * 35 + '\\n')\n"
+        "sys.stdout.write('LAST LINE\\n')\n"
+    )
+    printed = lines * 50 + len("LAST LINE\n")
+    code, ans = s.post("/jobs", _spec(tmp_path / "loud", 0, name="loud", command=[PY, "-c", prog]), alice)
+    assert code == 201, ans
+    j = s.wait_job(ans["id"], alice, lambda j: j["state"] == "finished")
+    log = (s.state / "logs" / f"{ans['id']}.1.log").read_bytes()
+    assert len(log) <= 100_000, len(log)
+    first, _, kept = log.partition(b"\n")
+    assert b"bytes of this run's output were dropped" in first and b"max_log_bytes = 100000" in first, first
+    assert kept.endswith(b"LAST LINE\n") and kept.count(b"line ") >= 900, kept[-200:]
+    dropped = j["last_exit"]["log_dropped_bytes"]
+    assert str(dropped).encode() in first  # the count the log states is the one the service reports
+    assert dropped + len(kept) == printed, (dropped, len(kept), printed)
+
+
 def test_tokens_listed_revoked_and_expired(server, tmp_path):  # noqa: F811
     s = server()
     alice, bob = s.token("alice"), s.token("bob")

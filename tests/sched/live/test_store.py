@@ -547,3 +547,49 @@ def test_bulk_first_commit(store_url):
     print(f"\n{store_url.split(':')[0]}: commit 100k jobs+events {took:.2f}s, load {load:.2f}s")
     assert len(snap.jobs) == 100_000 and len(snap.events) == 100_000
     assert snap.jobs["job-99999"] == jobs[-1]
+
+
+def test_deferred_sync_fsyncs_the_wal_once_for_every_commit_before_it(tmp_path, monkeypatch):
+    """A store opened with deferred_sync commits with synchronous=NORMAL and makes its commits durable
+    in sync(): one fsync of the WAL for all the commits made before it (16 threads that each commit
+    then sync share fsyncs), none when nothing was committed since; the default store stays FULL."""
+    import threading
+
+    path = tmp_path / "d.db"
+    with open_store(str(tmp_path / "full.db")) as full:
+        assert full._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        full.sync()  # a no-op: its commits are durable on return
+    st = open_store(f"sqlite:///{path}", deferred_sync=True)
+    try:
+        assert st.deferred_sync and st._conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+        synced: list[str] = []
+        real = os.fsync
+
+        def counting(fd: int) -> None:
+            synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+            time.sleep(0.01)  # a slow disk, so that the threads below overlap
+            real(fd)
+
+        monkeypatch.setattr(store_mod.os, "fsync", counting)
+        st.commit(tenants=[Tenant(name="t0")])
+        st.sync()
+        assert str(path) + "-wal" in synced, synced  # the WAL itself (and its directory, the first time)
+        before = len(synced)
+        st.sync()
+        assert len(synced) == before  # nothing new: no fsync
+
+        def one(i: int) -> None:
+            st.commit(tenants=[Tenant(name=f"t{i + 1}")])
+            st.sync()
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert 1 <= len(synced) - before < 16, len(synced) - before  # group commit: shared fsyncs
+        assert st._synced == st._commits
+    finally:
+        st.close()
+    with open_store(f"sqlite:///{path}") as again:
+        assert len(again.load().tenants) == 17

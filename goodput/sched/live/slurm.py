@@ -705,7 +705,12 @@ class SlurmExecutor:
                 except Exception as e:  # noqa: BLE001 - the next change writes it again; the core is told now
                     self._note(f"cannot store the drained nodes: {e}")
         if (down or up or drained or resumed) and self.on_nodes is not None:
-            self.on_nodes(down, up, drained, resumed)
+            try:
+                self.on_nodes(down, up, drained, resumed)
+            except Exception:
+                with self._lock:  # not applied (the store refused): the next pass reports every node again
+                    self._first_nodes = True
+                raise
 
     # ------------------------------------------------------------------ Slurm calls
 

@@ -174,7 +174,9 @@ def task(cmd: list[str]) -> int:
     early: list[int] = []
     for sig in (signal.SIGUSR1, signal.SIGTERM):
         signal.signal(sig, lambda signum, _frame: early.append(signum))
-    _subreaper()
+    if not _subreaper():
+        print("goodput.sched.live.slurm_launch: not a child subreaper here: workers a dead launcher orphans "
+              "are not waited for", file=sys.stderr, flush=True)  # fmt: skip
     try:
         p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
     except OSError as e:

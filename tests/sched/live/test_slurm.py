@@ -45,6 +45,17 @@ def test_slurm_states_map_to_report_exit_words():
     assert status_of("FAILED", 75 << 8, killed=True) == "preempted"  # it left with its checkpoint before our kill
 
 
+def test_a_node_whose_launcher_died_of_the_signal_while_its_workers_left_with_75_was_preempted():
+    from goodput.sched.live.slurm_launch import task_status
+
+    assert task_status(-10, [75, 75]) == 75  # torchrun killed by SIGUSR1, both workers checkpointed
+    assert task_status(138, [75]) == 75
+    assert task_status(-10, [75, 1]) == 138  # a worker failed: not a preemption
+    assert task_status(-10, []) == 138  # nothing orphaned: the launcher's own death
+    assert task_status(1, [75]) == 75 and task_status(0, []) == 0 and task_status(75, []) == 75
+    assert task_status(3, []) == 3
+
+
 def test_sacct_records_of_both_versions():
     from goodput.sched.live.slurm import parse_sacct
 

@@ -474,6 +474,7 @@ def _slurm_options(cluster: str, executor: str, partition: str, conf: str, pytho
         "slurm_conf": conf or str(section.get("slurm_conf", "")),
         "python": python or str(section.get("job_python", "")),
         "drain_grace_s": section.get("drain_grace_s", 30.0),
+        "slurmrestd": str(section.get("slurmrestd", "")),
     }
 
 

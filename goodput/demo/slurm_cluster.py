@@ -227,6 +227,30 @@ PartitionName=high Nodes=ALL PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE
         with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(timeout=30)
 
+    def start_restd(self, user: str = "nobody") -> str:
+        """slurmrestd on a unix socket (``rest_auth/local``: a client is who the socket says it is), as
+        ``user`` (it refuses to run as root), with the OpenAPI plugin that needs no slurmdbd; its socket's
+        path once it answers. RuntimeError where slurmrestd is absent (Debian: ``apt-get install -y
+        slurmrestd``) or does not come up."""
+        import pwd
+
+        exe = shutil.which("slurmrestd") or "/usr/sbin/slurmrestd"
+        if not os.access(exe, os.X_OK):
+            raise RuntimeError("slurmrestd absent: on Debian or Ubuntu, `apt-get install -y slurmrestd`")
+        d = self.root / "rest"
+        d.mkdir(mode=0o755, exist_ok=True)
+        pw = pwd.getpwnam(user)
+        os.chown(d, pw.pw_uid, pw.pw_gid)  # it binds the socket after dropping to the user
+        sock = d / "rest.sock"
+        self._spawn("slurmrestd", [exe, "-f", str(self.conf), "-a", "rest_auth/local", "-s", "openapi/v0.0.38",
+                                   "-u", user, f"unix:{sock}"])  # fmt: skip
+        _wait(lambda: sock.exists() or self.procs["slurmrestd"].poll() is not None, 20, "slurmrestd's socket", self)
+        if not sock.exists():
+            raise RuntimeError(
+                "slurmrestd exited: " + (self.root / "log" / "slurmrestd.out").read_text(errors="replace")
+            )
+        return str(sock)
+
     def restart_ctld(self) -> None:
         self.kill("slurmctld", signal.SIGTERM)
         self.start_ctld()
@@ -247,7 +271,7 @@ PartitionName=high Nodes=ALL PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE
 
                 with contextlib.suppress(TimeoutError):
                     _wait(drained, 30, "jobs cancelled", None)
-        order = [k for k in self.procs if k.startswith("slurmd-")] + ["slurmctld", "munged"]
+        order = ["slurmrestd"] + [k for k in self.procs if k.startswith("slurmd-")] + ["slurmctld", "munged"]
         for key in order:
             self.kill(key, signal.SIGTERM)
             self.kill(key, signal.SIGKILL)

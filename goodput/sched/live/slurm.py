@@ -91,10 +91,15 @@ class SlurmError(OSError):
 
 @dataclass
 class Slurm:
-    """Slurm's command-line tools, run with a clean environment (``SLURM_CONF`` and ``PATH`` only)."""
+    """Slurm's command-line tools, run with a clean environment (``SLURM_CONF`` and ``PATH`` only), and
+    optionally slurmrestd for the two reads of every pass (:meth:`state`)."""
 
     conf: str = ""  # SLURM_CONF; empty: Slurm's default
     timeout_s: float = 30.0
+    rest_socket: str = ""  # slurmrestd's unix socket (rest_auth/local); empty: the CLI alone
+    rest_api: str = "v0.0.38"  # the OpenAPI plugin's version in its paths (22.05: v0.0.38)
+    reads: dict[str, int] = field(default_factory=lambda: {"slurmrestd": 0, "cli": 0})
+    rest_error: str = ""  # why the last slurmrestd read failed ("" once one succeeds)
 
     def env(self) -> dict[str, str]:
         """The commands' whole environment: the service's PATH and SLURM_CONF, nothing a tenant set
@@ -122,6 +127,66 @@ class Slurm:
         if p.returncode != 0:
             raise SlurmError(f"{' '.join(argv[:3])}...: exit {p.returncode}: {p.stderr.strip()[:500]}")
         return p.stdout
+
+    def state(self, what: str) -> dict[str, Any]:
+        """``jobs`` (as ``squeue --json``) or ``nodes`` (as ``sinfo --json``): from slurmrestd where one
+        is configured (``GET /slurm/<api>/jobs|nodes``: the same records, from the same parser), else,
+        or when it fails or answers errors, from the command, the failure kept in ``rest_error``."""
+        argv = {"jobs": ["squeue", "--json"], "nodes": ["sinfo", "--json"]}[what]
+        if self.rest_socket:
+            try:
+                d = self.rest_get(f"/slurm/{self.rest_api}/{what}")
+                errs = d.get("errors") or []
+                if errs:
+                    raise SlurmError(f"slurmrestd {what}: {str(errs)[:300]}")
+                if not isinstance(d.get(what), list):
+                    raise SlurmError(f"slurmrestd {what}: no {what!r} list")
+            except SlurmError as e:
+                if str(e) != self.rest_error:
+                    log.warning("%s: reading %s from the commands instead", e, what)
+                self.rest_error = str(e)
+            else:
+                self.rest_error = ""
+                self.reads["slurmrestd"] += 1
+                return d
+        d = self.json(argv)
+        self.reads["cli"] += 1
+        return d
+
+    def rest_get(self, path: str, limit: int = 256 << 20) -> dict[str, Any]:
+        """One GET to slurmrestd over its unix socket: a JSON object of at most ``limit`` bytes."""
+        import http.client
+        import socket
+
+        sock_path, timeout = self.rest_socket, self.timeout_s
+
+        class Conn(http.client.HTTPConnection):
+            def connect(self) -> None:
+                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.sock.settimeout(timeout)
+                self.sock.connect(sock_path)
+
+        conn = Conn("localhost", timeout=timeout)
+        try:
+            conn.request("GET", path, headers={"Accept": "application/json"})
+            r = conn.getresponse()
+            raw = r.read(limit + 1)
+            status = r.status
+        except (OSError, http.client.HTTPException) as e:
+            raise SlurmError(f"slurmrestd {self.rest_socket}: {e}") from None
+        finally:
+            conn.close()
+        if len(raw) > limit:
+            raise SlurmError(f"slurmrestd {path}: answer over {limit} bytes")
+        try:
+            d = json.loads(raw)
+        except ValueError as e:
+            raise SlurmError(f"slurmrestd {path}: HTTP {status}, not JSON ({e})") from None
+        if not isinstance(d, dict):
+            raise SlurmError(f"slurmrestd {path}: HTTP {status}, not an object")
+        if status != 200 and not d.get("errors"):
+            raise SlurmError(f"slurmrestd {path}: HTTP {status}")
+        return d
 
     def json(self, argv: list[str]) -> dict[str, Any]:
         out = self.run(argv)
@@ -155,7 +220,7 @@ def _gpus(gres: str) -> int:
 
 def read_nodes(slurm: Slurm, partition: str) -> list[SlurmNode]:
     """The partition's nodes from one ``sinfo --json`` (Slurm 22.05 has no ``scontrol --json``)."""
-    d = slurm.json(["sinfo", "--json"])
+    d = slurm.state("nodes")
     out: dict[str, SlurmNode] = {}
     for n in d.get("nodes") or ():
         if not isinstance(n, dict):
@@ -605,7 +670,7 @@ class SlurmExecutor:
     def poll(self) -> int:
         """Read Slurm once (squeue, sinfo); report exits and node changes; the number of exits reported."""
         try:
-            q = self.slurm.json(["squeue", "--json"])
+            q = self.slurm.state("jobs")
         except SlurmError as e:
             self._note(str(e))
             return 0  # slurmctld away (restarting): nothing is concluded from silence
@@ -963,13 +1028,15 @@ def service_executor(
     allow_root_jobs: bool = False,
     drain_grace_s: float = 30.0,
     pools: list[Pool] | None = None,
+    slurmrestd: str = "",
 ) -> tuple[list[Pool], list[Node], SlurmExecutor]:
     """The pools, nodes and executor of a live service over Slurm partition ``partition``
     (``goodput sched serve --executor slurm --partition P``); ``svc`` is the service being built
     (its ``lock``, ``wake``, ``sched``, ``store``, ``state_dir``, ``users``, ``envs`` and ``_job_token``
     are used). ``allow_root_jobs`` is the service's own setting, which its ``users`` map applies.
     ``drain_grace_s`` is the notice a job on a node drained in Slurm gets (as ``POST /nodes/{name}/drain``'s
-    ``grace_s``); ``pools`` are the cluster JSON's, if it gave any: a ``ValueError`` unless they are Slurm's."""
+    ``grace_s``); ``pools`` are the cluster JSON's, if it gave any: a ``ValueError`` unless they are Slurm's.
+    ``slurmrestd``: its unix socket, where one runs; the per-pass reads go there (the CLI if it fails)."""
     del allow_root_jobs
     if (
         isinstance(drain_grace_s, bool)
@@ -977,7 +1044,7 @@ def service_executor(
         or not 0 <= drain_grace_s <= 86400
     ):
         raise ValueError(f"slurm.drain_grace_s: expected seconds in [0, 86400], got {drain_grace_s!r}")
-    slurm = Slurm(conf=slurm_conf)
+    slurm = Slurm(conf=slurm_conf, rest_socket=slurmrestd)
     found, nodes, seen = discover(slurm, partition)
     pools = check_pools(list(pools or ()), found, partition)
 

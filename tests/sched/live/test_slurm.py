@@ -599,3 +599,46 @@ def test_over_slurm_the_cluster_json_needs_no_pools_and_given_ones_must_be_slurm
              "--partition", slurm.partition, "--state-dir", str(tmp_path / "st"), "--allow-root-jobs"]  # fmt: skip
     p = subprocess.run([*serve, "--cluster", str(wrong)], capture_output=True, text=True, timeout=120, env=env)
     assert p.returncode != 0 and "gpus_per_node 8 (Slurm: 2)" in p.stderr + p.stdout, p.stdout + p.stderr
+
+
+def test_slurmrestd_where_present_reads_each_pass_and_the_cli_takes_over_when_it_goes(slurm, tmp_path):  # noqa: F811
+    """With slurmrestd's socket configured, the executor's per-pass reads (jobs and nodes) go to it
+    and none to squeue/sinfo; slurmrestd gone, the same executor reads through the commands, saying
+    why, and jobs still start and end. Skipped where slurmrestd is absent."""
+    import shutil as sh
+
+    from goodput.sched.core.model import Job, JobState
+    from goodput.sched.live.slurm import Slurm, SlurmExecutor, discover
+    from goodput.sched.live.store import open_store
+
+    if sh.which("slurmrestd") is None and not os.access("/usr/sbin/slurmrestd", os.X_OK):
+        pytest.skip("slurmrestd absent (Debian: apt-get install -y slurmrestd)")
+    sock = slurm.start_restd()
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+    sl = Slurm(conf=str(slurm.conf), rest_socket=sock)
+    _pools, nodes, seen = discover(sl, slurm.partition)
+    assert [n.name for n in nodes] == slurm.node_names and sl.reads == {"slurmrestd": 1, "cli": 0}
+    ex = SlurmExecutor(Path(slurm.root) / "gp", store=store, partition=slurm.partition, slurm=sl)
+    ex.nodes.update(seen)
+    exits: list[tuple[str, str]] = []
+    ex.on_exit = lambda j, e, st: exits.append((j, st))
+
+    def run(name: str, node: str, argv: tuple[str, ...]) -> None:
+        job = Job(id=name, tenant="t", priority=0, nodes=1, gpus_per_node=1, submit_s=0.0, command=argv)
+        job.epoch, job.state = 1, JobState.RUNNING
+        ex.start(job, (node,), 0.0)
+        assert ex.runs[name].slurm_id > 0, ex.failures
+        ex.after_pass()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(j == name for j, _ in exits):
+            ex.poll()
+            time.sleep(0.3)
+
+    run("rest.00000001", "n1", ("/bin/sh", "-c", "exit 75"))
+    assert exits == [("rest.00000001", "preempted")]
+    assert sl.reads["cli"] == 0 and sl.reads["slurmrestd"] >= 3 and sl.rest_error == ""
+    slurm.kill("slurmrestd")
+    run("cli.00000002", "n2", ("/bin/true",))
+    assert exits[1:] == [("cli.00000002", "finished")]
+    assert sl.reads["cli"] >= 2 and "slurmrestd" in sl.rest_error
+    store.close()

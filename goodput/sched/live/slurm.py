@@ -26,8 +26,12 @@ given nothing to decide (SchedMD's advice for an external scheduler):
   infrastructure loss); other exits → failed. A job Slurm no longer lists (older than
   ``MinJobAge``) is read from the status file its batch step wrote, or is lost.
 - **Nodes** Slurm reports ``DOWN`` (or ``FAIL``) are lost to the core (their jobs resume from their
-  commits, counted as infrastructure, not failure); back up, they are returned.
-- A ``squeue`` or ``sinfo`` that fails (slurmctld restarting) changes nothing: the next pass asks again.
+  commits, counted as infrastructure, not failure); back up, they are returned. A node an operator
+  drains in Slurm (``scontrol update nodename=X state=DRAIN``) gets goodput's drain (no new
+  placement, its jobs asked to checkpoint and leave by a deadline); ``state=RESUME`` returns it.
+- The two reads of a pass go to slurmrestd's unix socket where one is configured, else (or when it
+  fails) to ``squeue --json`` and ``sinfo --json``. One that fails (slurmctld restarting) changes
+  nothing: the next pass asks again.
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ PREEMPT_REQUESTED = "preempt_requested"
 CHECKPOINT_COMMITTED = "checkpoint_committed"  # + progress_s, epoch; trained_s, stall_s, write_s when reported
 EXITED = "exited"  # + status ("finished" | "preempted" | "failed" | "killed" | "lost"), epoch
 RELEASED = "released"  # + nodes, gpus: the job's GPUs are free for others
-REQUEUED = "requeued"  # + reason (preempted | infrastructure | failure), resume_from_s
+REQUEUED = "requeued"  # + reason (preempted | infrastructure | failure), resume_from_s, eligible_s (not before)
 FINISHED = "finished"
-FAILED = "failed"  # + failures, reason (failure | time_limit | infrastructure)
+FAILED = "failed"  # + failures, reason (failure | time_limit | infrastructure | unasked_yields)
 NODE_LOST = "node_lost"  # node events carry ``node`` instead of ``job``
 # beyond the contract's list, in the same shape (outside tools ignore what they do not know)
 CANCELLED = "cancelled"

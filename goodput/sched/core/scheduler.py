@@ -269,7 +269,9 @@ class Scheduler(Preemption):
         job.killed_at = -1.0
         job.ckpt_requested = False
         job.placement = ()
-        self._emit(ev.REQUEUED, job=job.id, reason=reason, resume_from_s=job.committed_s)
+        # when it may start again (its backoff's end, or now): an auditor checks the start against it
+        eligible = max(job.eligible_s, self.clock.now())
+        self._emit(ev.REQUEUED, job=job.id, reason=reason, resume_from_s=job.committed_s, eligible_s=eligible)
         if job.eligible_s > self.clock.now():
             job.substate = "backoff"
             self._timer(job.eligible_s, "eligible", job)

@@ -96,7 +96,8 @@ EDGES: tuple[Edge, ...] = (
         X,
         "timeout",
         FAIL,
-        "stopped at its time limit (limit_s + over_time_limit_s, then its grace) and observed gone: failed "
+        "stopped at its time limit (its hold, restart_s on a rerun + limit_s - committed, + over_time_limit_s, "
+        "then its grace) and observed gone: failed "
         "with reason time_limit (Slurm's TIMEOUT), its committed checkpoint kept",
     ),
     Edge(

@@ -57,6 +57,7 @@ KINDS: tuple[str, ...] = (
     "preemption_counted_as_failure",
     "time_backwards",
     "lost_job",
+    "start_before_eligible",
     # the policy's promises (docs/SCHED.md, "The checker")
     "start_under_notice",
     "progress_faster_than_time",
@@ -64,9 +65,10 @@ KINDS: tuple[str, ...] = (
     "reservation_delayed",
     "priority_inversion",
     "not_work_conserving",
+    "claim_dropped",
 )
-SAFETY_KINDS: tuple[str, ...] = KINDS[:12]  # what no policy may break (a baseline included)
-POLICY_KINDS: tuple[str, ...] = KINDS[12:]  # what ours promises; a baseline may break them by design
+SAFETY_KINDS: tuple[str, ...] = KINDS[:13]  # what no policy may break (a baseline included)
+POLICY_KINDS: tuple[str, ...] = KINDS[13:]  # what ours promises; a baseline may break them by design
 
 EXIT_STATUSES = frozenset({"finished", "preempted", "failed", "killed", "lost"})
 EPS = 1e-6  # progress and resume points are floats written by another program
@@ -89,6 +91,7 @@ class Rules:
 
     over_time_limit_s: float = 60.0
     max_grace_s: float = 600.0
+    max_restart_s: float = 1800.0  # a rerun's hold adds its restart_s, which the log does not carry
     pass_s: float = 1.0
     slack_s: float = 1.0
     max_backoff_s: float = 3600.0
@@ -97,7 +100,7 @@ class Rules:
     def from_limits(cls, limits: Mapping[str, Any] | None, **kw: Any) -> Rules:
         """From the cluster JSON's ``limits`` object (unknown keys ignored, bad values refused)."""
         vals: dict[str, float] = {}
-        for key in ("over_time_limit_s", "max_grace_s"):
+        for key in ("over_time_limit_s", "max_grace_s", "max_restart_s"):
             v = (limits or {}).get(key)
             if v is None:
                 continue
@@ -168,6 +171,11 @@ class _Job:
         "last_exit",
         "pools_seen",
         "preempt_reason",
+        "eligible",
+        "victims",
+        "leaves_for",
+        "claim_due",
+        "claim_excused",
     )
 
     def __init__(self, jid: str, nodes: int, gpn: int) -> None:
@@ -201,6 +209,12 @@ class _Job:
         self.last_exit = ""
         self.pools_seen: tuple[str, ...] | None = None  # allowed(): cached until its inputs change
         self.preempt_reason = ""  # why the current run was asked to leave
+        self.eligible = -math.inf  # not before this, as its last requeued record said (-inf: not said)
+        # a claimant's victims not yet released (kept across a new claim: conservative, never sooner)
+        self.victims: dict[str, None] | None = None
+        self.leaves_for = ""  # the claimant this run was asked to leave for ("" for none)
+        self.claim_due = math.inf  # every victim gone: it must start on its claim by then
+        self.claim_excused = False  # a node of its pool was lost or noticed: its claim may be dropped
 
 
 class _Auditor:
@@ -246,6 +260,8 @@ class _Auditor:
         self.armed = False
         self.t_inc = -math.inf
         self.backfilled: list[tuple[str, frozenset[str], float, int, float]] = []
+        self.claimants: dict[str, None] = {}  # pending jobs holding a claim
+        self.claim_dues: list[tuple[float, str]] = []  # (claim_due, claimant): starts that must come
         self.dispatch = {
             ev.SUBMITTED: self.on_submitted,
             ev.STARTED: self.on_started,
@@ -294,7 +310,7 @@ class _Auditor:
                 last = t
                 if self.backfilled:
                     self.flush_backfilled()
-                if self.armed or self.backoffs:
+                if self.armed or self.backoffs or self.claim_dues:
                     self.until(t)
             handler = dispatch.get(event)
             if handler is None:
@@ -488,6 +504,18 @@ class _Auditor:
             j.claimant = False
             self.claimed[j.claim_pool] -= j.nodes
             self.mark(t)
+        self.claimants.pop(j.id, None)
+        j.claim_due = math.inf
+
+    def excuse_claims(self, node: str) -> None:
+        """A node lost or under notice: a claim on it is dropped without a record (its claimant
+        goes back to the queue), so no claimant of its pool is held to its claim any more."""
+        pool = self.node_pool.get(node)
+        for jid in self.claimants:
+            c = self.jobs[jid]
+            if pool is None or c.claim_pool == pool:
+                c.claim_excused = True
+                c.claim_due = math.inf
 
     def clear_reservation(self, jid: str, t: float) -> None:
         if self.res is not None and self.res[0] == jid:
@@ -499,8 +527,21 @@ class _Auditor:
         while True:
             due_bo = self.backoffs[0][0] if self.backoffs else math.inf
             due_pass = self.t_inc + self.window if self.armed else math.inf
-            if min(due_bo, due_pass) >= t:
+            due_claim = self.claim_dues[0][0] if self.claim_dues else math.inf
+            if min(due_bo, due_pass, due_claim) >= t:
                 return
+            if due_claim < min(due_bo, due_pass):
+                due, jid = heapq.heappop(self.claim_dues)
+                c = self.jobs.get(jid)
+                if c is not None and c.claimant and c.phase == _PENDING and c.claim_due == due:
+                    self.flag(
+                        "claim_dropped",
+                        due,
+                        f"job {jid}",
+                        f"its victims were gone by t={due - self.window:g}, and it neither started on its claim "
+                        "nor withdrew it within a pass",
+                    )
+                continue
             if due_pass <= due_bo:
                 self.armed = False
                 self.work_conserved(due_pass)
@@ -547,13 +588,21 @@ class _Auditor:
         if j.limit_s <= 0 or not math.isfinite(r.over_time_limit_s):
             return
         grace = j.grace_s if j.grace_s >= 0 else r.max_grace_s
-        allowed = j.limit_s + r.over_time_limit_s + grace
+        # a run's hold is its declared limit, restart (on a rerun) + limit_s - committed progress:
+        # a first run's is limit_s; a rerun's restart_s is not logged, so the cluster's cap stands in
+        if j.epoch > 1:
+            hold = r.max_restart_s + max(0.0, j.limit_s - j.resume)
+            what = f"max_restart_s {r.max_restart_s:g} + limit_s {j.limit_s:g} - resume_from_s {j.resume:g}"
+        else:
+            hold = j.limit_s
+            what = f"limit_s {j.limit_s:g}"
+        allowed = hold + r.over_time_limit_s + grace
         if t - j.start_t > allowed + r.slack_s:
             self.flag(
                 "over_limit",
                 t,
                 f"job {j.id}",
-                f"epoch {j.epoch} ran {t - j.start_t:g} s ({how}), more than limit_s {j.limit_s:g} + "
+                f"epoch {j.epoch} ran {t - j.start_t:g} s ({how}), more than {what} + "
                 f"over_time_limit_s {r.over_time_limit_s:g} + grace {grace:g}",
             )
 
@@ -584,6 +633,7 @@ class _Auditor:
             if node in self.eff:
                 self.refresh(node)
         self.res_excused = True  # capacity is going: a reservation may move later
+        self.excuse_claims(node)
 
     def on_reserved(self, rec: dict[str, Any], t: float) -> None:
         """The head's reservation: set, or moved. It may move later only when capacity was lost or
@@ -650,6 +700,9 @@ class _Auditor:
             self.flag("illegal_transition", t, who, f"started epoch {epoch} after epoch {j.epoch}")
         elif j.held:
             self.flag("illegal_transition", t, who, f"started while epoch {j.bound_epoch} was never released")
+        if j.eligible > t + EPS:
+            self.flag("start_before_eligible", t, who, f"started before t={j.eligible:g}, when its requeue said it may")
+        j.eligible = -math.inf
         # the previous run is replaced so that one mistake does not cascade into every later check
         if j.live:
             self.vacate(j)
@@ -763,14 +816,23 @@ class _Auditor:
             v = rec.get("victim_of")
             pid = v if v not in _INFRA else None
         p = self.jobs.get(pid) if isinstance(pid, str) else None
-        if p is not None and p.phase == _PENDING and (not p.claimant or p.claim_pool != j.run_pool):
-            if p.claimant:  # its claim was dropped (a node of it went) and it claims in another pool now
-                self.claimed[p.claim_pool] -= p.nodes
-            p.claimant = True
-            p.claim_pool = j.run_pool
-            self.claimed[j.run_pool] = self.claimed.get(j.run_pool, 0) + p.nodes
-            self.untrack(p)
-            self.clear_reservation(p.id, t)
+        if p is not None and p.phase == _PENDING:
+            if not p.claimant or p.claim_pool != j.run_pool:
+                if p.claimant:  # its claim was dropped (a node of it went) and it claims in another pool now
+                    self.claimed[p.claim_pool] -= p.nodes
+                p.claimant = True
+                p.claim_pool = j.run_pool
+                self.claimed[j.run_pool] = self.claimed.get(j.run_pool, 0) + p.nodes
+                self.untrack(p)
+                self.clear_reservation(p.id, t)
+            if p.claim_excused:  # a claimant that evicts again had its claim dropped: this is a new one
+                p.claim_excused = False
+            self.claimants[p.id] = None
+            if p.victims is None:
+                p.victims = {}
+            p.victims[j.id] = None
+            p.claim_due = math.inf
+            j.leaves_for = p.id
         res = self.res
         if res is not None and p is not None and p.prio > res[4]:
             self.res_excused = True
@@ -852,6 +914,14 @@ class _Auditor:
             )
         self.unbind(j)
         self.mark(t)
+        if j.leaves_for:  # a victim gone: once the last is, its claimant must start within a pass
+            p = self.jobs.get(j.leaves_for)
+            j.leaves_for = ""
+            if p is not None and p.claimant and p.victims and j.id in p.victims:
+                del p.victims[j.id]
+                if not p.victims and not p.claim_excused:
+                    p.claim_due = t + self.window
+                    heapq.heappush(self.claim_dues, (p.claim_due, p.id))
 
     def dispose(self, j: _Job, t: float, event: str, failure: bool) -> None:
         """The checks every end of a run shares: the processes must be gone first."""
@@ -889,6 +959,7 @@ class _Auditor:
         eligible = rec.get("eligible_s")
         if _num(eligible):
             j.backoff_until = float(eligible)
+            j.eligible = float(eligible)
         elif reason != "preempted" or j.last_exit == "failed":
             j.backoff_until = t + self.rules.max_backoff_s  # it may sit out a backoff the log does not state
         if j.backoff_until > t:
@@ -949,6 +1020,7 @@ class _Auditor:
         if node in self.eff:
             self.refresh(node)
         self.res_excused = True
+        self.excuse_claims(node)
         jobs = self.jobs
         for jid in self.on_node.get(node, ()):
             jobs[jid].lost_under = True

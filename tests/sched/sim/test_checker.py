@@ -780,3 +780,113 @@ def test_million_records_under_ten_seconds() -> None:
     dt = time.perf_counter() - t0
     assert r.ok, r.examples
     assert dt < 10.0, dt
+
+
+# -- a requeued job's eligibility, and a claim honoured --------------------------------------
+
+
+def backoff_log(start_at: float, logged: bool) -> Log:
+    """j fails at 10 and is requeued behind a backoff to 70 (``eligible_s``, when the log says it)."""
+    g = job(Log(), "j").start("j", 1, ["a"]).at(10).exit("j", 1, "failed").release("j", 1, ["a"])
+    g.e("requeued", job="j", reason="failure", resume_from_s=0.0, **({"eligible_s": 70.0} if logged else {}))
+    return g.at(start_at).start("j", 2, ["a"])
+
+
+@pytest.mark.parametrize(
+    ("start_at", "logged", "bad"),
+    [
+        (40.0, True, True),  # inside its backoff
+        (70.0, True, False),  # at its end
+        (40.0, False, False),  # a log that does not say when cannot show it
+    ],
+)
+def test_start_before_eligible(start_at: float, logged: bool, bad: bool) -> None:
+    r = pol(backoff_log(start_at, logged).records)
+    only(r, "start_before_eligible" if bad else None)
+    if bad:
+        assert "job j" in r.examples[0] and "t=70" in r.examples[0]
+    only(check(backoff_log(start_at, logged).records, CAP), "start_before_eligible" if bad else None)  # safety
+
+
+def claim_log(after: str | None) -> Log:
+    """hi (2 x 8, priority 9) evicts v (2 x 8 on a and b) at 1; v is gone at 5. Then ``after``."""
+    g = job(Log(), "v", nodes=2).start("v", 1, ["a", "b"])
+    job(g.at(1), "hi", nodes=2, prio=9)
+    g.e("preempt_requested", job="v", epoch=1, reason="priority", preemptor="hi", victim_of="hi", lost_s=0.0,
+        deadline_s=31.0, checkpoint=True)  # fmt: skip
+    g.at(5).exit("v", 1, "preempted").release("v", 1, ["a", "b"]).requeue("v")
+    if after == "starts":
+        g.start("hi", 1, ["a", "b"])
+    elif after == "starts within a pass":
+        g.at(6).start("hi", 1, ["a", "b"])
+    elif after == "starts late":
+        g.at(9).start("hi", 1, ["a", "b"])
+    elif after == "cancelled":  # the claim goes with it (and v, which would fit now, is cancelled too)
+        g.at(6).e("cancelled", job="hi").e("cancelled", job="v")
+    elif after == "node lost":  # its claim is dropped with its node, no record says so
+        g.at(6).e("node_lost", node="a")
+    return job(g.at(20), "later", gpn=4)  # a later record: the time went by
+
+
+@pytest.mark.parametrize(
+    ("after", "bad"),
+    [
+        (None, True),
+        ("starts late", True),
+        ("starts", False),
+        ("starts within a pass", False),
+        ("cancelled", False),
+        ("node lost", False),
+    ],
+)
+def test_claim_dropped(after: str | None, bad: bool) -> None:
+    r = pol(claim_log(after).records)
+    only(r, "claim_dropped" if bad else None)
+    if bad:
+        assert "job hi" in r.examples[0]
+
+
+def test_a_claim_is_due_only_once_every_victim_is_gone() -> None:
+    """Two victims: the first gone at 5 frees half the claim; the claimant starts when the second is."""
+    g = job(Log(), "v1").start("v1", 1, ["a"])
+    job(g, "v2").start("v2", 1, ["b"])
+    job(g.at(1), "hi", nodes=2, prio=9)
+    for v in ("v1", "v2"):
+        g.e("preempt_requested", job=v, epoch=1, reason="priority", preemptor="hi", victim_of="hi", lost_s=0.0,
+            deadline_s=31.0, checkpoint=True)  # fmt: skip
+    g.at(5).exit("v1", 1, "preempted").release("v1", 1, ["a"]).requeue("v1")
+    g.at(20).exit("v2", 1, "preempted").release("v2", 1, ["b"]).requeue("v2")
+    g.start("hi", 1, ["a", "b"])
+    assert pol(g.records).violations["claim_dropped"] == 0
+    g.at(30).e("cancelled", job="v1").e("cancelled", job="v2")
+    only(pol(g.records))
+
+
+def rerun_log(ran: float) -> Log:
+    """j (limit_s 500, grace 30) commits 100 s, yields at 150 and reruns from 100 for ``ran`` s."""
+    g = Log()
+    g.e("submitted", job="j", tenant="t", priority=0, nodes=1, gpus_per_node=8, submit_s=0.0, limit_s=500.0,
+        grace_s=30.0)  # fmt: skip
+    g.start("j", 1, ["a"]).at(150).commit("j", 1, 100.0).exit("j", 1, "preempted").release("j", 1, ["a"])
+    g.requeue("j", resume=100.0).start("j", 2, ["a"], resume=100.0)
+    return g.at(150 + ran).run_to_end("j", 2, ["a"])
+
+
+@pytest.mark.parametrize(
+    ("ran", "rules", "bad"),
+    [
+        # the scheduler's own bound for a rerun: restart_s (600 here) + 500 - 100 + 60 + 30
+        (1090.0, Rules(), False),
+        (2291.0, Rules(), False),  # restart_s is not logged: the cluster's max_restart_s (1800) stands in
+        (2292.0, Rules(), True),
+        (491.0, Rules(max_restart_s=0.0), False),
+        (492.0, Rules(max_restart_s=0.0), True),
+    ],
+)
+def test_over_limit_of_a_rerun_counts_its_restart(ran: float, rules: Rules, bad: bool) -> None:
+    only(pol(rerun_log(ran).records, rules=rules), "over_limit" if bad else None)
+
+
+def test_rules_take_max_restart_s_from_the_cluster_limits() -> None:
+    assert Rules.from_limits({"max_restart_s": 120}).max_restart_s == 120.0
+    assert Rules().max_restart_s == 1800.0

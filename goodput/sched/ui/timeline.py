@@ -514,7 +514,9 @@ class Timeline:
                     held.pop(jid, None)
         acct = run.account(t)
         if run.preemption is not None:
-            run.preemption.realized_gpu_s = acct["lost_preemption"] + acct["lost_failure"]
+            # what the victim held and did not keep (its notice's draining aside): the part its reports
+            # cannot tell from a restart too, since that was lost with it
+            run.preemption.realized_gpu_s = acct["lost_preemption"] + acct["lost_failure"] + acct["unattributed"]
         if run.ready_t is None:
             self.closed_untimed += acct["allocated"]
         acc = self.closed_tenants.setdefault(run.tenant, _zero())

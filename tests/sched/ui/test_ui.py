@@ -369,6 +369,51 @@ def test_a_preemption_shows_its_reason_and_the_victims_loss(service, page_of):
     _shot(page, "preemptions")
 
 
+TRAIN = [PY, "-m", "goodput.demo.example_job", "--steps", "100000", "--step-s", "0.05", "--interval", "5"]
+
+
+def test_the_ledger_shows_restart_and_checkpoint_stall_of_a_resumed_job(service, page_of):
+    """The demo job (docs/PROTOCOL.md's reporter) preempted, resumed from its checkpoint: its second run's
+    start up to its resume being done is restart in the dashboard's ledger, its saves' stalls checkpoint
+    stall, both from its own commit reports; the run page says the same."""
+    svc = service(nodes=1).start()
+    admin = svc.token("ops", "--admin")
+    alice = svc.token("alice")
+    low = svc.submit(alice, "train", TRAIN, priority=0, grace_s=30)
+    svc.wait(low, alice, lambda j: (j.get("checkpoint") or {}).get("last_report") is not None, timeout=120)
+    high = svc.submit(alice, "short", [PY, "-c", "import time; time.sleep(1)"], priority=10)
+    svc.wait(high, alice, lambda j: j["state"] == "finished", timeout=120)
+    # resumed: its second run has committed (its first report says when its resume was done)
+    j = svc.wait(
+        low,
+        alice,
+        lambda j: j["preemptions"] == 1 and (j["checkpoint"]["last_report"] or {}).get("epoch") == j["epoch"] > 1,
+        timeout=120,
+    )
+    epoch = j["epoch"]
+    code, ov = svc.call("GET", "/ui/api/overview", admin)
+    assert code == 200, ov
+    total = ov["ledger"]["total"]  # type: ignore[index]
+    assert total["restart"] > 0 and total["checkpoint_stall"] > 0 and total["useful"] > 0, total
+    code, page_json = svc.call("GET", f"/ui/api/jobs/{low}", alice)
+    runs = {r["epoch"]: r for r in page_json["runs"]}  # type: ignore[index]
+    assert runs[epoch]["ready_t"] is not None and runs[epoch]["account_gpu_s"]["restart"] > 0
+    assert runs[epoch]["ready_t"] > runs[epoch]["start"]  # the resume took time: python, torch, the restore
+    page = page_of()
+    _login(page, svc, admin)
+    page.locator("#ledger-tables summary").first.click()
+    row = page.locator("#ledger-tables tr", has_text="restart").first
+    expect(row).to_be_visible(timeout=WAIT_MS)
+    assert float(row.locator("td").nth(1).inner_text()) > 0
+    _shot(page, "ledger")
+    page.goto(f"{svc.url}/ui#job/{low}")
+    runs_table = page.locator("#job-runs table")
+    expect(runs_table.locator("tbody tr")).to_have_count(epoch, timeout=WAIT_MS)
+    # the resumed run's reports said when it was ready (a run that ended before reporting would not)
+    expect(runs_table.locator("tbody tr").last).not_to_contain_text("unreported")
+    _shot(page, "job-restarts")
+
+
 STUBBORN = [PY, "-c", "import signal, time; [signal.signal(s, signal.SIG_IGN) for s in (1, 10, 15)]; time.sleep(120)"]
 
 

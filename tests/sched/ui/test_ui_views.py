@@ -48,8 +48,9 @@ def test_old_records_derive_reason_and_preemptor_and_the_ledger_adds_up():
     (p,) = tl.preemptions
     assert (p.reason, p.preemptor, p.gpus, p.lost_s) == ("priority", "hi", 4, 50)
     # 160 s held: 90 useful (the commit at 100 kept 90 s of work), 10 draining; the 10 s before that work
-    # began are restart or a lost start, and an old record does not say which: unattributed, never useful
-    assert p.realized_gpu_s == 4 * (160 - 90 - 10 - 10)
+    # began are restart or a lost start, and an old record does not say which: unattributed, never useful;
+    # the victim lost all it did not keep
+    assert p.realized_gpu_s == 4 * (160 - 90 - 10)
     acct = tl.jobs["lo"].runs[0].account(300)
     assert acct["useful"] == 4 * 90 and acct["draining"] == 4 * 10 and acct["lost_preemption"] == 4 * 50
     assert acct["unattributed"] == 4 * 10 and acct["restart"] == 0 and acct["checkpoint_stall"] == 0

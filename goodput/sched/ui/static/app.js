@@ -228,6 +228,7 @@
     ["draining", "draining", "#0369a1"],
     ["double_booked", "double-booked", "#be185d"],
     ["at_risk", "at risk (running)", "#ca8a04"],
+    ["unattributed", "unattributed (restart or lost, unreported)", "#57534e"],
     ["idle", "idle", "#9ca3af"]
   ];
 
@@ -481,13 +482,14 @@
     var settled = (tot.allocated || 0) - (tot.at_risk || 0);
     var gp = settled > 0 ? tot.useful / settled : null;
     box.appendChild(el("p", null, "Goodput (useful / allocated, running jobs' uncommitted work left out): ", el("b", { id: "goodput-value", text: gp === null ? "–" : num(gp, 4) }),
-      " · capacity " + num(led.capacity_gpu_h, 2) + " GPU-h · allocated " + num(tot.allocated, 2) + " GPU-h · at risk " + num(tot.at_risk || 0, 3) + " GPU-h"));
+      " · capacity " + num(led.capacity_gpu_h, 2) + " GPU-h · allocated " + num(tot.allocated, 2) + " GPU-h · at risk " + num(tot.at_risk || 0, 3) + " GPU-h" +
+      (led.untimed_gpu_h ? " · runs without timing in their reports " + num(led.untimed_gpu_h, 3) + " GPU-h" : "")));
     box.appendChild(el("details", { "data-key": "ledger-tables" }, el("summary", { text: "ledger and tenants as tables" }),
       table("badput ledger", ["cause", "GPU-hours"].concat(led.exact ? ["simulator's books"] : []),
         shown.map(function (c) { return { cells: [c[1], num(tot[c[0]], 3)].concat(led.exact ? [num(led.exact[c[0]], 3)] : []) }; }), [false, true, true]),
-      table("per tenant", ["tenant", "entitled", "allocated", "useful", "lost: preemption", "lost: failures", "draining", "at risk"],
-        tn.map(function (t) { return { cells: [t.tenant, num(t.entitled, 3), num(t.allocated, 3), num(t.useful, 3), num(t.lost_preemption, 3), num(t.lost_failure, 3), num(t.draining, 3), num(t.at_risk, 3)] }; }),
-        [false, true, true, true, true, true, true, true])));
+      table("per tenant", ["tenant", "entitled", "allocated", "useful", "restart", "checkpoint stall", "lost: preemption", "lost: failures", "draining", "at risk", "unattributed"],
+        tn.map(function (t) { return { cells: [t.tenant, num(t.entitled, 3), num(t.allocated, 3), num(t.useful, 3), num(t.restart || 0, 3), num(t.checkpoint_stall || 0, 3), num(t.lost_preemption, 3), num(t.lost_failure, 3), num(t.draining, 3), num(t.at_risk, 3), num(t.unattributed || 0, 3)] }; }),
+        [false, true, true, true, true, true, true, true, true, true, true])));
   }
 
   function drawPolicies(body, d) {
@@ -505,7 +507,7 @@
     });
     chart("policy-badput", document.getElementById("chart-policy-badput"), {
       type: "bar",
-      data: { labels: ps.map(function (p) { return p.name; }), datasets: CAUSES.filter(function (c) { return c[0] !== "useful" && c[0] !== "at_risk" && c[0] !== "idle"; }).map(function (c) {
+      data: { labels: ps.map(function (p) { return p.name; }), datasets: CAUSES.filter(function (c) { return c[0] !== "useful" && c[0] !== "at_risk" && c[0] !== "unattributed" && c[0] !== "idle"; }).map(function (c) {
         return { label: c[1], data: ps.map(function (p) { return (p.metrics.ledger_gpu_hours || {})[c[0]] || 0; }), backgroundColor: c[2] };
       }) },
       options: { scales: { x: { stacked: true }, y: { stacked: true, title: { display: true, text: "GPU-hours" } } } }
@@ -549,12 +551,13 @@
     app.appendChild(sec);
     var runs = panel("job-runs", "Runs and restarts");
     if (j.runs_total > j.runs.length) runs.appendChild(el("p", { cls: "note", text: "the last " + j.runs.length + " of " + j.runs_total + " runs" }));
-    runs.appendChild(table("runs", ["epoch", "pool", "nodes", "started", "resumed from", "commits", "last commit", "asked to leave", "exited", "status", "useful (GPU-h)", "lost (GPU-h)"],
+    runs.appendChild(table("runs", ["epoch", "pool", "nodes", "started", "resumed from", "commits", "last commit", "asked to leave", "exited", "status", "useful (GPU-h)", "restart (GPU-h)", "stall (GPU-h)", "lost (GPU-h)"],
       j.runs.map(function (r) {
         var a = r.account_gpu_s || {};
         return { cells: [r.epoch, r.pool, r.nodes.join(", "), when(r.start), dur(r.resume_from_s), r.commits, when(r.last_commit_t), when(r.preempt_t), when(r.exit_t), r.status,
-          gpuh(a.useful || 0), gpuh((a.lost_preemption || 0) + (a.lost_failure || 0))] };
-      }), [true, false, false, false, true, true, false, false, false, false, true, true]));
+          gpuh(a.useful || 0), r.ready_t === null || r.ready_t === undefined ? "unreported" : gpuh(a.restart || 0), gpuh(a.checkpoint_stall || 0),
+          gpuh((a.lost_preemption || 0) + (a.lost_failure || 0))] };
+      }), [true, false, false, false, true, true, false, false, false, false, true, true, true, true]));
     app.appendChild(runs);
     var ck = panel("job-checkpoints", "Checkpoints");
     if (!j.checkpoints.length) ck.appendChild(el("p", { text: "No committed checkpoint yet." }));

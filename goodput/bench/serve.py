@@ -1,8 +1,8 @@
 """``goodput bench serve``: the live service under a burst of submissions, then killed and restarted.
 
 What it measures. ``goodput sched serve`` runs as a real subprocess on 127.0.0.1 (a free port),
-SQLite in a temporary directory (WAL, synchronous=FULL: every accepted submission is fsynced before
-its answer), a local cluster of ``--nodes`` x ``--gpus-per-node``. Before the load an admin drains
+SQLite in a temporary directory (WAL; every accepted submission is fsynced before its answer, by a
+WAL fsync outside the service lock that requests committed meanwhile share), a local cluster of ``--nodes`` x ``--gpus-per-node``. Before the load an admin drains
 every node (``POST /nodes/{name}/drain?grace_s=0``), so the cluster is valid but offers nothing: each
 submission (1 node x all its GPUs, a shape every node could hold) is validated, committed and queued,
 and no job process is ever started. The scheduler's loop thread keeps running passes over the growing
@@ -444,7 +444,7 @@ def run(
             "kill_mid": kill_after is not None,
             "kill_after": kill_after,
             "cpus": os.cpu_count(),
-            "store": "sqlite (WAL, synchronous=FULL)",
+            "store": "sqlite (WAL, synchronous=NORMAL + a shared WAL fsync before each answer)",
             "http": _http_impl(),
         },
     }

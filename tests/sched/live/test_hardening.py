@@ -260,6 +260,14 @@ def test_a_runs_log_is_capped_keeping_its_tail_and_saying_so(server, tmp_path): 
     dropped = j["last_exit"]["log_dropped_bytes"]
     assert str(dropped).encode() in first  # the count the log states is the one the service reports
     assert dropped + len(kept) == printed, (dropped, len(kept), printed)
+    assert j["log"] == {"max_bytes": 100_000, "dropped_bytes": dropped}
+    # and while a run is still going: its view says how much its log has dropped so far
+    loud = prog.replace("sys.stdout.write('LAST LINE\\n')", "sys.stdout.flush(); import time; time.sleep(600)")
+    code, ans = s.post("/jobs", _spec(tmp_path / "loud2", 0, name="loud2", command=[PY, "-c", loud]), alice)
+    assert code == 201, ans
+    j = s.wait_job(ans["id"], alice, lambda j: j["state"] == "running" and j["log"]["dropped_bytes"])
+    assert 0 < j["log"]["dropped_bytes"] < lines * 50
+    assert s.post(f"/jobs/{ans['id']}/cancel", {}, alice)[0] == 200
 
 
 def test_tokens_listed_revoked_and_expired(server, tmp_path):  # noqa: F811

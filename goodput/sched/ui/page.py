@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Callable, Iterable, Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -115,22 +116,48 @@ def _script_safe(code: str) -> str:
 SNAPSHOTS = 48  # the static report's cluster at this many instants, evenly spaced over the log
 
 
-def _replay_with_snapshots(tl: Any, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Feed ``records`` to ``tl``, taking the cluster view at evenly spaced instants (after every
-    record at or before each instant), so the report can show the cluster mid-run, not only at the end."""
+def _records(events: str | Path | list[dict[str, Any]]) -> Callable[[], Iterable[dict[str, Any]]]:
+    """The log's records, readable more than once: a file is streamed on each pass (never held whole in
+    memory: the replay keeps aggregates, so the report of a long log costs what the page shows)."""
+    if not isinstance(events, (str, Path)):
+        return lambda: events
+
+    def read() -> Iterator[dict[str, Any]]:
+        with open(events, encoding="utf-8") as f:
+            for i, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{events}:{i}: not JSON ({e.msg})") from None
+                if not isinstance(rec, dict) or "t" not in rec or "event" not in rec:
+                    raise ValueError(f"{events}:{i}: an event needs an object with 't' and 'event'")
+                yield rec
+
+    return read
+
+
+def _replay_with_snapshots(tl: Any, records: Callable[[], Iterable[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Feed the records to ``tl``, taking the cluster view at evenly spaced instants (after every
+    record at or before each instant), so the report can show the cluster mid-run, not only at the end.
+    Two passes: the first (which also finds a malformed line before anything is drawn) for the span."""
     from .views import static_cluster
 
-    ts = [r["t"] for r in records if isinstance(r.get("t"), (int, float)) and math.isfinite(r["t"])]
-    if not ts:
-        tl.feed(records)
+    t0, t1 = math.inf, -math.inf
+    for r in records():
+        t = r.get("t")
+        if isinstance(t, (int, float)) and math.isfinite(t):
+            t0, t1 = min(t0, t), max(t1, t)
+    if not math.isfinite(t0):
+        tl.feed(records())
         return []
-    t0, t1 = min(ts), max(ts)
     # fewer instants on a large cluster: the page stays a few MB (2048 nodes: 8 snapshots)
     n = max(8, min(SNAPSHOTS, 16384 // max(1, len(tl.capacity))))
     marks = [t0 + (t1 - t0) * (i + 1) / n for i in range(n)] if t1 > t0 else [t1]
     out: list[dict[str, Any]] = []
     k = 0
-    for rec in records:
+    for rec in records():
         t = rec.get("t")
         while k < len(marks) and isinstance(t, (int, float)) and t > marks[k]:
             out.append({"t": marks[k], "cluster": static_cluster(tl)})
@@ -155,13 +182,11 @@ def write_report(
     notes: list[str] | None = None,
 ) -> Path:
     """Write the static dashboard of an event log (a JSONL path or its records) to ``out`` (a file)."""
-    from ..core.events import read_jsonl
     from .timeline import Timeline
     from .views import static_report
 
-    records = read_jsonl(events) if isinstance(events, (str, Path)) else events
     tl = Timeline(capacity, pool_kinds)
-    snapshots = _replay_with_snapshots(tl, records)
+    snapshots = _replay_with_snapshots(tl, _records(events))
     data = static_report(
         tl,
         # a live service's log is on the wall clock (unix seconds), a simulator's counts from 0

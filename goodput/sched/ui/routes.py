@@ -25,7 +25,7 @@ from fastapi.routing import APIRoute
 
 from ..core.model import JobState
 from . import page
-from .timeline import Timeline
+from .timeline import JobInfo, Timeline
 from .views import QUEUE_SHOWN, JobFacts, LiveState, NodeFacts, Viewer, job_page, live_overview, queue_index
 
 LOG_TAIL_BYTES = 16_384
@@ -223,7 +223,10 @@ class LiveFeed:
             assert tl is not None
             info = tl.jobs.get(job_id)
             if info is None:
-                raise HTTPException(404, f"no job {job_id!r}")
+                # the service knows it (own_job let it through) but the replay has forgotten it: an ended
+                # job older than the newest JOBS_ENDED_KEPT. Its facts, without its log's history
+                info = JobInfo(job_id, tenant=str(extra.get("tenant", "")))
+                extra = {**extra, "forgotten": True}
             return job_page(info, tl, st.now, extra, viewer, tl.owner)
 
 
@@ -342,6 +345,7 @@ def router(svc: Any, person: Callable[..., Any]) -> APIRouter:
             }
             extra = {
                 "name": job.name or job.id,
+                "tenant": job.tenant,
                 "state": job.state.value,
                 "substate": job.substate,
                 "epoch": job.epoch,

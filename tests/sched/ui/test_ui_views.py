@@ -429,3 +429,37 @@ def test_the_replay_keeps_aggregates_not_the_log():
     assert report["counts"]["finished"] == n and report["preemptions"]["total"] == n // 5
     s = tl.series(tl.t1)
     assert len(s["t"]) == 240 and max(s["allocated"]) <= 32 + 1e-6
+
+
+def test_a_job_the_replay_has_forgotten_still_has_its_page_from_the_service(tmp_path, monkeypatch):
+    """Ended jobs beyond the newest JOBS_ENDED_KEPT leave the replay; the service still knows them, so
+    their page is the service's facts, marked forgotten (was: every job's records kept for ever)."""
+    import inspect
+
+    from goodput.sched.core.model import Checkpointing, Job
+    from goodput.sched.live.service import Service, local_pools
+    from goodput.sched.ui import routes, timeline
+    from goodput.sched.ui.routes import LiveFeed
+
+    monkeypatch.setattr(routes, "SHARED_FOR_S", 0.0)
+    monkeypatch.setattr(timeline, "JOBS_ENDED_KEPT", 2)
+    kw = {"allow_root_jobs": True} if "allow_root_jobs" in inspect.signature(Service).parameters else {}
+    svc = Service(f"sqlite:///{tmp_path / 's.db'}", local_pools(1, 1), state_dir=tmp_path, url="http://x", **kw)
+    try:
+        feed = LiveFeed(svc)
+        ids = [f"j{i}.0000000{i}" for i in range(4)]
+        with svc.lock:  # queued, then cancelled: four ended jobs, no pass runs
+            now = svc.sched.clock.now()
+            for jid in ids:
+                svc.sched.submit(Job(jid, "alice", 0, 1, 1, now, limit_s=60.0, ckpt=Checkpointing()))
+                svc.sched.cancel(jid)
+        feed.overview(Viewer("ops", True))
+        tl = feed.timeline
+        assert tl is not None and sorted(tl.jobs) == ids[2:] and tl.states["cancelled"] == 4
+        old = feed.job(Viewer("alice", False), ids[0], {"tenant": "alice", "state": "cancelled"})
+        assert old["forgotten"] and old["history"] == [] and old["state"] == "cancelled" and old["tenant"] == "alice"
+        kept = feed.job(Viewer("alice", False), ids[3], {"tenant": "alice"})
+        assert "forgotten" not in kept and [r["event"] for r in kept["history"]] == ["submitted", "cancelled"]
+    finally:
+        svc.executor.close()
+        svc.store.close()

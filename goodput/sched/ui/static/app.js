@@ -574,6 +574,7 @@
     }
     app.appendChild(ck);
     var hist = panel("job-history", "State history");
+    if (j.forgotten) hist.appendChild(el("p", { cls: "note", text: "this job ended before the newest jobs the dashboard keeps: its runs and history are no longer in its memory (the event log has them: goodput sched events)" }));
     if (j.history_total > j.history.length) hist.appendChild(el("p", { cls: "note", text: "the last " + j.history.length + " of " + j.history_total + " records" }));
     var cur = "";
     hist.appendChild(table("event history", ["when", "event", "state", "details"], j.history.map(function (h) {

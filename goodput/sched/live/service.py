@@ -317,6 +317,7 @@ class Service:
         self.streams_per_tenant, self.streams_total = streams_per_tenant, streams_total
         self._streams: dict[str, int] = {}
         self._prefixes: set[str] = set()  # tenants whose default checkpoint prefix exists
+        self._prefix_of: dict[str, str] = {}  # tenant -> its checkpoint prefix (ckpt_prefix)
         self._buckets: dict[str, _Bucket] = {}
         self._tokens: dict[str, tuple[str, str, str, float | None]] = {}
         self._tokens_at = 0.0
@@ -617,7 +618,10 @@ class Service:
             except StoreUnavailable as e:
                 self._rebuild(f"an exit report: {e}")
                 raise
-        self.store.sync()  # raises: the exit is reported again, a replay the core ignores
+        try:
+            self.store.sync()  # outside the lock: the step is taken; a failed fsync is the disk's, said here
+        except StoreUnavailable:
+            log.exception("job %s: its exit is committed but could not be made durable", job_id)
         self.wake.set()
 
     def _job_token(self, job: Job) -> str:
@@ -748,10 +752,17 @@ class Service:
     def ckpt_prefix(self, tenant: str) -> str:
         """Where the tenant's checkpoint roots must live: the cluster JSON's ``tenants[].ckpt_prefix``,
         else ``STATE/ckpt/<tenant>``."""
-        spec = self.gov.tenants.get(tenant)
-        if spec is not None and spec.ckpt_prefix:
-            return os.path.normpath(os.path.abspath(spec.ckpt_prefix))
-        return str(self.state_dir / "ckpt" / tenant)
+        got = self._prefix_of.get(tenant)
+        if got is None:  # a function of the configuration alone: kept, it costs a submission nothing
+            spec = self.gov.tenants.get(tenant)
+            if spec is not None and spec.ckpt_prefix:
+                got = os.path.normpath(os.path.abspath(spec.ckpt_prefix))
+            else:
+                got = str(self.state_dir / "ckpt" / tenant)
+            if len(self._prefix_of) > 100_000:
+                self._prefix_of.clear()
+            self._prefix_of[tenant] = got
+        return got
 
     def confine(self, tenant: str, root: str, job_id: str) -> str:
         """The job's checkpoint root, normalised, inside the tenant's prefix (422 naming ckpt_root)."""

@@ -222,8 +222,12 @@ def _json_default(o: Any) -> Any:
 
 
 def _dumps(v: Any) -> str:
-    # the event log's own spelling (events.py), so a stored event is its JSONL line
-    return json.dumps(v, separators=(",", ":"), default=_json_default)
+    # the event log's own spelling (events.py), so a stored event is its JSONL line; one encoder for
+    # all calls (json.dumps with arguments builds a new one each time, several per commit)
+    return _EVENT_ENCODER.encode(v)
+
+
+_EVENT_ENCODER = json.JSONEncoder(separators=(",", ":"), default=_json_default)
 
 
 def _loads(table: str, key: Any, body: Any) -> Any:
@@ -722,6 +726,10 @@ class Store:
                 if err is not None:
                     raise StoreUnavailable(f"{_redact(self.url)}: cannot make its commits durable: {err}")
                 self._synced = max(self._synced, upto)
+        self._checkpoint_maybe()
+
+    def _checkpoint_maybe(self) -> None:
+        pass
 
     def _fsync(self) -> None:
         raise NotImplementedError
@@ -759,6 +767,7 @@ class SQLiteStore(Store):
     dialect = "sqlite"
     path = ":memory:"
     _wal_fd: int | None = None
+    _busy_s = 30.0
 
     @classmethod
     def open(cls, url: str, path: str, busy_timeout_s: float = 30.0, deferred_sync: bool = False) -> SQLiteStore:
@@ -777,6 +786,8 @@ class SQLiteStore(Store):
             # deferred_sync: NORMAL, and sync() fsyncs the WAL for every commit before it (module docstring)
             deferred = deferred_sync and path != ":memory:"
             conn.execute(f"PRAGMA synchronous={'NORMAL' if deferred else 'FULL'}")
+            if deferred:
+                conn.execute("PRAGMA wal_autocheckpoint=0")  # sync() checkpoints, outside the caller's locks
             conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
         except sqlite3.DatabaseError as e:
             conn.close()
@@ -791,6 +802,7 @@ class SQLiteStore(Store):
         store = cls(url, conn)
         store.path = path
         store.deferred_sync = deferred
+        store._busy_s = busy_timeout_s
         return store
 
     def _fsync(self) -> None:
@@ -811,11 +823,45 @@ class SQLiteStore(Store):
                 os.close(dfd)
         os.fsync(fd)
 
+    # SQLite's automatic checkpoint runs inside the COMMIT that crosses its threshold, with two fsyncs:
+    # under the caller's locks. A deferred-sync store turns it off and checkpoints here instead, from
+    # sync() (outside them), on a connection of its own, PASSIVE (it never waits for nor blocks a writer)
+    CHECKPOINT_EVERY = 200  # commits (a submission writes a handful of pages; SQLite's default is 1000 pages)
+    _ckpt_conn: Any = None
+    _ckpt_at = 0
+    _ckpt_busy = False
+
+    def _checkpoint_maybe(self) -> None:
+        if self._commits - self._ckpt_at < self.CHECKPOINT_EVERY:
+            return
+        with self._sync_cv:
+            if self._ckpt_busy:
+                return
+            self._ckpt_busy = True
+        try:
+            at = self._commits
+            if self._ckpt_conn is None:
+                self._ckpt_conn = sqlite3.connect(self.path, timeout=self._busy_s, isolation_level=None,
+                                                  check_same_thread=False)  # fmt: skip
+            self._ckpt_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            self._ckpt_at = at
+        except sqlite3.Error as e:  # the WAL only grows meanwhile; the next sync tries again
+            import logging
+
+            logging.getLogger("goodput.sched.live.store").warning("WAL checkpoint failed (retried later): %s", e)
+        finally:
+            with self._sync_cv:
+                self._ckpt_busy = False
+
     def _close_extra(self) -> None:
         if self._wal_fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._wal_fd)
             self._wal_fd = None
+        if self._ckpt_conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._ckpt_conn.close()
+            self._ckpt_conn = None
 
     @contextmanager
     def _transaction(self, write: bool) -> Iterator[Any]:

@@ -589,6 +589,15 @@ def test_deferred_sync_fsyncs_the_wal_once_for_every_commit_before_it(tmp_path, 
             t.join()
         assert 1 <= len(synced) - before < 16, len(synced) - before  # group commit: shared fsyncs
         assert st._synced == st._commits
+        # SQLite's own checkpoint (two fsyncs inside a COMMIT) is off: sync() checkpoints every so many
+        assert st._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+        monkeypatch.setattr(store_mod.os, "fsync", real)
+        for i in range(st.CHECKPOINT_EVERY):
+            st.commit(meta={"n": i})
+            st.sync()
+        assert st._ckpt_at >= st.CHECKPOINT_EVERY
+        busy, frames, done = st._ckpt_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        assert busy == 0 and frames - done < 50, (frames, done)  # nearly all copied back to the database
     finally:
         st.close()
     with open_store(f"sqlite:///{path}") as again:

@@ -499,6 +499,7 @@ def test_slurm_drain_is_goodputs_drain_and_resume_returns_the_node(slurm):  # no
     waited starts there."""
     from goodput.demo.slurm import Runtime, SlurmService, events_of, get
     from goodput.sched.live.client import post_json
+    from goodput.sched.sim.checker import check
 
     base = Path(slurm.root) / "goodput"
     base.mkdir()
@@ -540,6 +541,7 @@ def test_slurm_drain_is_goodputs_drain_and_resume_returns_the_node(slurm):  # no
         assert any(r["event"] == "node_reclaim_notice" and r["node"] == x for r in ev), ev
         pre = [r for r in ev if r["event"] == "preempt_requested" and r["job"] == first]
         assert [r["reason"] for r in pre] == ["drain"], pre
+        assert abs(pre[0]["deadline_s"] - pre[0]["t"] - 30.0) < 2.0, pre  # goodput's drain notice: drain_grace_s
         # three more jobs for the three other nodes, one of them taken: one waits, none lands on x
         more = [submit(f"m{i}") for i in range(3)]
         wait(lambda: sum(job(m)["state"] == "running" for m in more) == 2, "two more running")
@@ -554,7 +556,9 @@ def test_slurm_drain_is_goodputs_drain_and_resume_returns_the_node(slurm):  # no
         slurm.run(["scontrol", "update", f"nodename={x}", "state=RESUME"])
         j = wait(lambda: (y := job(waiting[0]))["state"] == "running" and y, "the waiting job started")
         assert j["placement"] == [x], j
-        assert any(r["event"] == "node_up" and r["node"] == x for r in events_of(svc.url, admin))
+        ev = events_of(svc.url, admin)
+        assert any(r["event"] == "node_up" and r["node"] == x for r in ev)
+        assert check(ev, {n: slurm.gpus for n in slurm.node_names}).total == 0
     finally:
         svc.stop()
 

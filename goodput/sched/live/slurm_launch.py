@@ -149,9 +149,11 @@ def task_status(command_rc: int, orphans: list[int]) -> int:
 
 
 def task(cmd: list[str]) -> int:
-    """One node's task: the rank variables, then the command as a child, waited for with whatever it
-    orphans. Not an exec: the step ends when this process does, and slurmstepd then kills what is left,
-    which would be a dead launcher's workers in the middle of their checkpoint."""
+    """One node's task: the rank variables, then the command as a child, waited for; if it did not end
+    with 0 or 75 (a launcher killed by the signal), also every worker it orphaned. Not an exec: the
+    step ends when this process does, and slurmstepd then kills what is left, which would be a dead
+    launcher's workers in the middle of their checkpoint. (A command that ends 0 or 75 is not waited
+    past: a stray process it left must not hold the nodes.)"""
     env = os.environ
     nodes = env.get("SLURM_NNODES", env.get("SLURM_JOB_NUM_NODES", "1"))
     per_node = env.get(ENV_GPUS_PER_NODE, "1")
@@ -191,6 +193,8 @@ def task(cmd: list[str]) -> int:
             break
         except InterruptedError:
             continue
+    if rc in (0, PREEMPTED_EXIT):
+        return rc  # the command's own word: anything it left behind is Slurm's to clean up with the step
     return task_status(rc, _reap_orphans())
 
 

@@ -233,14 +233,20 @@ class Grid:
                 break
             i += 1
 
+    def copy(self) -> Grid:
+        g = Grid(self.t0, self.width)
+        g.slots = list(self.slots)
+        return g
+
     def into(self, out: list[float], t0: float, width: float) -> None:
         """Spread every slot (uniformly within it) onto the buckets ``out`` of ``width`` from ``t0``."""
         w = self.width
+        end = t0 + len(out) * width  # now: the slot holding it has nothing after it
         for i, amount in enumerate(self.slots):
             if amount == 0:
                 continue
             lo, hi = self.t0 + i * w, self.t0 + (i + 1) * w
-            _spread(out, t0, width, lo, hi, amount)
+            _spread(out, t0, width, lo, max(lo, min(hi, end)), amount)
 
 
 def _spread(arr: list[float], t0: float, width: float, a: float, b: float, amount: float) -> None:
@@ -593,13 +599,17 @@ class Timeline:
         useful = [0.0] * n
         down = [0.0] * n
         if self.grid_alloc is not None and self.grid_useful is not None and self.grid_down is not None:
-            self.grid_alloc.into(alloc, t0, width)
+            # what is still going goes on copies of the same grid as what has ended: were it spread exactly
+            # while an ended run is spread over its whole slot, a run started in the slot another ended in
+            # would show both at once (more GPUs allocated than exist)
+            g_alloc, g_down = self.grid_alloc.copy(), self.grid_down.copy()
+            for run in self.active.values():
+                g_alloc.add(run.start, now, run.gpus * max(0.0, now - run.start))
+            for node, since in self.node_lost_at.items():
+                g_down.add(since, t1, self.capacity.get(node, 0) * max(0.0, t1 - max(since, t0)))
+            g_alloc.into(alloc, t0, width)
             self.grid_useful.into(useful, t0, width)
-            self.grid_down.into(down, t0, width)
-        for node, since in self.node_lost_at.items():
-            _spread(down, t0, width, max(since, t0), t1, self.capacity.get(node, 0) * max(0.0, t1 - max(since, t0)))
-        for run in self.active.values():
-            _spread(alloc, t0, width, run.start, now, run.gpus * max(0.0, now - run.start))
+            g_down.into(down, t0, width)
         ts = [t0 + (i + 0.5) * width for i in range(n)]
         a_g = [x / width for x in alloc]
         u_g = [min(x / width, y) for x, y in zip(useful, a_g)]

@@ -463,3 +463,23 @@ def test_a_job_the_replay_has_forgotten_still_has_its_page_from_the_service(tmp_
     finally:
         svc.executor.close()
         svc.store.close()
+
+
+def test_a_run_starting_where_another_ended_never_shows_more_gpus_than_exist():
+    """An ended run sits on the series' grid, spread over its slots; a running one was spread exactly, so
+    one started in the slot another ended in showed both (9 of 8 GPUs on docs/dashboard.png)."""
+    tl = Timeline({"n-0": 1})
+    tl.feed(
+        [
+            {"t": 0.0, "event": "submitted", "job": "a", "tenant": "x", "nodes": 1, "gpus_per_node": 1},
+            {"t": 0.0, "event": "started", "job": "a", "nodes": ["n-0"], "gpus_per_node": 1},
+            {"t": 10.5, "event": "released", "job": "a", "nodes": ["n-0"], "gpus": 1},
+            {"t": 10.5, "event": "submitted", "job": "b", "tenant": "x", "nodes": 1, "gpus_per_node": 1},
+            {"t": 10.5, "event": "started", "job": "b", "nodes": ["n-0"], "gpus_per_node": 1},
+        ]
+    )
+    for now in (12.0, 20.0, 37.3):
+        for buckets in (7, 40, 240):
+            s = tl.series(now, buckets=buckets)
+            assert max(s["allocated"]) <= 1 + 1e-9, (now, buckets, max(s["allocated"]))
+            assert math.isclose(sum(s["allocated"]) * s["width_s"], now)  # every GPU-second, once

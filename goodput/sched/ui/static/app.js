@@ -228,7 +228,7 @@
     ["draining", "draining", "#0369a1"],
     ["double_booked", "double-booked", "#be185d"],
     ["at_risk", "at risk (running)", "#ca8a04"],
-    ["unattributed", "unattributed (restart or lost, unreported)", "#57534e"],
+    ["unattributed", "unattributed", "#57534e"],
     ["idle", "idle", "#9ca3af"]
   ];
 

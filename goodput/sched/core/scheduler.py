@@ -488,7 +488,16 @@ class Scheduler(Preemption):
                 and not (self.policy.preemption and any(g for p in pools for q, g in self._held[p].items() if q < prio))
                 and not reclaimable
             ):
-                break  # nothing is free and nothing below can be evicted: no job here or below can start
+                # nothing is free and nothing below can be evicted: no job here or below can start.
+                # The first job of this level still is the head (unless the held head is, replanned
+                # below): its reservation binds the next passes as if a node had been free now, or a
+                # tenant served first once one is could take the nodes it waits for
+                if reservation is None and (head is None or prio > head.priority):
+                    first = self._first_at(prio, now)
+                    if first is not None:
+                        reservation = self._reserve(first[0], first[1], now)
+                        self._set_pass_reservation(reservation)
+                break
             if head is not None and reservation is None and prio <= head.priority:
                 # the held head goes first at its level: no job of its priority, whatever its tenant
                 # or its name, is looked at before the reservation is in force again
@@ -612,6 +621,27 @@ class Scheduler(Preemption):
         if job is None or job.state is not JobState.PENDING or job.id not in self.queue:
             return None
         return job
+
+    def _first_at(self, prio: int, now: float) -> tuple[Job, Class] | None:
+        """The job a pass would look at first at this priority: the tenant first by fair share
+        (ties by its earliest job), then its earliest job by queue order."""
+        level = self.queue.tenants(prio)
+        if not level:
+            return None
+        shares = self._shares(level, now)
+        firsts = {t: self._tenant_first(t, prio, level) for t in level}
+        waiting = [t for t in level if firsts[t][0] < math.inf]  # a tenant whose classes emptied has none
+        if not waiting:
+            return None
+        tn = min(waiting, key=lambda t: (shares[t], firsts[t]))
+        best = None
+        for cls in level.get(tn, ()):
+            h = self.queue.head((prio, tn, cls))
+            if h is not None and (best is None or h < best[0]):
+                best = (h, cls)
+        if best is None:
+            return None
+        return self.jobs[best[0][2]], best[1]
 
     def _tenant_first(self, tn: str, prio: int, level: dict[str, set[Class]]) -> tuple[float, int]:
         """The tenant's earliest queued job at this priority (original submit time, submission

@@ -125,6 +125,36 @@ def _renamed(jobs: list[Job], seed: int) -> tuple[list[Job], dict[str, str], dic
     return [replace(j, id=jmap[j.id], tenant=tmap[j.tenant]) for j in jobs], jmap, tmap
 
 
+def test_a_head_that_arrives_on_a_full_cluster_gets_its_reservation_at_once() -> None:
+    """X's 3-node gang is the first job of its priority when it arrives (X holds the least usage),
+    and every node is busy. It is the head as much as it would be with a node free: its reservation
+    is made now and binds the next passes, so Y's long job, first by fair share once Y's usage falls
+    below X's, may not take the node Y's short job frees at 500. Without it (a full cluster planned
+    no reservation) Y's job took that node and the gang waited until 5,590 instead of 1,000."""
+    s, clock = make(nodes=3)
+    s.submit(job("y0", tenant="Y", limit=1000.0))
+    s.tick()
+    at(s, clock, 9)
+    s.submit(job("x0", nodes=2, tenant="X", limit=1000.0, submit_s=9.0))
+    s.tick()
+    at(s, clock, 10)
+    s.submit(job("gang", nodes=3, tenant="X", limit=100.0, submit_s=10.0))
+    s.submit(job("y1", tenant="Y", limit=5000.0, submit_s=10.0))
+    s.tick()
+    assert s.reservation is not None and s.reservation.job == "gang"
+    assert s.reservation.t == 9.0 + 1000.0 + 60.0 + 30.0  # x0's hold: limit + over_time_limit_s + grace
+    assert recs(s, "reserved", "gang")[0]["t"] == 10.0
+    clock.t = 500.0
+    s.report_exit("y0", 1, "finished")
+    s.tick()
+    assert s.jobs["y1"].state is JobState.PENDING  # 5,000 s would run past the gang's reserved start
+    clock.t = 1000.0
+    s.report_exit("x0", 1, "finished")
+    s.tick()
+    assert s.jobs["gang"].state is JobState.RUNNING and s.jobs["gang"].first_start_s == 1000.0
+    assert check(s.log.records, {n: 8 for n in N[:3]}).ok
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_renaming_every_tenant_and_job_gives_the_same_schedule(seed: int) -> None:
     jobs = synthetic(600, seed=seed, nodes=24)

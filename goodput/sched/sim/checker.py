@@ -261,6 +261,7 @@ class _Auditor:
         self.t_inc = -math.inf
         self.backfilled: list[tuple[str, frozenset[str], float, int, float]] = []
         self.claimants: dict[str, None] = {}  # pending jobs holding a claim
+        self.leaving: dict[str, float] = {}  # live runs asked to leave -> their deadline_s
         self.claim_dues: list[tuple[float, str]] = []  # (claim_due, claimant): starts that must come
         self.dispatch = {
             ev.SUBMITTED: self.on_submitted,
@@ -378,6 +379,8 @@ class _Auditor:
             on_node[n].discard(j.id)
         j.where = ()
         j.live = False
+        if self.leaving:
+            self.leaving.pop(j.id, None)
 
     def bind(self, j: _Job, names: tuple[str, ...], gpn: int, epoch: int) -> bool:
         """Charge the scheduler's own books; True when they exceed a node's capacity."""
@@ -642,7 +645,15 @@ class _Auditor:
         j = self.jobs.get(jid)
         rt = float(rec["reserved_t"])
         res = self.res
-        if res is not None and res[0] == jid and rt > res[1] + EPS and not self.res_excused:
+        if (
+            res is not None
+            and res[0] == jid
+            and rt > res[1] + EPS
+            and not self.res_excused
+            # a leaving run past its deadline (its kill not answered yet) holds its GPUs longer than
+            # the plan reckoned with: the plan moves with the clock until its exit comes
+            and not any(d < t - EPS for d in self.leaving.values())
+        ):
             self.flag("reservation_delayed", t, f"job {jid}", f"reserved start moved later, t={res[1]:g} -> t={rt:g}")
         pool = rec.get("pool") or (self.node_pool.get(rec["nodes"][0], "") if rec["nodes"] else "")
         self.res = (jid, rt, str(pool), frozenset(rec["nodes"]), j.prio if j is not None else 0)
@@ -808,6 +819,9 @@ class _Auditor:
             )
             return
         j.preempted = True
+        d = rec.get("deadline_s")
+        if _num(d):
+            self.leaving[j.id] = float(d)
         r = rec.get("reason")
         j.preempt_reason = r if isinstance(r, str) else ("" if rec.get("victim_of") not in _INFRA else rec["victim_of"])
         if "preemptor" in rec:

@@ -890,3 +890,21 @@ def test_over_limit_of_a_rerun_counts_its_restart(ran: float, rules: Rules, bad:
 def test_rules_take_max_restart_s_from_the_cluster_limits() -> None:
     assert Rules.from_limits({"max_restart_s": 120}).max_restart_s == 120.0
     assert Rules().max_restart_s == 1800.0
+
+
+@pytest.mark.parametrize(("exit_at", "bad"), [(None, False), (25.0, True)])
+def test_a_reservation_may_move_later_while_a_leaving_run_outlives_its_deadline(
+    exit_at: float | None, bad: bool
+) -> None:
+    """x was asked to leave by 30 (a reclaim: capacity excused then); at 40 its exit has not come,
+    so the head's plan, made at 35, moves later with the clock. Had x left at 25, as its deadline
+    said, nothing would excuse the move."""
+    g = job(Log(), "x").start("x", 1, ["a"])
+    job(g, "h", nodes=2, prio=1, limit=1000.0)
+    g.at(1).preempt("x", 1)  # deadline 31
+    if exit_at is not None:
+        g.at(exit_at).exit("x", 1, "preempted").release("x", 1, ["a"]).requeue("x")
+    reserved(g.at(35), "h", 100.0, ["a", "b"])
+    reserved(g.at(40), "h", 105.0, ["a", "b"])
+    r = pol(g.records)
+    assert r.violations["reservation_delayed"] == int(bad), (r.summary(), r.examples)

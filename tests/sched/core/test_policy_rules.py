@@ -208,6 +208,33 @@ def test_a_run_is_stopped_at_its_time_limit_and_fails_with_reason_time_limit() -
     assert recs(s, "submitted", "j")[0]["limit_s"] == 500.0
 
 
+def test_a_rerun_is_held_to_its_restart_plus_the_work_left_not_to_limit_s() -> None:
+    """The true bound (docs/SCHED.md, Time limits): a rerun may hold its GPUs for restart_s +
+    limit_s - committed, then over_time_limit_s and its grace. This job yielded before any commit,
+    so its rerun runs past limit_s + over_time_limit_s + grace (500 + 60 + 60) by its restart (300):
+    it is stopped at 300 + 500 + 60 and killed 60 s later, and the checker's over_limit agrees."""
+    ck = Checkpointing(interval_s=600.0, write_s=10.0, stall_s=1.0, restart_s=300.0, grace_s=60.0)
+    s, clock = make(nodes=1)
+    s.submit(job("j", limit=500.0, ckpt=ck))
+    s.tick()
+    clock.t = 10.0
+    s.report_exit("j", 1, "preempted")  # unasked, before any commit
+    s.tick()
+    j = s.jobs["j"]
+    assert j.state is JobState.RUNNING and j.epoch == 2 and j.run_limit_s == 800.0
+    at(s, clock, 10.0 + 800.0 + 60.0 - 1.0)
+    assert j.state is JobState.RUNNING  # past limit_s + over_time_limit_s already, not yet stopped
+    at(s, clock, 10.0 + 800.0 + 60.0)
+    assert j.state is JobState.PREEMPTING and j.preempt_reason == "time_limit"
+    assert j.deadline_s == 10.0 + 800.0 + 60.0 + 60.0
+    at(s, clock, j.deadline_s)
+    s.report_exit("j", 2, "killed")
+    assert j.state is JobState.FAILED and j.fail_reason == "time_limit"
+    ran = j.end_s - j.started_s
+    assert ran == 300.0 + 500.0 + 60.0 + 60.0 > 500.0 + 60.0 + 60.0
+    assert check(s.log.records, {N[0]: 8}).ok
+
+
 def test_a_job_over_its_limit_no_longer_holds_off_the_head() -> None:
     # before: a job declaring limit_s=500 ran 50,000 s and the head reserved for t=1000 waited
     s, clock = make(nodes=2)

@@ -832,12 +832,16 @@ class SQLiteStore(Store):
     _ckpt_busy = False
 
     def _checkpoint_maybe(self) -> None:
-        if self._commits - self._ckpt_at < self.CHECKPOINT_EVERY:
+        """On a thread of its own: no request waits for the copy and its two fsyncs."""
+        if self._commits - self._ckpt_at < self.CHECKPOINT_EVERY or self._closed:
             return
         with self._sync_cv:
             if self._ckpt_busy:
                 return
             self._ckpt_busy = True
+        threading.Thread(target=self._checkpoint, name="goodput-store-checkpoint", daemon=True).start()
+
+    def _checkpoint(self) -> None:
         try:
             at = self._commits
             if self._ckpt_conn is None:
@@ -852,8 +856,11 @@ class SQLiteStore(Store):
         finally:
             with self._sync_cv:
                 self._ckpt_busy = False
+                self._sync_cv.notify_all()
 
     def _close_extra(self) -> None:
+        with self._sync_cv:  # a checkpoint under way finishes first (it uses its own connection)
+            self._sync_cv.wait_for(lambda: not self._ckpt_busy, timeout=30)
         if self._wal_fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._wal_fd)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from goodput.sched.core.model import Checkpointing, Job, JobState, Pool, PoolKind
 from goodput.sched.core.placement import SPOT_MIN_USEFUL, pools_for, useful_on
-from tests.sched.core.test_scenarios import CKPT, N0, NO_CKPT, S0, S1, spot_bench
+from tests.sched.core.test_scenarios import CKPT, N0, NO_CKPT, S0, S1, Bench, spot_bench
 
 POOLS = {
     "od": Pool("od", PoolKind.ON_DEMAND, 4, 8, 4.0),
@@ -50,7 +50,7 @@ def test_spot_is_offered_exactly_above_the_floor_and_first(
     ck = Checkpointing(interval_s=interval, write_s=10.0, stall_s=1.0, restart_s=restart, grace_s=60.0)
     job = Job("j", "t", 0, nodes, 8, 0.0, duration_s=limit, limit_s=limit, spot=spot, ckpt=ck)
     offered = pools_for(job, pools)
-    assert offered[-1] == "od"  # on-demand is always there, last
+    assert "od" in offered and offered.index("od") == len(offered) - 1  # on-demand is always there, last
     assert ("spot" in offered) == (spot and useful_on(job, pools["spot"]) >= SPOT_MIN_USEFUL)
 
 
@@ -64,3 +64,30 @@ def test_the_scheduler_puts_the_mid_job_on_spot_and_the_on_demand_only_job_on_on
     assert started["mid"] == (S0,) and started["small"] == (S1,) and started["od-only"] == (N0,)
     assert b.job("od-only").state is JobState.RUNNING
     b.assert_clean()
+
+
+def test_a_job_no_on_demand_pool_holds_is_offered_spot_below_the_floor() -> None:
+    # a spot-only cluster, and a gang larger than the on-demand pool: the floor does not strand them
+    spot_only = {"spot": POOLS["spot"]}
+    hopeless = never_checkpoints(5 * 3600.0)
+    assert useful_on(hopeless, POOLS["spot"]) < SPOT_MIN_USEFUL
+    assert pools_for(hopeless, spot_only) == ("spot",)
+    small_od = {**POOLS, "od": Pool("od", PoolKind.ON_DEMAND, 1, 8, 4.0)}
+    gang = Job("g", "t", 0, 2, 8, 0.0, duration_s=5 * 3600.0, limit_s=5 * 3600.0, spot=True, ckpt=NO_CKPT)
+    assert pools_for(gang, small_od) == ("spot",)
+    # and the scheduler places it there, not refusing it as fitting no pool
+    b = Bench(pools=[Pool("spot", PoolKind.SPOT, 2, 8, 1.6, reclaim_per_node_hour=0.5)])
+    b.submit("h", spot=True, ckpt=NO_CKPT, limit=5 * 3600)
+    b.tick()
+    assert [r for r in b.new() if r[0] == "started"] == [("started", "h", (S0,), 0.0)]
+
+
+def test_a_rate_too_small_to_count_is_no_reclaim() -> None:
+    tiny = Pool("spot", PoolKind.SPOT, 4, 8, 1.6, reclaim_per_node_hour=5e-324)
+    assert useful_on(never_checkpoints(3600.0), tiny) == 1.0
+    assert pools_for(never_checkpoints(3600.0), {**POOLS, "spot": tiny}) == ("spot", "od")
+
+
+def test_a_spot_pool_dearer_than_on_demand_comes_after_it() -> None:
+    dear = Pool("spot", PoolKind.SPOT, 4, 8, 9.0, reclaim_per_node_hour=0.0)
+    assert pools_for(never_checkpoints(3600.0), {**POOLS, "spot": dear}) == ("od", "spot")

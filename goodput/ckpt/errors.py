@@ -49,6 +49,24 @@ class StorageError(CheckpointError, OSError):
     file system's own failures are."""
 
 
+class StorageSaveError(SaveError, StorageError):
+    """A save failed because the storage did not answer (a 503 storm longer than the retries, an
+    unreachable store, ...): nothing was committed, and the message names the object at fault.
+    Caught as either: ``except SaveError`` (the save failed) or ``except StorageError`` (the
+    storage did; retry later)."""
+
+
+#: how :func:`describe` writes a storage failure into a message carried between ranks
+_STORAGE_MARKS = ("StorageError: ", "StorageSaveError: ")
+
+
+def save_error(msg: str) -> SaveError:
+    """The error to raise for a save that failed with ``msg`` (joined from ranks' reports, which
+    carry errors as text): a :class:`StorageSaveError` when any rank's failure was the storage's,
+    so that the type survives the trip through a collective; else a :class:`SaveError`."""
+    return StorageSaveError(msg) if any(m in msg for m in _STORAGE_MARKS) else SaveError(msg)
+
+
 def describe(e: BaseException) -> str:
     """An exception as one line of a message carried to other ranks."""
     return f"{type(e).__name__}: {e}"
@@ -62,10 +80,11 @@ def rank_errors(reports: Iterable[dict[str, Any]]) -> str | None:
 
 
 def raise_rank_errors(reports: Iterable[dict[str, Any]], what: str) -> None:
-    """Raise :class:`SaveError` ``"<what>; nothing was committed. rank r: ..."`` if any rank failed."""
+    """Raise :class:`SaveError` ``"<what>; nothing was committed. rank r: ..."`` if any rank failed
+    (a :class:`StorageSaveError` when a rank's failure was the storage's)."""
     errs = rank_errors(reports)
     if errs:
-        raise SaveError(f"{what}; nothing was committed. {errs}")
+        raise save_error(f"{what}; nothing was committed. {errs}")
 
 
 def _adopt_dcp() -> None:

@@ -41,3 +41,126 @@ def keys(bucket: str, prefix: str = "") -> list[str]:
     for page in c.get_paginator("list_objects_v2").paginate(Bucket=name, Prefix=full):
         out += [o["Key"][len(base) + 1 if base else 0 :] for o in page.get("Contents", [])]
     return sorted(out)
+
+
+class FaultProxy:
+    """A real HTTP proxy on loopback in front of a real S3 server (threaded: one thread per
+    connection), answering as a throttled or failing store does, so the client and the server
+    under test stay real:
+
+    - ``fail_first(n)``: the next ``n`` requests (of ``methods``, all by default) get 503, their
+      error code alternating SlowDown / ServiceUnavailable, as S3 answers a burst;
+    - ``storm = True``: every request (of ``storm_methods``, whose path holds ``storm_part``) gets
+      503 until it is set False again;
+    - ``lose_response(part, n)``: the next ``n`` PUTs whose path holds ``part`` are applied
+      by the server, then the connection is closed without an answer (a reset after the store
+      acted: the client retries a request that already took effect).
+
+    Everything else is forwarded as it came. ``answered_503``, ``lost`` and ``requests`` count."""
+
+    CODES = (b"SlowDown", b"ServiceUnavailable")
+
+    def __init__(self, upstream: str):
+        import http.client
+        import http.server
+        import threading
+        from urllib.parse import urlsplit
+
+        up = urlsplit(upstream)
+        owner = self
+        self.lock = threading.Lock()
+        self.fail_left = 0
+        self.fail_methods: tuple[str, ...] | None = None
+        self.storm = False
+        self.storm_methods: tuple[str, ...] | None = None
+        self.storm_part = ""  # only requests whose path holds it ("" : all)
+        self.lose_part, self.lose_left, self.lose_methods = "", 0, ("PUT",)
+        self.answered_503 = 0
+        self.lost = 0
+        self.requests: list[tuple[str, str, int]] = []  # (method, path, status answered)
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+            def _any(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                m = self.command
+                with owner.lock:
+                    fail = owner.storm and (owner.storm_methods is None or m in owner.storm_methods)
+                    fail = fail and owner.storm_part in self.path
+                    if not fail and owner.fail_left > 0 and (owner.fail_methods is None or m in owner.fail_methods):
+                        owner.fail_left -= 1
+                        fail = True
+                    lose = not fail and owner.lose_left > 0 and owner.lose_part in self.path and m in owner.lose_methods
+                    if lose:
+                        owner.lose_left -= 1
+                    if fail:
+                        code = owner.CODES[owner.answered_503 % 2]
+                        owner.answered_503 += 1
+                if fail:
+                    msg = (
+                        b"<Error><Code>" + code + b"</Code><Message>Please reduce your request rate.</Message></Error>"
+                    )
+                    self.send_response(503)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(msg) if m != "HEAD" else 0))
+                    self.end_headers()
+                    if m != "HEAD":
+                        self.wfile.write(msg)
+                    owner._log(m, self.path, 503)
+                    return
+                conn = http.client.HTTPConnection(up.hostname, up.port, timeout=60)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("expect", "connection")}
+                conn.request(m, self.path, body=body, headers=headers)
+                r = conn.getresponse()
+                data = r.read()
+                conn.close()
+                if lose:
+                    with owner.lock:
+                        owner.lost += 1
+                    owner._log(m, self.path, -1)
+                    self.close_connection = True
+                    return  # the server acted; the client hears nothing
+                self.send_response(r.status)
+                for k, v in r.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(k, v)
+                length = r.getheader("Content-Length") if m == "HEAD" else str(len(data))
+                self.send_header("Content-Length", length or "0")
+                self.end_headers()
+                if m != "HEAD":
+                    self.wfile.write(data)
+                owner._log(m, self.path, r.status)
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _any
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def _log(self, method: str, path: str, status: int) -> None:
+        with self.lock:
+            self.requests.append((method, path, status))
+
+    def fail_first(self, n: int, methods: tuple[str, ...] | None = None) -> None:
+        with self.lock:
+            self.fail_left, self.fail_methods = n, methods
+
+    def lose_response(self, part: str, n: int = 1, methods: tuple[str, ...] = ("PUT",)) -> None:
+        with self.lock:
+            self.lose_part, self.lose_left, self.lose_methods = part, n, methods
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> FaultProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -50,7 +50,7 @@ import torch.distributed as dist
 
 from .. import collective
 from ..dcp_compat import OVERWRITE_REFUSED, check_planner, checkpoint_exists, location, refuses_overwrite
-from ..errors import SaveError
+from ..errors import SaveError, StorageError, StorageSaveError, save_error
 from ..format.format import DEFAULT_BLOCK
 from ..storage.location import checkpoint_path, display
 from .background import abort_job, run_job
@@ -373,7 +373,8 @@ class AsyncSaver:
     def raise_pending(self) -> None:
         err, self.pending_error = self.pending_error, None
         if err is not None:
-            raise SaveError(f"the previous asynchronous save failed: {err}") from err
+            msg = f"the previous asynchronous save failed: {err}"
+            raise (StorageSaveError(msg) if isinstance(err, StorageError) else save_error(msg)) from err
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -475,7 +476,7 @@ class AsyncSaver:
                     fn(handle)
             handle.committed.set_result(tm)
         else:
-            err = SaveError(
+            err = save_error(
                 f"asynchronous save to {str(handle.path)!r} (step {handle.step}) failed: {out.get('error')}"
             )
             self.pending_error = err

@@ -70,7 +70,8 @@ def abort_job(job: dict[str, Any], error: str) -> None:
     path = control(job)
     report_failure(path, job["save_id"], job["rank"], error)
     if job["rank"] == 0:
-        _commit_when_all_done(storage_for(path), job, path, time.perf_counter())
+        own = {"rank": 0, "error": error, "files": [], "crcs": []}
+        _commit_when_all_done(storage_for(path), job, path, time.perf_counter(), own)
 
 
 def done_name(save_id: str, rank: int) -> str:
@@ -169,18 +170,15 @@ def run_job(job: dict[str, Any], buf: np.ndarray) -> dict[str, Any]:
     except BaseException as e:  # noqa: BLE001 - reported to rank 0 and to the caller
         error = describe(e)
     timings["write_s"] = time.perf_counter() - t0
+    report = {"rank": rank, "error": error, "files": file_records(results), "crcs": crcs}
     try:
-        _put(
-            cstorage,
-            cpath,
-            done_name(save_id, rank),
-            {"rank": rank, "error": error, "files": file_records(results), "crcs": crcs},
-        )
+        if rank != 0:  # rank 0 knows its own report: its failure must not wait on the storage that failed it
+            _put(cstorage, cpath, done_name(save_id, rank), report)
     except OSError as e:
-        error = error or f"cannot report to rank 0: {e}"
+        error = error or f"cannot report to rank 0: {describe(e)}"
     t1 = time.perf_counter()
     if rank == 0:
-        outcome = _commit_when_all_done(cstorage, job, cpath, t1)
+        outcome = _commit_when_all_done(cstorage, job, cpath, t1, report)
     else:
         outcome = _wait_for_commit(cstorage, job, cpath, t1)
     if job.get("control"):
@@ -219,11 +217,16 @@ def install(cstorage: Storage, cpath: Path, storage: Storage, path: Path, save_i
     storage.publish(path, MANIFEST, raw)
 
 
-def _commit_when_all_done(storage: Storage, job: dict[str, Any], path: Path, t_start: float) -> dict[str, Any]:
+def _commit_when_all_done(
+    storage: Storage, job: dict[str, Any], path: Path, t_start: float, own: dict[str, Any]
+) -> dict[str, Any]:
+    """Rank 0: gather the other ranks' done files, then commit or abort. Its own report is
+    ``own``, never read back from storage: when the storage failed rank 0's write, it would fail
+    that read too, and a one-rank save would wait out its whole timeout instead of failing."""
     save_id, world = job["save_id"], job["world"]
     tiered = bool(job.get("control"))
     deadline = t_start + job["timeout"]
-    reports: dict[int, dict] = {}
+    reports: dict[int, dict] = {0: own}
     error = None
     while len(reports) < world:
         for r in range(world):

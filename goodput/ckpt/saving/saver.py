@@ -48,7 +48,7 @@ from ..dcp_compat import (
     overwrite_refused,
     refuses_overwrite,
 )
-from ..errors import SaveError, describe, raise_rank_errors
+from ..errors import SaveError, describe, raise_rank_errors, save_error
 from ..format.format import DEFAULT_BLOCK, encode_value
 from ..format.geometry import Region
 from ..loading.reader import is_committed
@@ -203,7 +203,7 @@ def prepare(
             common = {"error": _planning_error(e, path, group)}
     common = collective.broadcast_obj(common, 0, group)
     if common["error"]:
-        raise SaveError(common["error"])
+        raise save_error(common["error"])
     ag: Agreement | None = None
     cached = bool(common["cached"])
     if cached:
@@ -236,7 +236,7 @@ def prepare(
                 common = {"error": _planning_error(e, path, group)}
         common = collective.broadcast_obj(common, 0, group)
         if common["error"]:
-            raise SaveError(common["error"])
+            raise save_error(common["error"])
         mine_orders = collective.scatter_obj(orders, 0, group)
         has_replicas, bytes_per_rank, save_id = common["has_replicas"], common["bytes_per_rank"], common["save_id"]
         if cache:
@@ -336,7 +336,7 @@ def save(
                 verdict = name_ranks(str(e), group)
         verdict = collective.broadcast_obj(verdict, 0, group)
         if verdict:
-            raise SaveError(verdict)
+            raise save_error(verdict)
     timings["plan_s"] = time.perf_counter() - t0
 
     # ---- 3. write, then commit --------------------------------------------------------------
@@ -385,7 +385,7 @@ def save(
     outcome = collective.broadcast_obj(outcome, 0, group)
     if not outcome["ok"]:
         discard()
-        raise SaveError(f"save to {display(path)!r} {outcome['error']}")
+        raise save_error(f"save to {display(path)!r} {outcome['error']}")
     for name in stale:  # after the other ranks were released: not on their critical path
         storage.remove(path, name)
     timings["commit_s"] = time.perf_counter() - t2

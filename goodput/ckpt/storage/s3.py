@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError, SaveError, StorageError
+from ..errors import CheckpointError, StorageError, StorageSaveError
 from .base import Entry, Sink, Source, Storage
 
 SCHEME = "s3"
@@ -227,11 +227,11 @@ class S3Sink(Sink):
             try:
                 self._upload = c.create_multipart_upload(Bucket=self.bucket, Key=self.key)["UploadId"]
             except Exception as e:
-                raise SaveError(f"{self._url()}: starting the multipart upload failed: {_why(e)}") from None
+                raise StorageSaveError(f"{self._url()}: starting the multipart upload failed: {_why(e)}") from None
             self._pool = ThreadPoolExecutor(self.store.options.concurrency, thread_name_prefix="goodput-s3-put")
         number = len(self._parts) + 1
         if number > MAX_PARTS:
-            raise SaveError(f"{self._url()}: more than {MAX_PARTS} parts; raise S3Options.part_bytes")
+            raise StorageSaveError(f"{self._url()}: more than {MAX_PARTS} parts; raise S3Options.part_bytes")
         self._failed()
         self._slots.acquire()  # bounded: at most ``concurrency`` parts held while they upload
         assert self._pool is not None
@@ -252,7 +252,7 @@ class S3Sink(Sink):
     def _failed(self) -> None:
         for f in self._parts:
             if f.done() and f.exception() is not None:
-                raise SaveError(f"{self._url()}: uploading part failed: {_why(f.exception())}")  # type: ignore[arg-type]
+                raise StorageSaveError(f"{self._url()}: uploading part failed: {_why(f.exception())}")  # type: ignore[arg-type]
 
     def finish(self) -> None:
         c = self.store.client()
@@ -260,7 +260,7 @@ class S3Sink(Sink):
             try:
                 c.put_object(Bucket=self.bucket, Key=self.key, Body=bytes(memoryview(self._buf)[: self._fill]))
             except Exception as e:
-                raise SaveError(f"{self._url()}: PUT failed: {_why(e)}") from None
+                raise StorageSaveError(f"{self._url()}: PUT failed: {_why(e)}") from None
             self._done = True
             return
         if self._fill:
@@ -270,13 +270,13 @@ class S3Sink(Sink):
             try:
                 parts.append(f.result())
             except Exception as e:
-                raise SaveError(f"{self._url()}: uploading part failed: {_why(e)}") from None
+                raise StorageSaveError(f"{self._url()}: uploading part failed: {_why(e)}") from None
         try:
             c.complete_multipart_upload(
                 Bucket=self.bucket, Key=self.key, UploadId=self._upload, MultipartUpload={"Parts": parts}
             )
         except Exception as e:
-            raise SaveError(f"{self._url()}: completing the multipart upload failed: {_why(e)}") from None
+            raise StorageSaveError(f"{self._url()}: completing the multipart upload failed: {_why(e)}") from None
         self._done = True
 
     def close(self) -> None:
@@ -382,7 +382,8 @@ class S3Source(Source):
                 f"{self.what} {self.name!r} ends before byte {at}, the checkpoint records {self.size} bytes "
                 "(truncated or replaced)"
             )
-        return StorageError(f"{what or self.name}: ranged GET at byte {at} failed: {_why(e)}")
+        reading = f" (reading {what})" if what and what != self.name else ""
+        return StorageError(f"{self.name}: ranged GET at byte {at} failed{reading}: {_why(e)}")
 
     def _check_range(self, r: dict, at: int, n: int, what: str | None) -> None:
         """The response is the range asked for, of an object of the recorded size."""
@@ -481,7 +482,7 @@ class S3Storage(Storage):
         try:
             self.client().head_bucket(Bucket=bucket)
         except Exception as e:
-            raise SaveError(f"{url(directory)!r}: bucket {bucket!r} cannot be reached: {_why(e)}") from None
+            raise StorageSaveError(f"{url(directory)!r}: bucket {bucket!r} cannot be reached: {_why(e)}") from None
 
     def create(self, directory: Path, name: str, direct: bool = False) -> Sink:
         return S3Sink(self, *self._key(directory, name))
@@ -491,19 +492,25 @@ class S3Storage(Storage):
         try:
             self.client().put_object(Bucket=bucket, Key=key, Body=bytes(data))
         except Exception as e:
-            raise SaveError(f"s3://{bucket}/{key}: PUT failed: {_why(e)}") from None
+            raise StorageSaveError(f"s3://{bucket}/{key}: PUT failed: {_why(e)}") from None
 
     def publish(self, directory: Path, name: str, data: bytes) -> None:
         self.put(directory, name, data)  # one PUT is atomic: readers see the old object or the new
 
     def publish_new(self, directory: Path, name: str, data: bytes) -> bool:
+        """A conditional PUT. Its 412 is not always another writer's: when the store applied our
+        PUT but its answer was lost (a reset, a timeout), botocore sends it again and the retry
+        finds the object there. So a 412 reads the object back: our own bytes mean we won (the
+        caller would otherwise remove the files of the checkpoint it has just committed)."""
         bucket, key = self._key(directory, name)
+        body = bytes(data)
         try:
-            self.client().put_object(Bucket=bucket, Key=key, Body=bytes(data), IfNoneMatch="*")
+            self.client().put_object(Bucket=bucket, Key=key, Body=body, IfNoneMatch="*")
         except Exception as e:
             if _code(e) in ("412", "PreconditionFailed", "409", "ConditionalRequestConflict"):
-                return False
-            raise SaveError(f"s3://{bucket}/{key}: conditional PUT failed: {_why(e)}") from None
+                held = self._get(directory, name, "object", max(len(body), 1 << 20))
+                return held == body  # bytes carrying the save's id and checksum: nobody else's
+            raise StorageSaveError(f"s3://{bucket}/{key}: conditional PUT failed: {_why(e)}") from None
         return True
 
     def sync(self, directory: Path) -> None:

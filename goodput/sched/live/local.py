@@ -56,6 +56,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.model import Job
+from .reaping import reap_orphans as _reap_orphans
+from .reaping import subreaper as _subreaper
 from .runas import RunAs
 
 log = logging.getLogger("goodput.sched.live.local")
@@ -670,30 +672,6 @@ def launch_env(slots: int, port: int) -> dict[str, str]:
         "PET_MASTER_ADDR": "127.0.0.1",
         "PET_MASTER_PORT": str(port),
     }
-
-
-def _subreaper() -> bool:
-    """Become the child subreaper (Linux): orphaned descendants are reparented to us, not to init."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def _reap_orphans() -> list[int]:
-    """Wait for every remaining descendant reparented to us; their exit statuses (as Popen's)."""
-    out: list[int] = []
-    while True:
-        try:
-            _, st = os.wait()
-        except ChildProcessError:
-            return out
-        except InterruptedError:
-            continue
-        out.append(os.waitstatus_to_exitcode(st))
 
 
 def exit_status(command_rc: int, orphans: list[int]) -> int:

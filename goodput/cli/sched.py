@@ -215,7 +215,7 @@ def sim(
 def _sim_seeds(build, chosen, seeds, n_workers: int, as_json: bool) -> None:  # noqa: ANN001
     """The comparison once per seed, then each policy's mean and range over them."""
     from goodput.sched.sim.compare import compare
-    from goodput.sched.sim.report import render_seeds, seeds_summary
+    from goodput.sched.sim.report import render_seeds, seeds_alike, seeds_summary
 
     per_seed: dict[int, list] = {}
     all_notes: list[str] = []
@@ -230,10 +230,18 @@ def _sim_seeds(build, chosen, seeds, n_workers: int, as_json: bool) -> None:  # 
             except (ValueError, OSError) as e:
                 _fail(str(e))
     summary = seeds_summary(per_seed)
+    alike = seeds_alike(per_seed)
+    if alike:
+        all_notes.append(
+            "every seed gave the same runs: nothing in this comparison depends on the seed (a workload and a "
+            "cluster file, no --failures or --reclaims): the ranges and best-in counts below say nothing"
+        )
+        Console(stderr=True).print(f"[yellow]warning:[/yellow] {all_notes[-1]}")
     if as_json:
         out = {
             "seeds": {str(s): {r.name: _finite(r.metrics) for r in rs} for s, rs in per_seed.items()},
             "summary": _finite(summary),
+            "seeds_alike": alike,
             "notes": all_notes,
         }
         print(json.dumps(out, indent=2))

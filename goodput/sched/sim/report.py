@@ -277,12 +277,21 @@ def seeds_summary(per_seed: Mapping[int, Sequence[PolicyResult]]) -> dict[str, d
                 "min": min(xs, default=math.nan),
                 "max": max(xs, default=math.nan),
                 "best_in": best_count[n],
+                "n": len(xs),  # seeds that gave a number: a mean over fewer says so
             }
     for n in names:
         ms = [r.metrics for rs in per_seed.values() for r in rs if r.name == n]
-        out[n]["max_evictions_of_one_job"] = max((int(m.get("max_evictions_of_one_job", 0)) for m in ms), default=0)
+        ev = [float(m.get("max_evictions_of_one_job", 0)) for m in ms]
+        out[n]["max_evictions_of_one_job"] = int(max((x for x in ev if math.isfinite(x)), default=0))
         out[n]["violations"] = sum(int(m.get("violations", 0)) for m in ms)
     return out
+
+
+def seeds_alike(per_seed: Mapping[int, Sequence[PolicyResult]]) -> bool:
+    """Every seed gave every policy the same numbers: nothing in the comparison depended on the
+    seed (a workload file and a cluster file, no generated failures or reclaims)."""
+    runs = [{r.name: {k: r.metrics.get(k) for k, _, _ in SEED_KEYS} for r in rs} for rs in per_seed.values()]
+    return len(runs) > 1 and all(r == runs[0] for r in runs[1:])
 
 
 def render_seeds(summary: Mapping[str, Mapping[str, Any]], console: Console, header: str = "") -> None:
@@ -292,7 +301,7 @@ def render_seeds(summary: Mapping[str, Mapping[str, Any]], console: Console, hea
     n = max((int(v["seeds"]) for v in summary.values()), default=0)
     for key, label, higher in SEED_KEYS:
         t = _table(
-            f"{label} over {n} seeds ({'higher' if higher else 'lower'} is better)",
+            f"{label} over {n} seeds ({'higher' if higher else 'lower'} is better; a tie is best for each tied)",
             "policy",
             ("mean", "min", "max", "best in"),
         )
@@ -305,7 +314,7 @@ def render_seeds(summary: Mapping[str, Mapping[str, Any]], console: Console, hea
             m = v[key]
             t.add_row(
                 f"[bold]{name}[/bold]" if "goodput" in name else name,
-                fmt(m["mean"]),
+                fmt(m["mean"]) + (f" (of {m['n']})" if m["n"] < n else ""),
                 fmt(m["min"]),
                 fmt(m["max"]),
                 f"{m['best_in']}/{n}",

@@ -280,3 +280,36 @@ def test_sim_seeds_reports_each_policys_mean_and_range_over_the_seeds() -> None:
     assert table.exit_code == 0 and "over 2 seeds" in table.output
     bad = runner.invoke(app, [*args, "--seeds", "2", "--events", "x.jsonl"])
     assert bad.exit_code == 2 and "--seeds" in bad.output
+
+
+def test_sim_seeds_says_when_no_run_depended_on_the_seed(tmp_path) -> None:
+    # a workload file and a cluster file, no generated failures or reclaims: every seed is one run
+    w, c = _files(tmp_path)
+    res = runner.invoke(
+        app, ["sched", "sim", "--workload", str(w), "--cluster", str(c), "--seeds", "2", "--workers", "1", "--json"]
+    )
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["seeds_alike"] is True and any(
+        "nothing in this comparison depends on the seed" in n for n in out["notes"]
+    )
+    synth = runner.invoke(
+        app, ["sched", "sim", "--jobs", "300", "--nodes", "16", "--policy", "goodput", "--seeds", "2", "--json"]
+    )
+    assert json.loads(synth.stdout)["seeds_alike"] is False
+
+
+def test_seeds_summary_counts_the_seeds_behind_each_mean() -> None:
+    from goodput.sched.sim.compare import PolicyResult
+    from goodput.sched.sim.report import seeds_summary
+
+    def res(name: str, upc: float, ev: float = 1.0) -> PolicyResult:
+        m = {"useful_per_capacity": upc, "lost_gpu_hours_total": 1.0, "victims_per_decision": 1.0}
+        m |= {"max_evictions_of_one_job": ev, "violations": 0}
+        return PolicyResult(name, m, {}, [], [])
+
+    nan = float("nan")
+    per = {0: [res("a", 0.5), res("b", nan, nan)], 1: [res("a", 0.4), res("b", 0.6)], 2: [res("a", 0.3), res("b", nan)]}
+    s = seeds_summary(per)
+    assert s["b"]["useful_per_capacity"]["n"] == 1 and s["a"]["useful_per_capacity"]["n"] == 3
+    assert s["b"]["max_evictions_of_one_job"] == 1  # a NaN does not crash the summary

@@ -70,7 +70,7 @@ from .local import (
     job_environment,
 )
 from .runas import RunAs
-from .slurm_launch import ENV_GPUS_PER_NODE, ENV_NODE_ADDRS, ENV_STATUS_FILE
+from .slurm_launch import ENV_GPUS_PER_NODE, ENV_GRACE, ENV_NODE_ADDRS, ENV_STATUS_FILE
 
 log = logging.getLogger("goodput.sched.live.slurm")
 
@@ -817,6 +817,7 @@ class SlurmExecutor:
             ENV_SLOTS: str(len(nodes) * gpn),
             ENV_GPUS_PER_NODE: str(gpn),
             ENV_STATUS_FILE: str(run_dir / "status.json"),
+            ENV_GRACE: repr(float(job.ckpt.grace_s)),
             ENV_NODE_ADDRS: ",".join(f"{n}={self.nodes[n].addr}" for n in nodes if n in self.nodes),
         }
         spec_env = self.env_for(job) if self.env_for is not None else {}

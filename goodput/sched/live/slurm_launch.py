@@ -29,11 +29,14 @@ import subprocess
 import sys
 import time
 
+from .reaping import children, kill_orphans, subreaper, wait_for
+
 ENV_NODE_ADDRS = "GOODPUT_NODE_ADDRS"  # "n1=10.0.0.1,n2=10.0.0.2": each node's address as Slurm has it
 ENV_STATUS_FILE = "GOODPUT_STATUS_FILE"
 ENV_GPUS_PER_NODE = "GOODPUT_GPUS_PER_NODE"
 PREEMPTED_EXIT = 75  # goodput.sched.live.local.PREEMPTED_EXIT: the job left after its checkpoint
-PR_SET_CHILD_SUBREAPER = 36
+ENV_GRACE = "GOODPUT_GRACE_S"  # the run's grace_s: how long a dead launcher's workers are waited for
+DEFAULT_GRACE_S = 30.0
 
 
 def _addr() -> str:
@@ -57,8 +60,8 @@ def _free_port(addr: str) -> int:
         return s.getsockname()[1]
 
 
-def _write_status(rc: int) -> None:
-    path = os.environ.get(ENV_STATUS_FILE)
+def _write_status(rc: int, path: str | None = None) -> None:
+    path = path or os.environ.get(ENV_STATUS_FILE)
     if not path:
         return
     tmp = path + ".tmp"
@@ -106,54 +109,101 @@ def batch(cmd: list[str]) -> int:
     for sig in dict.fromkeys(early):
         with contextlib.suppress(ProcessLookupError):
             p.send_signal(sig)
-    rc = p.wait()
-    if rc < 0:
-        rc = 128 - rc
+    while True:
+        try:
+            srun_rc = p.wait()
+            break
+        except InterruptedError:
+            continue
+    if srun_rc < 0:
+        srun_rc = 128 - srun_rc
+    rc = srun_rc
+    status = env.get(ENV_STATUS_FILE)
+    if status and nodes.isdigit():
+        words = [_read_node_status(_node_status_path(status, i)) for i in range(int(nodes))]
+        rc = gang_status(words, srun_rc)
+        if rc != srun_rc:
+            print(f"goodput.sched.live.slurm_launch: the nodes' statuses {words} make the job's {rc} "
+                  f"(srun's: {srun_rc})", file=sys.stderr, flush=True)  # fmt: skip
     _write_status(rc)
     return rc
 
 
-def _subreaper() -> bool:
-    """Become the child subreaper (Linux): a launcher's workers orphaned by its death are ours to wait for."""
-    try:
-        import ctypes
+def task_status(command_rc: int, workers: list[int], notice: tuple[int, ...] = ()) -> int:
+    """A node's status from its command's and its workers' (as Popen's: negative, a signal).
 
-        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def _reap_orphans() -> list[int]:
-    """Wait for every descendant reparented here; their exit statuses (as Popen's)."""
-    out: list[int] = []
-    while True:
-        try:
-            _, st = os.wait()
-        except ChildProcessError:
-            return out
-        except InterruptedError:
-            continue
-        out.append(os.waitstatus_to_exitcode(st))
-
-
-def task_status(command_rc: int, orphans: list[int]) -> int:
-    """A node's status from its command's and its orphaned workers'. Slurm signals every process of
-    the step, the launcher too: torchrun has no handler for SIGUSR1 and dies of it (138) while its
-    workers checkpoint and leave with 75, orphaned to this task. When every one did, the node was
-    preempted, whatever the launcher's own status (the local executor reads it the same way)."""
+    Slurm signals every process of the step, the launcher too: torchrun has no handler for SIGUSR1 and
+    dies of it (138) while its workers checkpoint and leave with 75, orphaned to this task. The node
+    was preempted when at least one worker left with 75 and every other one either did too or died of
+    the notice itself (``notice``: the signals this task received; a process with no handler for it had
+    nothing to save, a helper the launcher started), whatever the launcher's own status. A worker that
+    exited 1-74, died of another signal, or was killed for outliving the grace makes the node's status
+    the launcher's. Processes that were not workers (see :func:`task`) are not read at all."""
     if command_rc < 0:
         command_rc = 128 - command_rc
-    if command_rc not in (0, PREEMPTED_EXIT) and orphans and all(c == PREEMPTED_EXIT for c in orphans):
+    if command_rc in (0, PREEMPTED_EXIT) or PREEMPTED_EXIT not in workers:
+        return command_rc
+    if all(c == PREEMPTED_EXIT or (c < 0 and -c in notice) for c in workers):
         return PREEMPTED_EXIT
     return command_rc
 
 
+def gang_status(statuses: list[int | None], srun_rc: int) -> int:
+    """The gang's status from each node's (None: that node's task wrote none) and srun's. srun returns
+    the highest task status, so a node at 75 hides another at 1-74 (a crash while leaving). Here 75
+    needs every node's word: any node with another non-zero status gives that status (the highest
+    such); else 75 if any node left with 75 (a node that finished while another was preempted resumes
+    from the commit: never wrong); else srun's own. A missing word with srun at 75 is a failure (1):
+    a node that may have crashed is not reported as preempted."""
+    known = [s for s in statuses if s is not None]
+    bad = [s for s in known if s not in (0, PREEMPTED_EXIT)]
+    if bad:
+        return max(bad)
+    if len(known) < len(statuses):
+        return 1 if srun_rc == PREEMPTED_EXIT else srun_rc
+    if PREEMPTED_EXIT in known:
+        return PREEMPTED_EXIT
+    return srun_rc
+
+
+def _node_status_path(status_file: str, node: int | str) -> str:
+    return f"{status_file}.node{node}"
+
+
+def _read_node_status(path: str) -> int | None:
+    """A task's word (its own file, written by the job's user like everything here): None unless a
+    small regular file whose ``rc`` is an integer."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        raw = os.read(fd, 4097)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        rc = json.loads(raw)["rc"] if len(raw) <= 4096 else None
+    except (ValueError, KeyError, TypeError):
+        return None
+    return rc if isinstance(rc, int) and not isinstance(rc, bool) else None
+
+
 def task(cmd: list[str]) -> int:
-    """One node's task: the rank variables, then the command as a child, waited for; if it did not end
-    with 0 or 75 (a launcher killed by the signal), also every worker it orphaned. Not an exec: the
-    step ends when this process does, and slurmstepd then kills what is left, which would be a dead
-    launcher's workers in the middle of their checkpoint. (A command that ends 0 or 75 is not waited
-    past: a stray process it left must not hold the nodes.)"""
+    """One node's task: the rank variables, then the command as a child. Not an exec: the step ends
+    when this process does, and slurmstepd then kills what is left, which would be a dead launcher's
+    workers in the middle of their checkpoint.
+
+    The **workers** are the command's own children still alive when it ended (reparented here, the
+    child subreaper, at that moment). They are waited for only when the command died of a signal (a
+    launcher killed by the notice), and at most the grace (``GOODPUT_GRACE_S``, the run's ``grace_s``:
+    the core cancels the job at that deadline anyway); then everything left here is SIGKILLed. A
+    command that exited on its own (any status) is its own word: nothing it left is waited for, and
+    whatever it left (a detached log shipper, a worker's helper) is killed before the task ends, so
+    no stray process holds the nodes until the job's limit. The node's status is :func:`task_status`
+    of the command's and the workers' statuses, written beside ``GOODPUT_STATUS_FILE`` for the batch
+    step to read (srun's own status is only the highest of them)."""
     env = os.environ
     nodes = env.get("SLURM_NNODES", env.get("SLURM_JOB_NUM_NODES", "1"))
     per_node = env.get(ENV_GPUS_PER_NODE, "1")
@@ -170,21 +220,28 @@ def task(cmd: list[str]) -> int:
             "PET_MASTER_PORT": env.get("MASTER_PORT", "29500"),
         }
     )
+    try:
+        grace = float(env.get(ENV_GRACE, ""))
+        if not 0 <= grace <= 86400:
+            raise ValueError(grace)
+    except ValueError:
+        grace = DEFAULT_GRACE_S
     # Slurm delivers the step's signals to every process, the command's included: here they are only
     # kept (a Python handler, reset to the default in the child at exec) and passed on to a child
     # that did not exist yet when one came
-    early: list[int] = []
+    got: list[int] = []
     for sig in (signal.SIGUSR1, signal.SIGTERM):
-        signal.signal(sig, lambda signum, _frame: early.append(signum))
-    if not _subreaper():
+        signal.signal(sig, lambda signum, _frame: got.append(signum))
+    reaper = subreaper()
+    if not reaper:
         print("goodput.sched.live.slurm_launch: not a child subreaper here: workers a dead launcher orphans "
               "are not waited for", file=sys.stderr, flush=True)  # fmt: skip
     try:
         p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
     except OSError as e:
         print(f"goodput.sched.live.slurm_launch: cannot start {cmd[0]!r}: {e}", file=sys.stderr)
-        return 127
-    for sig in dict.fromkeys(early):
+        return _task_done(127)
+    for sig in dict.fromkeys(got):
         with contextlib.suppress(ProcessLookupError):
             p.send_signal(sig)
     while True:
@@ -193,9 +250,28 @@ def task(cmd: list[str]) -> int:
             break
         except InterruptedError:
             continue
-    if rc in (0, PREEMPTED_EXIT):
-        return rc  # the command's own word: anything it left behind is Slurm's to clean up with the step
-    return task_status(rc, _reap_orphans())
+    statuses: list[int] = []
+    if rc < 0 and reaper:
+        workers = children()
+        ended = wait_for(workers, grace)
+        late = [w for w in workers if w not in ended]
+        if late:
+            print(f"goodput.sched.live.slurm_launch: {len(late)} worker(s) still running {grace:g} s after the "
+                  "launcher died: killed", file=sys.stderr, flush=True)  # fmt: skip
+        statuses = [ended.get(w, -signal.SIGKILL) for w in workers]
+    if reaper:
+        left = kill_orphans()
+        if left:
+            print(f"goodput.sched.live.slurm_launch: cannot kill process(es) {left} left by the command",
+                  file=sys.stderr, flush=True)  # fmt: skip
+    return _task_done(task_status(rc, statuses, tuple(dict.fromkeys(got))))
+
+
+def _task_done(rc: int) -> int:
+    path = os.environ.get(ENV_STATUS_FILE)
+    if path:
+        _write_status(rc, _node_status_path(path, os.environ.get("SLURM_NODEID", "0")))
+    return rc
 
 
 def main(argv: list[str]) -> int:

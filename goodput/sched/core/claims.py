@@ -27,6 +27,7 @@ class Claims(SchedulerState):
         self._move(job, "start", "running")
         job.epoch += 1
         job.started_s = now
+        job.resume_from_s = job.committed_s
         job.pool = pool
         job.placement = nodes
         job.claim, job.claim_pool = (), ""

@@ -105,6 +105,9 @@ class Job:
     first_start_s: float = -1.0
     # the current run (meaningful while running or preempting)
     started_s: float = -1.0
+    # the current run's resume point (committed_s at its start): what bounds its commits' progress;
+    # -1 in a job stored before the field (committed_s bounds it then, more loosely)
+    resume_from_s: float = -1.0
     pool: str = ""
     placement: tuple[str, ...] = ()
     run_limit_s: float = 0.0  # the current run's declared hold: restart + remaining limit, at its start

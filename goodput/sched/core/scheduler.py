@@ -33,6 +33,11 @@ from .preemption import Preemption
 from .queue import Class
 from .state import Reservation, SchedulerError
 
+# what a commit's progress may run ahead of the scheduler's clock since the run's start: the job's clock and
+# the service's tick at different instants and rates (a live run starts after its decision, so honest
+# reports lag it)
+COMMIT_SLACK_S = 1.0
+
 __all__ = ["Reservation", "Scheduler", "SchedulerError"]
 
 
@@ -153,6 +158,12 @@ class Scheduler(Preemption):
             return f"stale epoch {epoch} (current {job.epoch})"
         if not math.isfinite(progress_s) or progress_s < job.committed_s:
             return f"progress {progress_s} is behind the committed {job.committed_s}"
+        # progress is seconds of work since the resume point: a run cannot have done more than it has
+        # run (a tenant's number; an inflated one would also shrink its backfill_limit)
+        resume = job.resume_from_s if job.resume_from_s >= 0 else job.committed_s
+        ran = max(0.0, self.clock.now() - job.started_s)
+        if progress_s > resume + ran + COMMIT_SLACK_S:
+            return f"progress {progress_s} is beyond the run's resume point {resume} plus the {ran:g} s it has run"
         return ""
 
     def report_commit(self, job_id: str, epoch: int, progress_s: float, timing: dict[str, float] | None = None) -> bool:

@@ -1074,7 +1074,8 @@ def test_a_run_lost_without_a_status_is_an_infrastructure_loss_not_a_failure() -
     assert (v.infra_losses, v.failures, v.preemptions, v.epoch) == (1, 0, 0, 2)
     assert b.s.commit_rejection("v", 1, 95.0) == "stale epoch 1 (current 2)"
     assert b.s.commit_rejection("v", 2, 80.0).startswith("progress 80.0 is behind")
-    assert b.s.commit_rejection("v", 2, 95.0) == "" and b.job("v").committed_s == 90.0  # it changes nothing
+    assert b.s.commit_rejection("v", 2, 95.0).startswith("progress 95.0 is beyond")  # 5 s of work at its start
+    assert b.at(215).s.commit_rejection("v", 2, 95.0) == "" and b.job("v").committed_s == 90.0  # it changes nothing
     b.assert_clean()
 
 

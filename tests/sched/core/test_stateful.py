@@ -39,7 +39,7 @@ from goodput.sched.core.governance import Governance, Limits
 from goodput.sched.core.model import Checkpointing, Health, Job, JobState, Pool, PoolKind, RetryPolicy
 from goodput.sched.core.placement import pools_for
 from goodput.sched.core.policy import POLICIES, Policy
-from goodput.sched.core.scheduler import Scheduler, SchedulerError
+from goodput.sched.core.scheduler import COMMIT_SLACK_S, Scheduler, SchedulerError
 from goodput.sched.live.store import open_store
 from goodput.sched.sim.checker import SAFETY_KINDS, check
 
@@ -116,6 +116,7 @@ class OJob:
     pool: str = ""
     run_limit: float = 0.0
     started_at: float = -1.0
+    resume: float = 0.0  # committed at its start: a commit may run ahead of it by the time run, no more
     deadline: float = math.inf
     why: str = ""  # what it is leaving for: a job id, reclaim, node_loss, cancel
     preemptor: str = ""  # the job it was asked to leave for: a later cancel or node loss changes why, not this
@@ -313,6 +314,7 @@ class Oracle:
         j.epoch += 1
         j.nodes, j.pool = nodes, rec["pool"]
         j.started_at = self.now
+        j.resume = j.committed
         for n in nodes:
             self.bound[n][jid] = j.gpn
         self.calls.append(("start", jid, j.epoch, nodes, j.committed))
@@ -373,6 +375,7 @@ class Oracle:
             and epoch == j.epoch
             and math.isfinite(progress)
             and progress >= j.committed
+            and progress <= j.resume + (self.now - j.started_at) + COMMIT_SLACK_S
         )
         if ok:
             cur.take("checkpoint_committed", job=jid, epoch=epoch, progress_s=progress)

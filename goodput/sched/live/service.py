@@ -52,7 +52,7 @@ import anyio
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from ..core.executor import WallClock
 from ..core.governance import Governance, SubmissionRejected
@@ -227,11 +227,21 @@ class CommitReport(BaseModel):
     stall_s: float | None = Field(None, ge=0, le=MAX_PROGRESS_S, allow_inf_nan=False)
     write_s: float | None = Field(None, ge=0, le=MAX_PROGRESS_S, allow_inf_nan=False)
 
+    @field_validator("epoch", "progress_s", "step", "time", "ready_time", "stall_s", "write_s", mode="before")
+    @classmethod
+    def _no_bool(cls, v: Any) -> Any:
+        """A number, never a boolean: pydantic's lax mode reads ``true`` as 1, a time or duration no job meant."""
+        if isinstance(v, bool):
+            raise ValueError("a number, not a boolean")
+        return v
+
     def timing(self) -> dict[str, float]:
         """The record's timing fields: seconds trained since the resume (both times on the job's
-        clock, so no clock skew enters), this save's stall and write; absent ones left out."""
+        clock, so no clock skew enters), this save's stall and write; absent ones left out. A resume
+        done after the report's own time is no timing at all (trained_s 0 would charge the run's
+        training to restart)."""
         out = {"stall_s": self.stall_s, "write_s": self.write_s}
-        if self.ready_time is not None and self.time > 0:
+        if self.ready_time is not None and self.time > 0 and self.ready_time <= self.time:
             out["trained_s"] = max(0.0, self.time - self.ready_time)
         return {k: v for k, v in out.items() if v is not None}
 

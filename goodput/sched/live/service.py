@@ -1367,6 +1367,9 @@ def create_app(svc: Service) -> FastAPI:
         if not NODE.match(name) or name not in svc.sched.cap.nodes:
             raise HTTPException(404, f"no node {name!r}")
         with svc.changing():
+            ask = getattr(svc.executor, "node_request", None)  # Slurm: the drain is goodput's own now
+            if ask is not None and (why := ask(name, "drain")):
+                raise HTTPException(409, why)
             svc.sched.reclaim_notice([name], svc.sched.clock.now() + grace_s, why="node_loss")
             health = svc.sched.cap.nodes[name].health.value
         svc.wake.set()
@@ -1378,6 +1381,9 @@ def create_app(svc: Service) -> FastAPI:
         if not NODE.match(name) or name not in svc.sched.cap.nodes:
             raise HTTPException(404, f"no node {name!r}")
         with svc.changing():
+            ask = getattr(svc.executor, "node_request", None)  # Slurm: refused while Slurm holds the node
+            if ask is not None and (why := ask(name, "up")):
+                raise HTTPException(409, why)
             svc.sched.node_up([name])
         svc.wake.set()
         svc.durable()

@@ -507,7 +507,7 @@ class SlurmExecutor:
         slurm: Slurm | None = None,
         token_for: Callable[[Job], str] | None = None,
         on_exit: Callable[[str, int, str], None] | None = None,
-        on_nodes: Callable[[list[str], list[str], list[str], list[str]], None] | None = None,
+        on_nodes: Callable[[list[str], list[str], list[str], list[str]], Iterable[str] | None] | None = None,
         run_as: Callable[[Job], RunAs | None] | None = None,
         env_for: Callable[[Job], dict[str, str]] | None = None,
         python: str = "",
@@ -533,6 +533,7 @@ class SlurmExecutor:
         self.nodes: dict[str, SlurmNode] = {}
         self.down: set[str] = set()  # nodes we reported down to the core
         self.drained: set[str] = self.table.drained()  # nodes we drained in the core because Slurm had
+        self.slurm_held: dict[str, str] = {}  # node -> "down" | "drained": Slurm's word at the last read
         self._first_nodes = True
         self.view = View()
         self.failures: list[str] = []  # Slurm commands that failed (kept short): what /healthz may show
@@ -731,55 +732,84 @@ class SlurmExecutor:
         return len(done)
 
     def _poll_nodes(self) -> None:
-        """Slurm's node states into the core's, as changes: ``DOWN``/``FAIL`` is a loss, ``DRAIN`` (an
-        operator's ``scontrol update nodename=X state=DRAIN``, whatever the base state) is goodput's
-        drain, anything else is up. A node back from down that still does not respond stays down."""
         try:
             nodes = read_nodes(self.slurm, self.partition)
         except SlurmError as e:
             self._note(str(e))
             return
-        down, up, drained, resumed = [], [], [], []
+        self.apply_nodes(nodes)
+
+    def apply_nodes(self, nodes: list[SlurmNode]) -> None:
+        """One ``sinfo`` read of Slurm's node states into the core's. ``DOWN``/``FAIL`` is a loss,
+        ``DRAIN`` (whatever the base state) is goodput's drain, anything else is up; a node back from
+        down that still does not respond stays down.
+
+        Levels, not edges: every pass hands the core every node Slurm holds down or drained, so that
+        a node Slurm holds is never offered, whatever made it ``up`` in the core meanwhile (a restart,
+        a race with the API's ``/up``, which also refuses: :meth:`node_request`). Only a drain the core
+        took *because Slurm had drained the node* (``self.drained``, kept in the store) is undone by
+        Slurm's RESUME; a node goodput had drained itself (``POST /nodes/X/drain``, before or after
+        Slurm's drain) stays drained until goodput's ``/up``."""
         with self._lock:
-            first, self._first_nodes = self._first_nodes, False
-            was_drained = set(self.drained)
+            first = self._first_nodes
+            down_now: set[str] = set()
+            drained_now: set[str] = set()
             for n in nodes:
                 self.nodes[n.name] = n
-                if n.state in DOWN_NODE_STATES:
-                    want = "down"
+                if n.state in DOWN_NODE_STATES or ("NOT_RESPONDING" in n.flags and n.name in self.down):
+                    down_now.add(n.name)
                 elif "DRAIN" in n.flags:
-                    want = "drain"
-                elif "NOT_RESPONDING" in n.flags and n.name in self.down:
-                    continue
-                else:
-                    want = "up"
-                was = "down" if n.name in self.down else "drain" if n.name in self.drained else "up"
-                if want == was and not first:
-                    continue
-                self.down.discard(n.name)
-                self.drained.discard(n.name)
-                if want == "down":
-                    self.down.add(n.name)
-                    down.append(n.name)
-                elif want == "drain":
-                    self.drained.add(n.name)
-                    drained.append(n.name)
-                elif was == "drain":
-                    resumed.append(n.name)
-                else:
-                    up.append(n.name)
-            if self.drained != was_drained:
-                try:
-                    self.table.save_drained(self.drained)
-                except Exception as e:  # noqa: BLE001 - the next change writes it again; the core is told now
-                    self._note(f"cannot store the drained nodes: {e}")
-        if (down or up or drained or resumed) and self.on_nodes is not None:
+                    drained_now.add(n.name)
+            listed = {n.name for n in nodes}
+            held = down_now | drained_now
+            up = sorted(n for n in listed - held if first or n in self.down)
+            resumed = sorted(n for n in self.drained & listed if n not in held)
+            self.slurm_held = {**dict.fromkeys(drained_now, "drained"), **dict.fromkeys(down_now, "down")}
+            if not (first or held or up or resumed):
+                return
+            down, drained = sorted(down_now), sorted(drained_now)
+        took: Iterable[str] | None = None
+        if self.on_nodes is not None:
             try:
-                self.on_nodes(down, up, drained, resumed)
+                took = self.on_nodes(down, up, drained, resumed)
             except Exception:
                 with self._lock:  # not applied (the store refused): the next pass reports every node again
                     self._first_nodes = True
                 raise
+        with self._lock:
+            self._first_nodes = False
+            self.down = down_now
+            ours = (self.drained & drained_now) | (set(drained) if took is None else set(took) & drained_now)
+            ours |= self.drained - listed  # a node sinfo no longer lists keeps its record
+            if ours != self.drained:
+                self.drained = ours
+                try:
+                    self.table.save_drained(self.drained)
+                except Exception as e:  # noqa: BLE001 - the next change writes it again; the core is told now
+                    self._note(f"cannot store the drained nodes: {e}")
+
+    def node_request(self, name: str, what: str) -> str | None:
+        """The service's ``POST /nodes/{name}/drain|up`` asks first (its lock held): None to go on, or
+        why not. ``up`` is refused while Slurm holds the node drained or down (the core would offer a
+        node Slurm will not run anything on: every start placed there would sit pending until the
+        stuck rule cancels it as ``lost``). ``drain`` makes the node's drain goodput's own: Slurm's
+        RESUME no longer returns it."""
+        with self._lock:
+            if what == "up":
+                held = self.slurm_held.get(name)
+                if held:
+                    return (
+                        f"node {name!r} is {held} in Slurm: goodput offers it once Slurm does "
+                        f"(scontrol update nodename={name} state=RESUME)"
+                    )
+                return None
+            if what == "drain" and name in self.drained:
+                self.drained.discard(name)
+                try:
+                    self.table.save_drained(self.drained)
+                except Exception as e:  # noqa: BLE001 - the drain itself is the core's, and stands
+                    self._note(f"cannot store the drained nodes: {e}")
+            return None
 
     # ------------------------------------------------------------------ Slurm calls
 
@@ -972,35 +1002,52 @@ def node_changes(
     resumed: Iterable[str] = (),
     *,
     drain_grace_s: float = 30.0,
-) -> None:
-    """Slurm's node view into the core (call with the service's lock held):
+) -> NodeChanges:
+    """Slurm's node view into the core (call with the service's lock held); levels, so a call that
+    finds the core already agreeing changes nothing:
 
-    - ``down`` nodes are lost (their jobs resume from their commits, counted as infrastructure);
-    - ``drained`` nodes get goodput's drain, as ``POST /nodes/{name}/drain?grace_s=`` gives it: no new
-      placement there, each running job asked to checkpoint (when its write fits) and leave by now +
-      ``drain_grace_s``, killed at that deadline, requeued as an infrastructure loss (docs/SCHED.md);
-    - ``up`` nodes that were lost return; ``resumed`` nodes (Slurm drained them, and goodput with it)
-      return from the drain or the loss. A node drained through goodput's own API while Slurm has it
-      up stays drained: only Slurm's drains are undone by Slurm's RESUME.
-    """
+    - ``down``: every node Slurm holds down; one the core does not count lost is lost now (its jobs
+      resume from their commits, counted as infrastructure);
+    - ``drained``: every node Slurm holds drained; one the core has ``up`` gets goodput's drain, as
+      ``POST /nodes/{name}/drain?grace_s=`` gives it: no new placement there, each running job asked
+      to checkpoint (when its write fits) and leave by now + ``drain_grace_s``, killed at that
+      deadline, requeued as an infrastructure loss (docs/SCHED.md). One already ``reclaiming`` (goodput
+      drained it itself) is left alone, and is not reported as taken;
+    - ``up``: nodes back from down, returned if the core has them lost; ``resumed``: nodes whose drain
+      the core took because Slurm had (the executor keeps which: ``SlurmExecutor.drained``), returned.
+
+    The answer names the nodes whose state changed, and those of ``drained`` drained now on Slurm's
+    word (the executor adds them to its own)."""
     from ..core.model import Health
 
     nodes = sched.cap.nodes
+    changed: list[str] = []
     lost = [n for n in down if n in nodes and nodes[n].health is not Health.LOST]
     if lost:
         sched.node_lost(lost)
+        changed += lost
     back = [n for n in up if n in nodes and nodes[n].health is Health.LOST]
-    back += [n for n in resumed if n in nodes and nodes[n].health is not Health.UP]
+    back += [n for n in resumed if n in nodes and nodes[n].health is not Health.UP and n not in back]
     if back:
         sched.node_up(back)
+        changed += back
     drain = [n for n in drained if n in nodes]
+    took: list[str] = []
     if drain:
         from_loss = [n for n in drain if nodes[n].health is Health.LOST]  # back from down, but drained
         if from_loss:
             sched.node_up(from_loss)
-        fresh = [n for n in drain if nodes[n].health is Health.UP]
-        if fresh:
-            sched.reclaim_notice(fresh, sched.clock.now() + drain_grace_s, why="node_loss")
+        took = [n for n in drain if nodes[n].health is Health.UP]
+        if took:
+            sched.reclaim_notice(took, sched.clock.now() + drain_grace_s, why="node_loss")
+            changed += took
+    return NodeChanges(changed, took)
+
+
+@dataclass(frozen=True)
+class NodeChanges:
+    changed: list[str]  # nodes whose health :func:`node_changes` changed
+    took: list[str]  # nodes it drained on Slurm's word
 
 
 __all__ = [
@@ -1010,6 +1057,7 @@ __all__ = [
     "SlurmExecutor",
     "SlurmNode",
     "SlurmRun",
+    "NodeChanges",
     "check_pools",
     "discover",
     "exit_code",
@@ -1058,10 +1106,12 @@ def service_executor(
             svc.sched.report_exit(job_id, epoch, status)
         svc.wake.set()
 
-    def on_nodes(down: list[str], up: list[str], drained: list[str], resumed: list[str]) -> None:
+    def on_nodes(down: list[str], up: list[str], drained: list[str], resumed: list[str]) -> list[str]:
         with svc.lock:
-            node_changes(svc.sched, down, up, drained, resumed, drain_grace_s=drain_grace_s)
-        svc.wake.set()
+            got = node_changes(svc.sched, down, up, drained, resumed, drain_grace_s=drain_grace_s)
+        if got.changed:
+            svc.wake.set()
+        return got.took
 
     def run_as(job: Job) -> RunAs | None:
         return svc.users.for_tenant(job.tenant)  # the service's tenant -> Unix user map (goodput.sched.live.runas)

@@ -18,6 +18,8 @@ import pytest
 
 from goodput.sched.live.slurm_launch import gang_status, task_status
 
+from .slurm_cluster import slurm  # noqa: F401 - fixture
+
 REPO = str(Path(__file__).resolve().parents[3])
 HANG_S = 60.0  # only a hang detector: the old task waited for ever
 
@@ -212,3 +214,41 @@ def test_node_and_gang_statuses():
     assert gang_status([0, 0], 0) == 0
     assert gang_status([75, None], 75) == 1  # a node's word is missing: not reported preempted
     assert gang_status([None, None], 3) == 3
+
+
+def test_a_gang_with_one_node_at_75_and_another_at_3_failed_over_a_real_slurm(slurm, tmp_path):  # noqa: F811
+    """srun's status is its tasks' highest, so node 0 leaving with 75 hid node 1's crash (3) and the old
+    batch step reported the gang preempted (skipping the failure budget). Each node's own word is read
+    now: the gang failed with 3; a gang whose every node left with 75 is still preempted."""
+    from goodput.sched.core.model import Job, JobState
+    from goodput.sched.live.slurm import Slurm, SlurmExecutor, discover
+    from goodput.sched.live.store import open_store
+
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+    sl = Slurm(conf=str(slurm.conf))
+    _pools, _nodes, seen = discover(sl, slurm.partition)
+    ex = SlurmExecutor(Path(slurm.root) / "gp", store=store, partition=slurm.partition, slurm=sl)
+    ex.nodes.update(seen)
+    exits: list[tuple[str, str]] = []
+    ex.on_exit = lambda j, e, st: exits.append((j, st))
+
+    def run(name: str, nodes: tuple[str, ...], script: str) -> str:
+        job = Job(id=name, tenant="t", priority=0, nodes=2, gpus_per_node=1, submit_s=0.0,
+                  command=("/bin/sh", "-c", script))  # fmt: skip
+        job.epoch, job.state = 1, JobState.RUNNING
+        ex.start(job, nodes, 0.0)
+        assert ex.runs[name].slurm_id > 0, ex.failures
+        ex.after_pass()
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not any(j == name for j, _ in exits):
+            ex.poll()
+            time.sleep(0.3)
+        got = [st for j, st in exits if j == name]
+        assert got, f"{name}: no exit within 90 s"
+        return got[0]
+
+    n = slurm.node_names
+    crash = 'if [ "$SLURM_NODEID" = 0 ]; then exit 75; else sleep 0.5; exit 3; fi'
+    assert run("mixed.00000001", (n[0], n[1]), crash) == "failed"
+    assert run("leave.00000002", (n[2], n[3]), "exit 75") == "preempted"
+    store.close()

@@ -28,7 +28,10 @@ given nothing to decide (SchedMD's advice for an external scheduler):
 - **Nodes** Slurm reports ``DOWN`` (or ``FAIL``) are lost to the core (their jobs resume from their
   commits, counted as infrastructure, not failure); back up, they are returned. A node an operator
   drains in Slurm (``scontrol update nodename=X state=DRAIN``) gets goodput's drain (no new
-  placement, its jobs asked to checkpoint and leave by a deadline); ``state=RESUME`` returns it.
+  placement, its jobs asked to checkpoint and leave by a deadline); ``state=RESUME`` returns it, but
+  only if the core's drain was Slurm's (a node goodput drained itself stays drained). Slurm's down
+  and drained nodes are read as levels every pass: a node Slurm holds is never offered, and the
+  API's ``/nodes/X/up`` is refused while Slurm holds X (:meth:`SlurmExecutor.node_request`).
 - The two reads of a pass go to slurmrestd's unix socket where one is configured, else (or when it
   fails) to ``squeue --json`` and ``sinfo --json``. One that fails (slurmctld restarting) changes
   nothing: the next pass asks again.
@@ -491,8 +494,11 @@ class SlurmExecutor:
     """Runs each gang as one Slurm job; a watcher thread reads Slurm once per pass.
 
     ``on_exit(job_id, epoch, status)`` as the local executor's; ``on_nodes(down, up, drained, resumed)``
-    with the node names Slurm reports down, up, drained, and up again after a drain (every node at the
-    first pass, then changes; the caller takes its own lock for both; :func:`node_changes` applies them). ``run_as(job)`` is the identity a job runs as (None: the service's
+    with every node Slurm holds down, every node it holds drained, the nodes back from down (every node
+    at the first pass) and those whose Slurm drain the core took and Slurm has lifted (the caller takes
+    its own lock for both; :func:`node_changes` applies them). ``on_nodes`` answers which of
+    ``drained`` it drained on Slurm's word (None: all of them), which is how a RESUME tells Slurm's
+    drains from goodput's own. ``run_as(job)`` is the identity a job runs as (None: the service's
     own; may raise, which fails the run), ``env_for(job)`` its spec's environment; the rest of a
     job's environment is the local executor's (``local.job_environment``), with its token in a file.
     """

@@ -6,16 +6,18 @@ this node's address as Slurm lists it, ``GOODPUT_NODE_ADDRS``; ``MASTER_PORT``: 
 and starts ``srun`` with one task per node, each ``python -m goodput.sched.live.slurm_launch task --
 CMD...``, which sets the rank variables from Slurm's (and torchrun's ``PET_*`` defaults: a gang's
 command ``torchrun -m train`` is one torchrun per node, rendezvous at the first node) and runs the
-command, waiting for it and for any worker it orphans.
+command (:func:`task`: when the command dies of a signal, its workers are waited for, at most the
+grace; whatever is left is killed before the task ends).
 
 The checkpoint signal reaches the batch step only (``scancel -b --signal=USR1``, or
 ``sbatch --signal=B:USR1@grace`` before a time limit): the batch step passes USR1 or TERM on to
 srun, which forwards it to every task. A signal that comes before srun exists is kept and passed
-on once it starts. The exit status is srun's (the highest task status: 75 when every task left
-after its checkpoint), written to ``GOODPUT_STATUS_FILE`` too, so that the executor can still read
-it once Slurm has forgotten the job (``MinJobAge``) and no accounting is kept.
+on once it starts. The exit status is the gang's, from each node's own status (each task writes
+``GOODPUT_STATUS_FILE.node<N>``; srun's status is only the highest, which lets a node at 75 hide
+another's crash: :func:`gang_status`), written to ``GOODPUT_STATUS_FILE`` too, so that the executor
+can still read it once Slurm has forgotten the job (``MinJobAge``) and no accounting is kept.
 
-Standard library only: it starts before the job's own imports.
+Standard library only (and ``reaping``, which is too): it starts before the job's own imports.
 """
 
 from __future__ import annotations

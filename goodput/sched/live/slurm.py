@@ -540,6 +540,7 @@ class SlurmExecutor:
         self.down: set[str] = set()  # nodes we reported down to the core
         self.drained: set[str] = self.table.drained()  # nodes we drained in the core because Slurm had
         self.slurm_held: dict[str, str] = {}  # node -> "down" | "drained": Slurm's word at the last read
+        self._claimed: set[str] = set()  # nodes drained through the API during the current node pass
         self._first_nodes = True
         self.view = View()
         self.failures: list[str] = []  # Slurm commands that failed (kept short): what /healthz may show
@@ -758,6 +759,7 @@ class SlurmExecutor:
         Slurm's drain) stays drained until goodput's ``/up``."""
         with self._lock:
             first = self._first_nodes
+            self._claimed = set()
             down_now: set[str] = set()
             drained_now: set[str] = set()
             for n in nodes:
@@ -787,6 +789,7 @@ class SlurmExecutor:
             self.down = down_now
             ours = (self.drained & drained_now) | (set(drained) if took is None else set(took) & drained_now)
             ours |= self.drained - listed  # a node sinfo no longer lists keeps its record
+            ours -= self._claimed  # drained through the API while on_nodes ran: goodput's own
             if ours != self.drained:
                 self.drained = ours
                 try:
@@ -809,6 +812,8 @@ class SlurmExecutor:
                         f"(scontrol update nodename={name} state=RESUME)"
                     )
                 return None
+            if what == "drain":
+                self._claimed.add(name)  # a pass between its Slurm read and its bookkeeping leaves it too
             if what == "drain" and name in self.drained:
                 self.drained.discard(name)
                 try:

@@ -169,3 +169,26 @@ def test_over_a_real_slurm_resume_keeps_goodput_s_drain_and_up_waits_for_slurm(s
         assert code == 200 and health_of(x) == "up", (code, ans)
     finally:
         svc.stop()
+
+
+def test_a_drain_asked_while_a_pass_applies_slurm_s_is_goodput_s_own(tmp_path):
+    """``POST /nodes/n1/drain`` landing while a pass is applying Slurm's drain of n1 (after the core
+    took it, before the executor noted it as Slurm's): the drain is goodput's own, and Slurm's RESUME
+    leaves n1 drained."""
+    s = _core()
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+    ex = _executor(tmp_path, s, store)
+
+    def on_nodes(d, u, dr, r):  # noqa: ANN001, ANN202
+        took = node_changes(s, d, u, dr, r).took
+        if "n1" in took:  # the API's request, between the core's change and the executor's note
+            assert ex.node_request("n1", "drain") is None
+            s.reclaim_notice(["n1"], 30.0, why="node_loss")
+        return took
+
+    ex.on_nodes = on_nodes
+    ex.apply_nodes(_sinfo(drained=("n1",)))
+    assert health(s, "n1") is Health.RECLAIMING and ex.drained == set()
+    ex.apply_nodes(_sinfo())
+    assert health(s, "n1") is Health.RECLAIMING
+    store.close()

@@ -22,6 +22,10 @@ was asked to leave and to failures otherwise; *at risk* is the rest of a run sti
 reports carry no ``trained_s`` (an older job, or one that ended before its first report) cannot tell
 restart from lost work: its time before its first commit, less the progress that commit kept (all of
 it when it never committed and ended), is *unattributed*, never useful.
+
+Those timings (and ``progress_s``) are the tenant's own numbers, so each is bounded by what the log
+saw (``Run.commit`` says how), and a preemption's realized loss leaves the victim's stalls out: no
+tenant moves what another's job is charged.
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ RECORDS_KEPT = 500  # a job's newest records (its page's history)
 RUNS_KEPT = 200  # a job's newest runs
 CHECKPOINTS_KEPT = 200  # a job's newest committed checkpoints
 GRID_SLOTS = 1_024  # the series' time grid: slots double in width as the log's span grows
+# what a report's trained_s may exceed the progress, stalls and write it also reports by: the job's clock
+# read at different instants (reporter's creation, snapshot, report), not a tenant's allowance
+TIMING_SLACK_S = 1.0
 
 CAUSES = (
     "useful",
@@ -88,10 +95,14 @@ class Run:
     def committed(self) -> float:
         return self.last_commit[1] if self.last_commit else self.resume_from
 
-    def account(self, now: float) -> dict[str, float]:
-        """This run's GPU-seconds by cause, as of ``now`` (the module's docstring says how)."""
+    def account(self, now: float, stalls: bool = True) -> dict[str, float]:
+        """This run's GPU-seconds by cause, as of ``now`` (the module's docstring says how).
+        ``stalls=False``: as if it had reported none, for what a preemption cost another tenant's
+        victim, which its own (self-reported, bounded) stalls must not shrink."""
         end = self.release_t if self.release_t is not None else now
         g = self.gpus
+        stall_s = self.stall_s if stalls else 0.0
+        last_stall_s = self.last_stall_s if stalls else 0.0
         alloc = g * max(0.0, end - self.start)
         left = alloc
 
@@ -113,13 +124,13 @@ class Run:
             elif self.exit_t is not None:  # ended with no commit: restart or lost work, no one can say
                 unattributed = take(left)
         kept = g * max(0.0, self.committed() - self.resume_from)
-        stall_inside = g * max(0.0, self.stall_s - self.last_stall_s)  # the last save's stall is after its mark
+        stall_inside = g * max(0.0, stall_s - last_stall_s)  # the last save's stall is after its mark
         if self.status == "finished" and self.exit_t is not None:
-            stall = take(g * self.stall_s)
+            stall = take(g * stall_s)
             useful = take(left)
         else:
             useful = take(kept - stall_inside)
-            stall = take(g * self.stall_s)
+            stall = take(g * stall_s)
         out = {
             "allocated": alloc,
             "useful": useful,
@@ -140,22 +151,35 @@ class Run:
         return out
 
     def commit(
-        self, t: float, progress: float, trained_s: float | None, stall_s: float | None
+        self, t: float, progress: float, trained_s: float | None, stall_s: float | None, write_s: float = 0.0
     ) -> tuple[float, float, float]:
-        """Count a commit; returns the (t0, t1, GPU-seconds) of useful work it kept, for the grid."""
+        """Count a commit; returns the (t0, t1, GPU-seconds) of useful work it kept, for the grid.
+
+        Every duration here is the tenant's own, so each is bounded by what the log saw: a save's stall
+        and write by the time since the run's previous commit (or its start), the time trained since
+        the resume by the progress kept plus the stalls and the write reported (``progress_s`` counts
+        the wall time from the resume to the snapshot, the report comes after the save's stall and
+        write) and at least that progress, and the useful work by the run's GPUs over the time since
+        its previous commit (the series adds it to every tenant's)."""
+        since = self.last_commit[0] if self.last_commit is not None else self.start
+        window = max(0.0, t - max(since, self.start))
+        stall = min(stall_s or 0.0, window)
         if trained_s is not None and self.ready_t is None:
-            self.ready_t = min(t, max(self.start, t - trained_s))
+            done = max(0.0, progress - self.resume_from)
+            bound = done + self.stall_s + stall + min(max(0.0, write_s), window) + TIMING_SLACK_S
+            trained = min(max(trained_s, done), bound)
+            self.ready_t = min(t, max(self.start, t - trained))
         g = self.gpus
         if self.last_commit is None:
             t0, p0 = max(self.start, t - max(0.0, progress - self.resume_from)), self.resume_from
             self.first_commit = (t, progress)
         else:
             t0, p0 = self.last_commit
-        gain = g * max(0.0, progress - p0 - self.last_stall_s)
+        gain = min(g * max(0.0, progress - p0 - self.last_stall_s), g * window)
         self.commits += 1
         self.last_commit = (t, max(progress, p0))
-        self.last_stall_s = stall_s or 0.0
-        self.stall_s += self.last_stall_s
+        self.last_stall_s = stall
+        self.stall_s += stall
         self.useful_added += gain
         return t0, t, gain
 
@@ -452,7 +476,8 @@ class Timeline:
             if run is not None:
                 trained = _num(rec["trained_s"], -1.0) if "trained_s" in rec else -1.0
                 stall = _num(rec["stall_s"], 0.0) if "stall_s" in rec else 0.0
-                a, b, gain = run.commit(t, progress, trained if trained >= 0 else None, max(0.0, stall))
+                write = _num(rec["write_s"], 0.0) if "write_s" in rec else 0.0
+                a, b, gain = run.commit(t, progress, trained if trained >= 0 else None, max(0.0, stall), write)
                 self._grids(t)[1].add(a, b, gain)
         elif kind == "commit_rejected":
             j.rejected += 1
@@ -521,8 +546,10 @@ class Timeline:
         acct = run.account(t)
         if run.preemption is not None:
             # what the victim held and did not keep (its notice's draining aside): the part its reports
-            # cannot tell from a restart too, since that was lost with it
-            run.preemption.realized_gpu_s = acct["lost_preemption"] + acct["lost_failure"] + acct["unattributed"]
+            # cannot tell from a restart too, since that was lost with it; its own stalls left out, or a
+            # victim's report would decide what the preemptor is charged
+            bare = run.account(t, stalls=False)
+            run.preemption.realized_gpu_s = bare["lost_preemption"] + bare["lost_failure"] + bare["unattributed"]
         if run.ready_t is None:
             self.closed_untimed += acct["allocated"]
         acc = self.closed_tenants.setdefault(run.tenant, _zero())

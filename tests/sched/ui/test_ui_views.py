@@ -483,3 +483,94 @@ def test_a_run_starting_where_another_ended_never_shows_more_gpus_than_exist():
             s = tl.series(now, buckets=buckets)
             assert max(s["allocated"]) <= 1 + 1e-9, (now, buckets, max(s["allocated"]))
             assert math.isclose(sum(s["allocated"]) * s["width_s"], now)  # every GPU-second, once
+
+
+def _reported(extra: dict, *, preempt: bool = False, progress: float = 100.0) -> Timeline:
+    """alice's 1-GPU run: a true restart of 100 s, then one commit at 200 of 100 s of work, then a
+    finish at 400 or bob's preemption at 300; ``extra``: what its report claimed beside that."""
+    recs = [
+        {"t": 0, "event": "submitted", "job": "a", "tenant": "alice", "nodes": 1, "gpus_per_node": 1},
+        {"t": 0, "event": "submitted", "job": "b", "tenant": "bob", "nodes": 1, "gpus_per_node": 1, "priority": 5},
+        {
+            "t": 0,
+            "event": "started",
+            "job": "a",
+            "epoch": 1,
+            "pool": "p",
+            "nodes": ["n0"],
+            "gpus_per_node": 1,
+            "resume_from_s": 0,
+        },
+        {"t": 200, "event": "checkpoint_committed", "job": "a", "epoch": 1, "progress_s": progress, **extra},
+    ]
+    if preempt:
+        recs += [
+            {
+                "t": 300,
+                "event": "preempt_requested",
+                "job": "a",
+                "epoch": 1,
+                "victim_of": "b",
+                "preemptor": "b",
+                "reason": "priority",
+                "checkpoint": False,
+                "lost_s": 100,
+            },
+            {"t": 310, "event": "exited", "job": "a", "epoch": 1, "status": "preempted"},
+            {"t": 310, "event": "released", "job": "a"},
+        ]
+    else:
+        recs += [
+            {"t": 400, "event": "exited", "job": "a", "epoch": 1, "status": "finished"},
+            {"t": 400, "event": "released", "job": "a"},
+            {"t": 400, "event": "finished", "job": "a"},
+        ]
+    tl = Timeline({"n0": 1, "n1": 1})
+    tl.feed(recs)
+    return tl
+
+
+def _gpu_s(tl: Timeline, cause: str) -> float:
+    return round(tl.ledger(400)["tenants"]["alice"][cause] * 3600, 6)
+
+
+def test_a_reports_timing_is_bounded_by_what_the_log_saw():
+    honest = {"trained_s": 100, "stall_s": 0, "write_s": 0}
+    assert _gpu_s(_reported(honest), "restart") == 100 and _gpu_s(_reported(honest), "useful") == 300
+    # trained since the resume: at most the progress kept + stalls + write reported + 1 s (a resume at
+    # the run's start turned its restart into useful work)
+    lie = _reported({"trained_s": 1e11, "stall_s": 0, "write_s": 0})
+    assert _gpu_s(lie, "restart") == 99 and _gpu_s(lie, "useful") == 301
+    # and at least the progress kept (0 turned the training into restart)
+    assert _gpu_s(_reported({"trained_s": 0, "stall_s": 0}), "restart") == 100
+    # a stall: at most the time since the previous commit (the run's start here), not 1e10
+    run = _reported({"trained_s": 100, "stall_s": 1e10}).jobs["a"].runs[-1]
+    assert run.stall_s == 200
+    # a write likewise, so on a run's first report nothing the log saw is tighter than the run's time:
+    # the restart a lying write_s can hide is what remains (docs/DASHBOARD.md says so)
+    lie = _reported({"trained_s": 1e11, "stall_s": 0, "write_s": 1e10})
+    assert _gpu_s(lie, "restart") == 0  # bound 100 + 0 + 200 + 1 s: the run's whole time before the commit
+
+
+def test_the_victims_own_stall_does_not_decide_a_preemptions_realized_loss():
+    honest = _reported({"trained_s": 100, "stall_s": 0}, preempt=True)
+    assert [p.realized_gpu_s for p in honest.preemptions] == [100.0]
+    assert _gpu_s(honest, "lost_preemption") == 100
+    # its stall_s turned the preemption's loss into checkpoint stall: 0 charged to bob's preemption
+    lie = _reported({"trained_s": 100, "stall_s": 1e10}, preempt=True)
+    assert [p.realized_gpu_s for p in lie.preemptions] == [100.0]
+    # trained_s at the run's start doubled the loss charged to the preemptor
+    lie = _reported({"trained_s": 1e11, "stall_s": 0}, preempt=True)
+    assert [p.realized_gpu_s for p in lie.preemptions] == [101.0]  # the 1 s slack
+
+
+def test_one_tenants_progress_never_shows_as_the_clusters_useful_work():
+    # a log from before the core bounded progress: alice's commit claims 1e10 s; bob's job never commits.
+    # The series capped useful per bucket across tenants only, so alice's claim filled bob's GPU too
+    tl = _reported({}, progress=1e10)
+    tl.feed([{"t": 0, "event": "started", "job": "b", "epoch": 1, "pool": "p", "nodes": ["n1"], "gpus_per_node": 1,
+              "resume_from_s": 0}])  # fmt: skip
+    s = tl.series(200, buckets=4)
+    assert s["allocated"] == [2.0, 2.0, 2.0, 2.0]
+    assert max(s["useful"]) <= 1.0 + 1e-9, s["useful"]  # alice's one GPU at most
+    assert tl.ledger(200)["tenants"]["bob"]["useful"] == 0

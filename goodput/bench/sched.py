@@ -276,7 +276,9 @@ class _Bench:
             self._drain()
         if len(self.running):
             job = s.jobs[self.running.pick(self.rng)]
-            s.report_commit(job.id, job.epoch, job.committed_s + COMMIT_STEP_S)
+            # no more work than the run has had time for, or the core rejects it (a commit, not a rejection, is timed)
+            ran = job.resume_from_s + now - job.started_s
+            s.report_commit(job.id, job.epoch, max(job.committed_s, min(job.committed_s + COMMIT_STEP_S, ran)))
             self.counts["commits"] += 1
         for _ in range(max(1, self.target + 1 - len(s.queue))):
             s.submit(self.specs.take(now))

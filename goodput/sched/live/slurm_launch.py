@@ -198,7 +198,8 @@ def task(cmd: list[str]) -> int:
     workers in the middle of their checkpoint.
 
     The **workers** are the command's own children still alive when it ended (reparented here, the
-    child subreaper, at that moment). They are waited for only when the command died of a signal (a
+    child subreaper, at that moment; a process it orphaned earlier is a child here by then too, and
+    counts: nothing tells it apart, and reading it as a worker can only make a node ``failed``). They are waited for only when the command died of a signal (a
     launcher killed by the notice), and at most the grace (``GOODPUT_GRACE_S``, the run's ``grace_s``:
     the core cancels the job at that deadline anyway); then everything left here is SIGKILLed. A
     command that exited on its own (any status) is its own word: nothing it left is waited for, and

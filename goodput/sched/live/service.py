@@ -942,6 +942,8 @@ class Service:
             "preemptions": job.preemptions,
             "infra_losses": job.infra_losses,
             "failures": job.failures,
+            "unasked_yields": job.unasked_yields,
+            "fail_reason": job.fail_reason or None,
             "submit_s": job.submit_s,
             "placement": list(job.placement),
             "pool": job.pool if job.placement else "",

@@ -539,3 +539,16 @@ def test_resize_a_pending_job_and_refuse_the_rest(server, tmp_path):
     j = s.wait_job(small["id"], alice, lambda j: j["state"] == "finished")
     assert j["nodes"] == 1 and j["epoch"] == 1
     assert any(r["event"] == "resized" for r in j["history"])
+
+
+def test_a_job_that_yields_unasked_fails_once_its_budget_is_spent_and_says_why(server, tmp_path) -> None:
+    """Exit 75 with nobody asking is a yield: requeued, counted in ``unasked_yields``; past
+    ``limits.max_unasked_yields`` the job ends failed with ``fail_reason`` unasked_yields."""
+    s = server(limits={"max_unasked_yields": 1})
+    tok = s.token("alice")
+    s.start()
+    body = _spec(tmp_path / "y", 1, command=[sys.executable, "-c", "raise SystemExit(75)"])
+    code, ans = s.post("/jobs", body, tok)
+    assert code == 201, ans
+    j = s.wait_job(ans["id"], tok, lambda j: j["state"] == "failed")
+    assert j["fail_reason"] == "unasked_yields" and j["unasked_yields"] == 2 and j["failures"] == 0, j

@@ -296,8 +296,19 @@ def _encode_torch(v: Any, where: str) -> Any:
 _TAGS = ("__tuple__", "__float__", "__dict__", "__int__", "__complex__", "__bytes__", "__numpy__", "__torch__")
 # the tags each format version wrote: a one-key dict keyed by any other name is a user's dict.
 # Version 1 wrote {"__bytes__": ...} of a user's as it was; read with today's tags it would come
-# back as bytes (or be refused as a malformed tag), not as the dict that was saved.
+# back as bytes (or be refused as a malformed tag), not as the dict that was saved. But goodput
+# from 2096bf8 to the version bump wrote the later tags under version 1 too (bytes, big ints,
+# numpy and torch values: a torchtitan loader's state), so a version-1 dict keyed by a later tag
+# reads as that tag when it is well formed (said in an AmbiguousValueWarning) and as the dict
+# saved when it is not: the common checkpoint loads right, the rare one is never refused.
 TAGS_BY_VERSION = {1: _TAGS[:3], 2: _TAGS}
+_LATER_TAGS = frozenset(_TAGS[3:])
+
+
+class AmbiguousValueWarning(UserWarning):
+    """A version-1 value that two builds of goodput wrote differently was read one way."""
+
+
 MAX_INT_DIGITS = 100_000  # a decimal int read from storage: bounded, as everything read
 
 
@@ -321,8 +332,27 @@ def _decode(v: Any, where: str, tags: tuple[str, ...]) -> Any:
             ((k, x),) = v.items()
             if k in tags:
                 return _decode_tag(k, x, where, tags)
+            if k in _LATER_TAGS and tags is TAGS_BY_VERSION[1]:
+                return _decode_later_tag_in_v1(k, x, where)
         return {k: _decode(x, f"{where}.{k}", tags) for k, x in v.items()}
     return v
+
+
+def _decode_later_tag_in_v1(k: str, x: Any, where: str) -> Any:
+    try:
+        val = _decode_tag(k, x, where, _TAGS)
+    except CheckpointError:  # not what a later build wrote: a user's dict of the older one
+        return {k: _decode(x, f"{where}.{k}", TAGS_BY_VERSION[1])}
+    import warnings
+
+    warnings.warn(
+        f"{where}: a format-version-1 checkpoint holds {{{k!r}: ...}}, read as the {k.strip('_')} value goodput "
+        "wrote under version 1 from commit 2096bf8 on; if it was a dict of yours saved by an older goodput, its "
+        "value as stored is in goodput.ckpt.open(path).metadata.values",
+        AmbiguousValueWarning,
+        stacklevel=2,
+    )
+    return val
 
 
 def _decode_tag(k: str, x: Any, where: str, tags: tuple[str, ...]) -> Any:

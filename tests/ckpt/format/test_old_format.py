@@ -91,22 +91,43 @@ def test_old_checkpoint_verifies_and_reads_without_torch_types(ck: Path) -> None
 TAG_KEYS = Path(__file__).parent / "data" / "v1-5fe0497-tagkeys"
 
 
-def test_version_1_dicts_keyed_by_later_tag_names_load_as_the_dicts_saved(tmp_path: Path) -> None:
-    """Version 1 wrote a user's ``{"__bytes__": ...}`` as it was (the name was no tag then); the
-    checkpoint's version decides the decoding, so it comes back as that dict, not as bytes, and
-    the dicts that would be malformed tags today do not make the checkpoint unreadable."""
+def test_version_1_dicts_keyed_by_later_tag_names_load_as_the_dicts_saved_when_no_tag_reads_them(
+    tmp_path: Path,
+) -> None:
+    """Version 1 wrote a user's ``{"__bytes__": ...}`` as it was (the name was no tag then), and
+    goodput from 2096bf8 to the version bump wrote real bytes that way under version 1 too. The
+    one that is a well-formed later tag reads as the tag, said in a warning (the common checkpoint,
+    a torchtitan loader's bytes, must load right); the malformed ones load as the dicts saved, and
+    none makes the checkpoint unreadable."""
+    import numpy as np
+
+    from goodput.ckpt.format.format import AmbiguousValueWarning
+
     ck = tmp_path / "old"
     shutil.copytree(TAG_KEYS, ck)
-    want = old.tag_keyed_values()
+    saved = old.tag_keyed_values()
+    want = {
+        "blobs": [b"hi", {"__bytes__": "not base64!"}],
+        "big": [12345678901234567890123, {"__int__": "x"}],
+        "pair": (np.int32(3), torch.float32),
+        "groups": [complex(1.0, 2.0), torch.Size([2, 3])],
+        "escaped": saved["escaped"],  # version 1's own tags, escaped when a user's: the dicts saved
+    }
     got: dict = {"w": torch.zeros(2, 3), **dict.fromkeys(want)}
-    res = gc.load(got, ck)
+    with pytest.warns(AmbiguousValueWarning, match="2096bf8") as caught:
+        res = gc.load(got, ck)
+    said = " ".join(str(w.message) for w in caught if issubclass(w.category, AmbiguousValueWarning))
+    for name, i in (("blobs", 0), ("big", 0), ("pair", 0), ("pair", 1), ("groups", 0), ("groups", 1)):
+        assert f"{name}'[{i}]" in said or f"{name}[{i}]" in said, (name, i, said[:300])
+    assert "blobs'[1]" not in said and "blobs[1]" not in said  # the malformed one is a dict, said nowhere
     assert res.step == old.TAG_KEYS_STEP
     assert torch.equal(got["w"], old.tag_keys_tensor())
     for k, v in want.items():
         assert got[k] == v and type(got[k]) is type(v), (k, got[k])
+    assert type(got["pair"][0]) is np.int32
     c = gc.open(ck)
     assert c.manifest.version == 1 and c.metadata.version == 1 and c.manifest.user == old.TAG_KEYS_USER
-    assert c.values == want
+    assert c.metadata.values["blobs"] == saved["blobs"]  # as stored: where the warning points a dict's owner
 
 
 def test_version_2_decodes_the_tags_a_version_1_checkpoint_keeps_as_dicts(tmp_path: Path) -> None:

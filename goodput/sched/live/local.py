@@ -77,7 +77,6 @@ ENV_RESUME = "GOODPUT_RESUME_FROM_S"
 ENV_NOTICE = "GOODPUT_NOTICE_FILE"
 ENV_NODES = "GOODPUT_NODES"
 ENV_SLOTS = "GOODPUT_SLOTS"
-PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 # what a job inherits of the service's environment (everything else it gets from its spec and its run)
 ENV_ALLOW = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM")
 ENV_ALLOW_PREFIX = ("LC_",)

@@ -339,6 +339,7 @@ def export_cmd(
         err.print(f"[yellow]not exported[/yellow] {k}: {why}")
     console.print(
         f"[green]ok[/green]: {res.path} ({res.tensors} tensors, {fmt_bytes(res.bytes)} in {len(res.files)} files: "
-        f"{', '.join(res.files[:3])}{', ...' if len(res.files) > 3 else ''}; {len(res.skipped)} not exported; "
-        f"{res.seconds:.1f}s)"
+        f"{', '.join(res.files[:3])}{', ...' if len(res.files) > 3 else ''}; "
+        + (f"{len(res.carried)} values beside them in goodput_values.json; " if res.carried else "")
+        + f"{len(res.skipped)} not exported; {res.seconds:.1f}s)"
     )

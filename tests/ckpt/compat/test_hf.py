@@ -336,3 +336,14 @@ def test_export_carries_every_non_tensor_value_and_the_hf_load_restores_it(tmp_p
     )
     with pytest.raises(gc.CheckpointError, match="goodput_values.json.*malformed int"):
         gc.load({"model": {"w": torch.zeros(8, 4)}}, tmp_path / "hf", strict=False)
+
+
+def test_the_export_command_says_which_values_it_carried(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from goodput.cli.main import app
+
+    gc.save({"model": {"w": torch.randn(4, 4)}, "optim": {"step": 3, "lr": 1e-3}}, tmp_path / "ck", step=1)
+    r = CliRunner().invoke(app, ["ckpt", "export", str(tmp_path / "ck"), str(tmp_path / "hf")])
+    assert r.exit_code == 0, r.output
+    assert "2 values beside them in goodput_values.json" in " ".join(r.output.split())

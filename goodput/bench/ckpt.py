@@ -1,6 +1,6 @@
 """``goodput bench ckpt``: durable save and load throughput against baselines on the same disk.
 
-One run, one directory, ``R`` real rank processes (spawn, gloo over a ``file://`` rendezvous).
+One run, one directory, ``R`` real rank processes (fresh processes from a forkserver that imported torch once, gloo over a ``file://`` rendezvous).
 The state is a dict of 2-D fp32/bf16 tensors totalling ``--size`` bytes; rank ``r`` holds rows
 ``[r*rows/R, (r+1)*rows/R)`` of each. Each phase runs in fresh rank processes (so a phase's peak
 memory is its own) and is timed from a barrier before to a barrier after, max over ranks:

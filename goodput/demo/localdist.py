@@ -1,6 +1,7 @@
 """Run a function on N local processes joined by a real gloo process group.
 
-Used by the demo, the benchmarks and the tests: fresh processes (spawn), rendezvous through a
+Used by the demo, the benchmarks and the tests: fresh processes (forked from a server that imported
+torch once, multiprocessing's forkserver; spawn where there is none), rendezvous through a
 file (no ports), each rank's return value collected, any rank's exception re-raised with its
 traceback; when one rank fails or dies, the others (stuck in a collective) are killed after a
 short grace period instead of hanging. Loopback only, nothing mocked.
@@ -23,7 +24,11 @@ class RankFailure(RuntimeError):
     """One or more ranks raised or died; the message holds each one's traceback."""
 
 
-def _entry(rank: int, world: int, init_file: str, fn: Callable, args: tuple, out: Any) -> None:
+def _entry(rank: int, world: int, init_file: str, fn: Callable, args: tuple, out: Any, env: dict, cwd: str) -> None:
+    # a forkserver child starts with the server's environment and directory: take the caller's
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     warnings.filterwarnings("ignore")
     import torch
@@ -40,16 +45,34 @@ def _entry(rank: int, world: int, init_file: str, fn: Callable, args: tuple, out
             dist.destroy_process_group()
 
 
-def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 3600) -> list[Any]:
-    """Run ``fn(rank, world, *args)`` on ``world`` spawned processes; results in rank order."""
+_PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint"]
+
+
+def _context() -> Any:
+    """Fresh processes forked from a server that imported torch once (a spawned rank spends
+    seconds importing it); spawn where there is no forkserver."""
+    import multiprocessing
+
     import torch.multiprocessing as mp
 
-    ctx = mp.get_context("spawn")
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
+def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 3600) -> list[Any]:
+    """Run ``fn(rank, world, *args)`` on ``world`` fresh processes; results in rank order."""
+    ctx = _context()
     out = ctx.Queue()
     fd, init_file = tempfile.mkstemp(prefix="goodput-pg-")
     os.close(fd)
     os.unlink(init_file)
-    procs = [ctx.Process(target=_entry, args=(r, world, init_file, fn, args, out)) for r in range(world)]
+    procs = [
+        ctx.Process(target=_entry, args=(r, world, init_file, fn, args, out, dict(os.environ), os.getcwd()))
+        for r in range(world)
+    ]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}

@@ -442,7 +442,7 @@ def test_cli_submit_ls_cancel_and_events(server, tmp_path):
 
 
 def test_a_group_killed_from_outside_is_an_infrastructure_loss_and_resumes(server, tmp_path):
-    s = server()
+    s = server(limits={"infra_backoff_s": 1})  # the backoff is honoured (below), not waited out for a minute
     tok = s.token("alice")
     s.start()
     root = tmp_path / "a"
@@ -454,6 +454,9 @@ def test_a_group_killed_from_outside_is_an_infrastructure_loss_and_resumes(serve
     assert j["infra_losses"] == 1 and j["failures"] == 0 and j["preemptions"] == 0 and j["epoch"] == 2
     assert [h["status"] for h in j["history"] if h["event"] == "exited"] == ["lost", "finished"]
     assert [h["reason"] for h in j["history"] if h["event"] == "requeued"] == ["infrastructure"]
+    (req,) = [h for h in j["history"] if h["event"] == "requeued"]
+    second = [h for h in j["history"] if h["event"] == "started"][1]
+    assert req["eligible_s"] >= req["t"] + 1 - 1e-3 and second["t"] >= req["eligible_s"]  # after its backoff
     starts = _starts(root)
     assert [x["epoch"] for x in starts] == [1, 2] and starts[1]["restored_step"] > 0
     assert json.loads((root / "final.json").read_text())["w"] == expected_weights(300)

@@ -33,6 +33,7 @@ install it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -176,6 +177,13 @@ class _RecordCodec:
         # field holding "inf" stays a str); its price is also taking "5" for an int, still a well-typed record
         self._decoder = msgspec.json.Decoder(typ, strict=False)
         self._plan = _FloatPlan(mi.type_info(typ))
+        # fields a record written before them lacks, whose default is not the zero of its type: a
+        # compiled (mypyc) class gives msgspec no default, so an absent field would read 0, not this
+        self._late: list[tuple[str, bytes, Any]] = [
+            (f.name, f'"{f.name}":'.encode(), f.default)
+            for f in dataclasses.fields(typ)
+            if f.default is not dataclasses.MISSING and isinstance(f.default, (int, float, str)) and f.default
+        ]
 
     def encode(self, rec: Any) -> str:
         if not isinstance(rec, self.type):
@@ -197,6 +205,10 @@ class _RecordCodec:
             raise CorruptRecord(self.table, key, f"does not decode as {self.type.__name__}: {e}") from None
         except msgspec.DecodeError as e:
             raise CorruptRecord(self.table, key, f"not JSON: {e}") from None
+        raw = body.encode() if isinstance(body, str) else body
+        for name, spelled, default in self._late:
+            if spelled not in raw:
+                setattr(rec, name, default)
         if getattr(rec, self.key_attr) != key:
             raise CorruptRecord(
                 self.table, key, f"body is for {self.key_attr} {getattr(rec, self.key_attr)!r}, not the row's key"

@@ -77,9 +77,9 @@ def write_jsonl(records: Iterable[dict[str, Any]], path: str | Path) -> None:
             f.write(json.dumps(rec, separators=(",", ":")) + "\n")
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Records of an event log; a line that is not a JSON object is an error naming the line."""
-    out: list[dict[str, Any]] = []
+def iter_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Records of an event log as they are read (a long log is never held whole); a line that is not
+    a JSON object is an error naming the line."""
     with open(path, encoding="utf-8") as f:
         for i, line in enumerate(f, 1):
             if not line.strip():
@@ -90,5 +90,9 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
                 raise ValueError(f"{path}:{i}: not JSON ({e.msg})") from None
             if not isinstance(rec, dict) or "t" not in rec or "event" not in rec:
                 raise ValueError(f"{path}:{i}: an event needs an object with 't' and 'event'")
-            out.append(rec)
-    return out
+            yield rec
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Records of an event log, all of them."""
+    return list(iter_jsonl(path))

@@ -12,10 +12,12 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from ..core.events import iter_jsonl
 
 WALL_CLOCK_AFTER = 1e9  # seconds: a log whose first record is later than 2001 is on the wall clock
 STATIC_FILES = ("app.js", "app.css", "chart.umd.min.js", "chart.js.LICENSE.md")
@@ -122,20 +124,7 @@ def _records(events: str | Path | list[dict[str, Any]]) -> Callable[[], Iterable
     if not isinstance(events, (str, Path)):
         return lambda: events
 
-    def read() -> Iterator[dict[str, Any]]:
-        with open(events, encoding="utf-8") as f:
-            for i, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{events}:{i}: not JSON ({e.msg})") from None
-                if not isinstance(rec, dict) or "t" not in rec or "event" not in rec:
-                    raise ValueError(f"{events}:{i}: an event needs an object with 't' and 'event'")
-                yield rec
-
-    return read
+    return lambda: iter_jsonl(events)
 
 
 def _replay_with_snapshots(tl: Any, records: Callable[[], Iterable[dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -12,9 +12,9 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,23 +23,30 @@ import torch
 
 import goodput.ckpt as gc
 from goodput.ckpt.format.format import MANIFEST
-
-REPO = Path(__file__).resolve().parents[3]
-
-
-def spawn(root: Path, rank: int, world: int, init: str, *extra: str) -> subprocess.Popen:
-    log = open(root.parent / f"{root.name}-rank{rank}.log", "a")  # noqa: SIM115 - lives as long as the child
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.ckpt.trainer_child", str(root), str(rank), str(world), init, *extra],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=log,
-        text=True,
-        start_new_session=True,  # its own process group: the kill takes its writer process too
-    )
+from tests.forkserver import REPO, Child, ForkServer
 
 
-def kill(p: subprocess.Popen) -> None:
+@pytest.fixture(scope="module")
+def server() -> Iterator[ForkServer]:
+    """Each trainer is a fresh process forked from one that imported torch once (not a spawned
+    interpreter that spends seconds importing it, dozens of times)."""
+    with ForkServer() as s:
+        yield s
+
+
+def spawn(server: ForkServer, root: Path, rank: int, world: int, init: str, *extra: str) -> Child:
+    with open(root.parent / f"{root.name}-rank{rank}.log", "a") as log:
+        # its own session and process group (as start_new_session): the kill takes its writer process too
+        return server.popen(
+            "tests.ckpt.trainer_child",
+            [str(root), str(rank), str(world), init, *extra],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=log,
+        )
+
+
+def kill(p: Child) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(p.pid, signal.SIGKILL)
 
@@ -62,11 +69,13 @@ def check_latest(root: Path, world: int, elems: dict[int, int]) -> int | None:
     return step
 
 
-def trial(root: Path, rnd: random.Random, world: int, mode: str, elems: int, kill_all: bool) -> int | None:
+def trial(
+    server: ForkServer, root: Path, rnd: random.Random, world: int, mode: str, elems: int, kill_all: bool
+) -> int | None:
     init = tempfile.mktemp(prefix="gp-pg-")
     extra = ["--interval", "1", "--elems", str(elems)]
     extra += ["--sync"] if mode == "sync" else ["--mode", mode]
-    procs = [spawn(root, r, world, init, *extra) for r in range(world)]
+    procs = [spawn(server, root, r, world, init, *extra) for r in range(world)]
     try:
         for p in procs:
             line = p.stdout.readline()
@@ -90,7 +99,7 @@ def trial(root: Path, rnd: random.Random, world: int, mode: str, elems: int, kil
     return check_latest(root, world, {})
 
 
-def run_trials(tmp_path: Path, n: int, seed: int) -> None:
+def run_trials(server: ForkServer, tmp_path: Path, n: int, seed: int) -> None:
     rnd = random.Random(seed)
     committed = 0
     for i in range(n):
@@ -99,7 +108,7 @@ def run_trials(tmp_path: Path, n: int, seed: int) -> None:
         elems = rnd.choice([1 << 14, 1 << 18, 1 << 20])  # 64 KiB to 4 MiB per rank
         root = tmp_path / f"w{world}-{mode}-{elems}"
         root.mkdir(exist_ok=True)
-        step = trial(root, rnd, world, mode, elems, kill_all=rnd.random() < 0.5)
+        step = trial(server, root, rnd, world, mode, elems, kill_all=rnd.random() < 0.5)
         committed += step is not None
     assert committed > n // 2, "too few trials got as far as a commit to test anything"
     # the next Checkpointer on each root removes what the killed saves left behind
@@ -125,10 +134,10 @@ def run_trials(tmp_path: Path, n: int, seed: int) -> None:
         assert dead == [], dead
 
 
-def test_kill_at_50_random_moments(tmp_path: Path) -> None:
-    run_trials(tmp_path, 50, seed=2026)
+def test_kill_at_50_random_moments(server: ForkServer, tmp_path: Path) -> None:
+    run_trials(server, tmp_path, 50, seed=2026)
 
 
 @pytest.mark.slow
-def test_kill_at_300_random_moments(tmp_path: Path) -> None:
-    run_trials(tmp_path, 300, seed=int(time.time()))
+def test_kill_at_300_random_moments(server: ForkServer, tmp_path: Path) -> None:
+    run_trials(server, tmp_path, 300, seed=int(time.time()))

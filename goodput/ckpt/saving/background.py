@@ -9,7 +9,13 @@ while the training loop runs its own. Here the background talks through the file
 2. rank 0 waits for every rank's done file, checks that replicas agree, writes the metadata and
    the manifest (the commit point, :func:`goodput.ckpt.saving.commit.commit`), or on any error or
    timeout writes an *abort file* with the reason and commits nothing;
-3. the other ranks wait for the manifest carrying their save id, or the abort file.
+3. the other ranks wait for the manifest carrying their save id, or the abort file (then each
+   removes its own files: rank 0 may have aborted without its report).
+
+A rank whose own write failed waits for nobody: the save cannot commit without its error-free
+report, so it fails at once, and rank 0 in that case aborts without gathering the others'
+reports. Those reports and the abort travel through the same storage that failed the write, and
+in a 503 storm they are refused like the data: waiting for them waited out the whole timeout.
 
 A tiered save (``job["control"]``, :mod:`goodput.ckpt.saving.tiers`) writes its data files to the rank's
 fast directory, which may be node-local, and talks through the durable directory instead, which
@@ -179,8 +185,21 @@ def run_job(job: dict[str, Any], buf: np.ndarray) -> dict[str, Any]:
     t1 = time.perf_counter()
     if rank == 0:
         outcome = _commit_when_all_done(cstorage, job, cpath, t1, report)
+    elif report["error"]:
+        # this rank's write failed: no word from rank 0 is needed, it cannot commit without this
+        # rank's error-free report, which was never sent. Waiting for its abort file would wait out
+        # the timeout whenever the storage that failed the write refuses that file too (a storm)
+        outcome = {"ok": False, "error": f"failed while writing; nothing was committed. rank {rank}: {error}"}
     else:
         outcome = _wait_for_commit(cstorage, job, cpath, t1)
+        if outcome.pop("aborted", False):
+            # rank 0 may have aborted without this rank's report (its own write failed): the
+            # files it never heard of are this rank's to remove, and so is the report. Only on
+            # its word: after a mere wait past the deadline, a late rank 0 may still commit them
+            for r in results:
+                with contextlib.suppress(OSError):
+                    storage.remove(path, r.name)
+            storage.remove(cpath, done_name(save_id, rank))
     if job.get("control"):
         if outcome.get("ok") and not error:
             try:
@@ -228,7 +247,13 @@ def _commit_when_all_done(
     deadline = t_start + job["timeout"]
     reports: dict[int, dict] = {0: own}
     error = None
-    while len(reports) < world:
+    if own.get("error"):
+        # rank 0's own write failed: the save cannot commit, whatever the others report, so it
+        # aborts now instead of waiting for reports the failing storage may refuse to carry (a
+        # storm refuses them like the data: every rank then waited out the timeout). The other
+        # ranks remove their own files when they see the abort, or do not wait (they failed too)
+        error = f"failed while writing; nothing was committed. rank 0: {own['error']}"
+    while error is None and len(reports) < world:
         for r in range(world):
             if r in reports:
                 continue
@@ -276,7 +301,7 @@ def _commit_when_all_done(
                 name = m[0][0]
                 if isinstance(name, str) and DATA_FILE.match(name) and save_id in name:  # never a path from a file
                     storage.remove(path, name)
-    for r in range(world):
+    for r in range(world):  # a rank that reports after this removes its own
         storage.remove(path, done_name(save_id, r))
     return {"ok": error is None, "error": error}
 
@@ -299,7 +324,7 @@ def _wait_for_commit(storage: Storage, job: dict[str, Any], path: Path, t_start:
                 reason = got.get("error") if isinstance(got, dict) else "unknown"
             except OSError:
                 reason = "unknown"
-            return {"ok": False, "error": f"rank 0 aborted the save: {reason}"}
+            return {"ok": False, "error": f"rank 0 aborted the save: {reason}", "aborted": True}
         if time.perf_counter() > deadline:
             return {"ok": False, "error": f"no commit from rank 0 within {2 * job['timeout'] + 60:.0f} s"}
         time.sleep(POLL_S)

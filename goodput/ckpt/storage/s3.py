@@ -33,7 +33,7 @@ import re
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +81,9 @@ class S3Options:
     secret_access_key: str | None = None
     part_bytes: int = 16 << 20  # multipart part size (>= 5 MiB)
     concurrency: int = 8  # parts in flight per file, and ranged GETs per load thread pool
-    max_attempts: int = 8  # per request, with backoff and jitter
+    # per request, with backoff and jitter; botocore's AWS_MAX_ATTEMPTS when set, which the
+    # asynchronous writer processes inherit (configure() is per process and never reaches them)
+    max_attempts: int = field(default_factory=lambda: _env_attempts())
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 60.0
 
@@ -90,6 +92,16 @@ class S3Options:
             raise ValueError(f"part_bytes must be at least 5 MiB (S3's smallest part), got {self.part_bytes}")
         if self.concurrency < 1 or self.max_attempts < 1:
             raise ValueError("concurrency and max_attempts must be at least 1")
+
+
+def _env_attempts() -> int:
+    raw = os.environ.get("AWS_MAX_ATTEMPTS", "").strip()
+    if not raw:
+        return 8
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"AWS_MAX_ATTEMPTS={raw!r} is not a whole number") from None
 
 
 class _Client:

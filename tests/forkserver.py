@@ -15,13 +15,14 @@ that lock held forever in the child): it reaps its children from a ``select`` lo
 
 Protocol: one SOCK_SEQPACKET pair carries requests (JSON, with the child's stdin, stdout, stderr
 and a status socket as passed descriptors); the child sends ``pid N`` on its status socket once it
-leads its own session, and the server sends ``exit CODE`` there once it has reaped it.
+leads its own session (unless asked not to start one), and the server sends ``exit CODE`` there once it has reaped it.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import json
 import os
 import select
@@ -57,17 +58,22 @@ class ForkServer:
 
     def popen(
         self,
-        module: str,
+        module: str | None,
         args: list[str],
         *,
+        code: str | None = None,
         stdout: int | IO | None = None,
         stderr: int | IO | None = None,
         cwd: str | Path | None = None,
         env: dict[str, str] | None = None,
+        new_session: bool = True,
     ) -> Child:
         """Like ``subprocess.Popen([sys.executable, "-m", module, *args], start_new_session=True,
-        stdin=DEVNULL, text=True)``; ``stdout`` and ``stderr`` are a file, a descriptor,
-        ``subprocess.PIPE`` (stdout only: then read ``child.stdout``) or None (this process's)."""
+        stdin=DEVNULL, text=True)``, or ``-c code`` when ``module`` is None; ``stdout`` and
+        ``stderr`` are a file, a descriptor, ``subprocess.PIPE`` (stdout only: then read
+        ``child.stdout``) or None (this process's). Without ``new_session`` the child stays in the
+        server's process group, which is this process's."""
+        assert (module is None) != (code is None), "a module or code"
         opened: list[int] = []  # ours to close once the server holds its copies
         out_r = None
         if stdout == subprocess.PIPE:
@@ -79,7 +85,14 @@ class ForkServer:
         status, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             fds = [null, _fd(stdout, 1), _fd(stderr, 2), theirs.fileno()]
-            req = {"module": module, "args": list(args), "cwd": str(cwd or os.getcwd()), "env": dict(env or os.environ)}
+            req = {
+                "module": module,
+                "code": code,
+                "args": list(args),
+                "cwd": str(cwd or os.getcwd()),
+                "env": dict(env or os.environ),
+                "new_session": new_session,
+            }
             with self._lock:
                 socket.send_fds(self._ctrl, [json.dumps(req).encode()], fds)
         except BaseException:
@@ -110,6 +123,13 @@ class ForkServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@functools.cache
+def shared() -> ForkServer:
+    """One server for every test module of this process; it exits with the process (its request
+    stream ends), killing any child still running."""
+    return ForkServer()
 
 
 def _fd(f: int | IO | None, default: int) -> int:
@@ -150,6 +170,13 @@ class Child:
         self.returncode = int(msg.split()[1])
         self._status.close()
         return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -212,7 +239,8 @@ def _child(req: dict[str, Any], fds: list[int], status: socket.socket, close: li
     """Become ``python -m MODULE ARGS`` in a session of its own; never returns."""
     code = 1
     try:
-        os.setsid()
+        if req["new_session"]:
+            os.setsid()
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for s in close:
@@ -229,13 +257,13 @@ def _child(req: dict[str, Any], fds: list[int], status: socket.socket, close: li
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
-        sys.path[0] = req["cwd"]  # python -m puts the working directory first
-        sys.argv = [req["module"], *req["args"]]
+        sys.path[0] = req["cwd"] if req["module"] else ""  # as python -m and python -c put it
+        sys.argv = [req["module"] or "-c", *req["args"]]
         if "numpy.random" in sys.modules:  # a fresh interpreter draws its own seed
             sys.modules["numpy.random"].seed()
         status.send(f"pid {os.getpid()}".encode())  # a session leader now: os.killpg reaches all it starts
         status.close()
-        code = _run(req["module"])
+        code = _run(req["module"], req["code"])
     except BaseException:  # noqa: BLE001 - on the child's stderr, and its exit status says so
         with contextlib.suppress(BaseException):
             traceback.print_exc()
@@ -246,14 +274,20 @@ def _child(req: dict[str, Any], fds: list[int], status: socket.socket, close: li
         os._exit(code)
 
 
-def _run(module: str) -> int:
-    """Run the module as ``__main__`` and end as the interpreter would: the exit status of its
-    ``SystemExit``, its non-daemon threads joined, its ``atexit`` functions run."""
+def _run(module: str | None, source: str | None) -> int:
+    """Run the module (or the source) as ``__main__`` and end as the interpreter would: the exit
+    status of its ``SystemExit``, its non-daemon threads joined, its ``atexit`` functions run."""
     import runpy
+    import types
 
     code = 0
     try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        if module is not None:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            main = types.ModuleType("__main__")
+            sys.modules["__main__"] = main
+            exec(compile(source or "", "<string>", "exec"), main.__dict__)
     except SystemExit as e:
         if e.code is None:
             code = 0

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from goodput.ckpt.format.format import MANIFEST
+from tests.forkserver import REPO, shared
 
-REPO = Path(__file__).resolve().parents[3]
+SLOW_S = 10
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm") or sys.platform != "linux", reason="needs Linux /dev/shm")
 
 # argv: checkpoint, "writing" (killed inside its slow write) or "idle" (killed after the commit),
@@ -74,10 +75,13 @@ def _cpu_load() -> Iterator[None]:
 def _kill_trainer(tmp_path: Path, when: str, where: str = "main", stop_writer: bool = False) -> float:
     """Start a trainer, SIGKILL it under CPU load; the seconds its writer outlived it."""
     ckpt = tmp_path / "ckpt"
-    slow = "30" if when == "writing" else "0"  # a write longer than the test
+    # every write lasts SLOW_S, the first save's too: longer than the 0.5 s from the second save's
+    # staging to the kill plus the 5 s its writer has to die in, so no commit can be on time
+    slow = str(SLOW_S) if when == "writing" else "0"
     env = {**os.environ, "PYTHONPATH": str(REPO), "GOODPUT_CKPT_SLOW_WRITE_S": slow}
-    trainer = subprocess.Popen(
-        [sys.executable, "-c", TRAINER, str(ckpt), when, where], env=env, stdout=subprocess.PIPE, text=True, cwd=REPO
+    # forked from a server that imported torch once, in this process's group as a plain child
+    trainer = shared().popen(
+        None, [str(ckpt), when, where], code=TRAINER, env=env, stdout=subprocess.PIPE, cwd=REPO, new_session=False
     )
     writer = 0
     try:
@@ -123,14 +127,14 @@ def test_idle_writer_dies_with_its_trainer_under_load(tmp_path: Path) -> None:
     _kill_trainer(tmp_path, "idle")
 
 
-@pytest.mark.slow  # ~30 s each under the load they make; the two above run by default
+@pytest.mark.slow  # ~15 s each under the load they make; the two above run by default
 def test_writer_that_gets_no_cpu_still_dies_with_its_trainer(tmp_path: Path) -> None:
     # stopped: the extreme of an idle-priority process starved on a loaded machine; a watchdog
     # thread of its own never runs, the kernel's parent-death signal does
     _kill_trainer(tmp_path, "writing", stop_writer=True)
 
 
-@pytest.mark.slow  # ~30 s each under the load they make; the two above run by default
+@pytest.mark.slow  # ~15 s each under the load they make; the two above run by default
 def test_writer_started_from_an_ended_thread_lives_until_the_trainer_dies(tmp_path: Path) -> None:
     # the parent-death signal follows the thread that forked the writer: a saver first used on a
     # thread that has ended keeps its writer (the second save runs on it), and it still dies

@@ -129,7 +129,9 @@ class ForkServer:
 def shared() -> ForkServer:
     """One server for every test module of this process; it exits with the process (its request
     stream ends), killing any child still running."""
-    return ForkServer()
+    server = ForkServer()
+    atexit.register(server.close)
+    return server
 
 
 def _fd(f: int | IO | None, default: int) -> int:

@@ -22,6 +22,8 @@ from goodput.ckpt.saving.background import SLOW_WRITE_ENV
 from tests.distributed import run_ranks
 
 STEPS = 40
+WRITE_S = 0.15  # the storage: every write lasts this long
+STEP_S = 0.015  # the rest of a step: a write lasts about ten
 
 
 class Loader:
@@ -103,13 +105,13 @@ def _plain(x: object) -> object:
 
 
 def _train(rank: int, world: int, root: str) -> dict:
-    os.environ[SLOW_WRITE_ENV] = "0.3"  # a write lasts about ten of these steps
+    os.environ[SLOW_WRITE_ENV] = str(WRITE_S)
     loader, train = Loader(rank), Train(world)
     state = {"app": train, "dataloader": loader}
     handles = []
     for step in range(1, STEPS + 1):  # DCP's way: dcp.async_save every step
         train.step(loader)
-        time.sleep(0.03)  # the rest of a step: the 0.3 s write lasts about ten
+        time.sleep(STEP_S)
         handles.append(gc.async_save(state, checkpoint_id=f"{root}/dcp/step-{step}"))
     explicit = [h.result(timeout=300).bytes > 0 for h in handles]
 
@@ -120,7 +122,7 @@ def _train(rank: int, world: int, root: str) -> dict:
     st2 = {"app": train2}
     for step in range(1, STEPS + 1):
         train2.step(loader2)
-        time.sleep(0.03)
+        time.sleep(STEP_S)
         if step < STEPS:
             ck.maybe_save(step, st2)
     ck.close(STEPS, st2)  # the final step: saved and committed before close returns

@@ -14,7 +14,6 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,15 +22,14 @@ import torch
 
 import goodput.ckpt as gc
 from goodput.ckpt.format.format import MANIFEST
-from tests.forkserver import REPO, Child, ForkServer
+from tests.forkserver import REPO, Child, ForkServer, shared
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ForkServer]:
+@pytest.fixture
+def server() -> ForkServer:
     """Each trainer is a fresh process forked from one that imported torch once (not a spawned
     interpreter that spends seconds importing it, dozens of times)."""
-    with ForkServer() as s:
-        yield s
+    return shared()
 
 
 def spawn(server: ForkServer, root: Path, rank: int, world: int, init: str, *extra: str) -> Child:

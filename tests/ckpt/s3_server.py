@@ -5,6 +5,7 @@ and listing what a test left in its bucket."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -31,6 +32,12 @@ def serving(w: Weed) -> Iterator[Weed]:
         s3._default = None
 
 
+def range_span(header: str) -> int:
+    """Bytes a ``Range: bytes=a-b`` header asks for."""
+    a, b = header.removeprefix("bytes=").split("-")
+    return int(b) - int(a) + 1
+
+
 def keys(bucket: str, prefix: str = "") -> list[str]:
     """Keys under ``bucket`` (a bucket name, or ``name/test prefix`` as the ``bucket`` fixture
     gives) + ``prefix``, relative to the test's prefix."""
@@ -54,9 +61,13 @@ class FaultProxy:
       503 until it is set False again;
     - ``lose_response(part, n)``: the next ``n`` PUTs whose path holds ``part`` are applied
       by the server, then the connection is closed without an answer (a reset after the store
-      acted: the client retries a request that already took effect).
+      acted: the client retries a request that already took effect);
+    - ``cut_body(n, min_span, stall_s)``: the next ``n`` ranged GETs of more than ``min_span``
+      bytes get their headers and half their body, then the connection is closed (a reset
+      mid-body), after ``stall_s`` seconds of silence when given (the client's read times out).
 
-    Everything else is forwarded as it came. ``answered_503``, ``lost`` and ``requests`` count."""
+    Everything else is forwarded as it came. ``answered_503``, ``lost``, ``cut`` and ``requests``
+    count; ``ranges`` holds the Range header of every ranged GET, in order."""
 
     CODES = (b"SlowDown", b"ServiceUnavailable")
 
@@ -75,8 +86,11 @@ class FaultProxy:
         self.storm_methods: tuple[str, ...] | None = None
         self.storm_part = ""  # only requests whose path holds it ("" : all)
         self.lose_part, self.lose_left, self.lose_methods = "", 0, ("PUT",)
+        self.cut_left, self.cut_min_span, self.cut_stall_s = 0, 0, 0.0
         self.answered_503 = 0
         self.lost = 0
+        self.cut = 0
+        self.ranges: list[str] = []
         self.requests: list[tuple[str, str, int]] = []  # (method, path, status answered)
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -97,6 +111,18 @@ class FaultProxy:
                     lose = not fail and owner.lose_left > 0 and owner.lose_part in self.path and m in owner.lose_methods
                     if lose:
                         owner.lose_left -= 1
+                    ranged = m == "GET" and "Range" in self.headers
+                    if ranged:
+                        owner.ranges.append(self.headers["Range"])
+                    cut = (
+                        not fail
+                        and ranged
+                        and owner.cut_left > 0
+                        and range_span(self.headers["Range"]) > owner.cut_min_span
+                    )
+                    if cut:
+                        owner.cut_left -= 1
+                        owner.cut += 1
                     if fail:
                         code = owner.CODES[owner.answered_503 % 2]
                         owner.answered_503 += 1
@@ -131,6 +157,14 @@ class FaultProxy:
                 length = r.getheader("Content-Length") if m == "HEAD" else str(len(data))
                 self.send_header("Content-Length", length or "0")
                 self.end_headers()
+                if cut:
+                    self.wfile.write(data[: len(data) // 2])
+                    self.wfile.flush()
+                    if owner.cut_stall_s > 0:
+                        time.sleep(owner.cut_stall_s)
+                    self.close_connection = True
+                    owner._log(m, self.path, -2)
+                    return
                 if m != "HEAD":
                     self.wfile.write(data)
                 owner._log(m, self.path, r.status)
@@ -154,6 +188,10 @@ class FaultProxy:
     def lose_response(self, part: str, n: int = 1, methods: tuple[str, ...] = ("PUT",)) -> None:
         with self.lock:
             self.lose_part, self.lose_left, self.lose_methods = part, n, methods
+
+    def cut_body(self, n: int, min_span: int = 0, stall_s: float = 0.0) -> None:
+        with self.lock:
+            self.cut_left, self.cut_min_span, self.cut_stall_s = n, min_span, stall_s
 
     def close(self) -> None:
         self.server.shutdown()

@@ -17,6 +17,7 @@ import goodput.ckpt as gc
 from goodput.ckpt.format.format import MANIFEST
 from goodput.ckpt.storage import s3
 from goodput.demo.seaweed import Weed
+from tests.ckpt.s3_server import FaultProxy, range_span
 from tests.ckpt.s3_server import keys as _keys
 from tests.distributed import run_ranks
 
@@ -269,107 +270,22 @@ def test_cli_commands_take_s3_locations(weed: Weed, bucket: str) -> None:
     assert missing.returncode == 2 and "does not exist" in missing.stderr
 
 
-def _span(headers: object) -> int:
-    a, b = str(headers["Range"]).removeprefix("bytes=").split("-")  # type: ignore[index]
-    return int(b) - int(a) + 1
-
-
-class _Throttler:
-    """A real HTTP proxy in front of the server that answers the first ``n`` writes (PUT, POST)
-    with 503 SlowDown, as a throttling store does, sends only half the body of the first
-    ``cut`` ranged GETs and then drops the connection (a reset mid-body), and forwards everything
-    else."""
-
-    def __init__(self, upstream: str, n: int, cut: int = 0, stall: bool = False):
-        import http.client
-        import http.server
-        from urllib.parse import urlsplit
-
-        up = urlsplit(upstream)
-        owner = self
-        self.left = n
-        self.throttled = 0
-        self.cut_left = cut
-        self.cut = 0
-        self.stall = stall  # a cut body stalls (the client's read times out) instead of ending
-        self.ranges: list[str] = []
-        self.lock = threading.Lock()
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a: object) -> None:
-                pass
-
-            def _any(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                with owner.lock:
-                    throttle = self.command in ("PUT", "POST") and owner.left > 0
-                    if throttle:
-                        owner.left -= 1
-                        owner.throttled += 1
-                    if self.command == "GET" and "Range" in self.headers:
-                        owner.ranges.append(self.headers["Range"])
-                    cut = self.command == "GET" and "Range" in self.headers and owner.cut_left > 0
-                    cut = cut and (not owner.stall or _span(self.headers) > 4 << 20)
-                    if cut:
-                        owner.cut_left -= 1
-                        owner.cut += 1
-                if throttle:
-                    msg = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
-                    self.send_response(503)
-                    self.send_header("Content-Type", "application/xml")
-                    self.send_header("Content-Length", str(len(msg)))
-                    self.end_headers()
-                    self.wfile.write(msg)
-                    return
-                conn = http.client.HTTPConnection(up.hostname, up.port, timeout=60)
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("expect", "connection")}
-                conn.request(self.command, self.path, body=body, headers=headers)
-                r = conn.getresponse()
-                data = r.read()
-                self.send_response(r.status)
-                for k, v in r.getheaders():
-                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                        self.send_header(k, v)
-                length = r.getheader("Content-Length") if self.command == "HEAD" else str(len(data))
-                self.send_header("Content-Length", length or "0")
-                self.end_headers()
-                if cut:
-                    self.wfile.write(data[: len(data) // 2])
-                    self.wfile.flush()
-                    if owner.stall:
-                        time.sleep(3)
-                    self.close_connection = True
-                elif self.command != "HEAD":
-                    self.wfile.write(data)
-                conn.close()
-
-            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _any
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_throttling_is_retried_and_a_persistent_one_fails_naming_the_object(weed: Weed, bucket: str) -> None:
-    proxy = _Throttler(weed.endpoint, n=3)
+    proxy = FaultProxy(weed.endpoint)
     try:
+        proxy.fail_first(3, ("PUT", "POST"))  # the first three writes answered 503
         s3.configure(endpoint_url=proxy.endpoint, part_bytes=5 << 20, max_attempts=5)
         w = torch.arange(3 << 20, dtype=torch.float32)  # 12 MiB: three parts
         url = f"s3://{bucket}/throttled"
         gc.save({"w": w}, url)  # three 503s in a row, each retried with backoff and jitter
-        assert proxy.throttled == 3
+        assert proxy.answered_503 == 3
         out = {"w": torch.zeros_like(w)}
         gc.load(out, url)
         assert torch.equal(out["w"], w)
-        proxy.left = 10_000  # throttled for good: the save gives up, names the object, commits nothing
+        # throttled for good: the save gives up, names the object, commits nothing
+        proxy.storm_methods, proxy.storm = ("PUT", "POST"), True
         s3.configure(max_attempts=2)
-        with pytest.raises(gc.SaveError, match=r"s3://.*/throttled2/data-.*(SlowDown|503)"):
+        with pytest.raises(gc.SaveError, match=r"s3://.*/throttled2/data-.*(SlowDown|ServiceUnavailable|503)"):
             gc.save({"w": w}, f"s3://{bucket}/throttled2")
         assert gc.latest(f"s3://{bucket}") is None or "throttled2" not in str(gc.latest(f"s3://{bucket}"))
         assert not [k for k in _keys(bucket, "throttled2/") if k.endswith("manifest.json")]
@@ -384,13 +300,14 @@ def test_a_read_cut_short_mid_body_is_asked_again_from_where_it_stopped(weed: We
     w = torch.arange(3 << 20, dtype=torch.float32)
     url = f"s3://{bucket}/cut"
     gc.save({"w": w}, url)
-    proxy = _Throttler(weed.endpoint, n=0, cut=3)
+    proxy = FaultProxy(weed.endpoint)
+    proxy.cut_body(3)  # the first three ranged GETs: half the body, then a reset
     try:
         s3.configure(endpoint_url=proxy.endpoint, max_attempts=5)
         out = {"w": torch.zeros_like(w)}
         gc.load(out, url)
         assert proxy.cut == 3 and torch.equal(out["w"], w)
-        proxy.cut_left = 10_000  # every body cut: the load gives up naming the object
+        proxy.cut_body(10_000)  # every body cut: the load gives up naming the object
         s3.configure(max_attempts=2)
         with pytest.raises(gc.CheckpointError, match=r"s3://.*/cut/(data|metadata)-.*cut short 2 times"):
             gc.load({"w": torch.zeros_like(w)}, url)
@@ -399,14 +316,15 @@ def test_a_read_cut_short_mid_body_is_asked_again_from_where_it_stopped(weed: We
         s3.configure(endpoint_url=None, max_attempts=s3.S3Options().max_attempts)
     # a body that stalls halfway (the read times out: an exception, not an end) resumes from
     # where it stopped too: the next GET starts at the half already in the buffer
-    proxy = _Throttler(weed.endpoint, n=0, cut=1, stall=True)
+    proxy = FaultProxy(weed.endpoint)
+    proxy.cut_body(1, min_span=4 << 20, stall_s=3.0)  # the first GET over 4 MiB stalls halfway
     try:
         s3.configure(endpoint_url=proxy.endpoint, max_attempts=5, read_timeout_s=1.0)
         out = {"w": torch.zeros_like(w)}
         gc.load(out, url)
         assert proxy.cut == 1 and torch.equal(out["w"], w)
         # the stalled GET (the first over 4 MiB) and the one after it, for the rest of its range
-        i = next(k for k, r in enumerate(proxy.ranges) if _span({"Range": r}) > 4 << 20)
+        i = next(k for k, r in enumerate(proxy.ranges) if range_span(r) > 4 << 20)
         (a0, b0), (a1, b1) = (map(int, r.removeprefix("bytes=").split("-")) for r in proxy.ranges[i : i + 2])
         assert b1 == b0 and a0 < a1 <= a0 + (b0 - a0 + 1) // 2, proxy.ranges
     finally:

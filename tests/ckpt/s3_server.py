@@ -57,8 +57,8 @@ class FaultProxy:
 
     - ``fail_first(n)``: the next ``n`` requests (of ``methods``, all by default) get 503, their
       error code alternating SlowDown / ServiceUnavailable, as S3 answers a burst;
-    - ``storm = True``: every request (of ``storm_methods``, whose path holds ``storm_part``) gets
-      503 until it is set False again;
+    - ``storm = True``: every request (of ``storm_methods``, whose path holds ``storm_part``, or
+      each of a tuple of parts) gets 503 until it is set False again;
     - ``lose_response(part, n)``: the next ``n`` PUTs whose path holds ``part`` are applied
       by the server, then the connection is closed without an answer (a reset after the store
       acted: the client retries a request that already took effect);
@@ -84,7 +84,7 @@ class FaultProxy:
         self.fail_methods: tuple[str, ...] | None = None
         self.storm = False
         self.storm_methods: tuple[str, ...] | None = None
-        self.storm_part = ""  # only requests whose path holds it ("" : all)
+        self.storm_part: str | tuple[str, ...] = ""  # only requests whose path holds it (or all of them)
         self.lose_part, self.lose_left, self.lose_methods = "", 0, ("PUT",)
         self.cut_left, self.cut_min_span, self.cut_stall_s = 0, 0, 0.0
         self.answered_503 = 0
@@ -104,7 +104,8 @@ class FaultProxy:
                 m = self.command
                 with owner.lock:
                     fail = owner.storm and (owner.storm_methods is None or m in owner.storm_methods)
-                    fail = fail and owner.storm_part in self.path
+                    parts = (owner.storm_part,) if isinstance(owner.storm_part, str) else owner.storm_part
+                    fail = fail and all(p in self.path for p in parts)
                     if not fail and owner.fail_left > 0 and (owner.fail_methods is None or m in owner.fail_methods):
                         owner.fail_left -= 1
                         fail = True

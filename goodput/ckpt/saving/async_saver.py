@@ -54,6 +54,7 @@ from ..errors import SaveError, StorageError, StorageSaveError, save_error
 from ..format.format import DEFAULT_BLOCK
 from ..storage.location import checkpoint_path, display
 from .background import abort_job, run_job
+from .peers import Peers
 from .saver import check_block_bytes, prepare
 from .staging import CopyFirst, StagingPool, copier, layout, split_lazy, sweep_dead_segments
 from .writer_process import WriterProcess
@@ -175,6 +176,8 @@ class AsyncSaver:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._lazy_gate: threading.Event | None = None  # tests: hold the lazy copy back until set
         self._modes: list[CopyFirst] = []  # copy-first modes pushed by lazy saves, until retired
+        # how a failed rank tells the others when the storage refuses its report too
+        self._peers = Peers(process_group) if self.world > 1 else None
         atexit.register(self.close)
 
     # ------------------------------------------------------------------ public
@@ -307,6 +310,8 @@ class AsyncSaver:
             "replicas": [[i, leaf] for i, leaf in prep.my_replicas] if prep.world > 1 else [],
             "commit": None,
         }
+        if self._peers is not None:
+            self._peers.prepare(job)
         # the global region/leaf shapes each piece is cut against
         for a in prep.my_pieces():
             job["leaves"][a.leaf][2] = list(prep.meta[a.name][1])
@@ -361,7 +366,11 @@ class AsyncSaver:
             self.pool.ensure(size)
 
     def _abort(self, job: dict[str, Any], error: str) -> None:
-        abort_job(job, error)
+        try:
+            abort_job(job, error)
+        finally:
+            if self._peers is not None:
+                self._peers.tell(job, False, error)
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait for the in-flight save (if any) to finish, successfully or not."""
@@ -449,6 +458,7 @@ class AsyncSaver:
             handle.committed.set_exception(error)
 
     def _background(self, handle: AsyncSave, job: dict[str, Any], size: int, t_request: float) -> None:
+        watch = self._peers.watch(job) if self._peers is not None else None
         try:
             if self.mode == "process":
                 assert self.pool.name is not None
@@ -463,6 +473,11 @@ class AsyncSaver:
                 "timings": {},
                 "bytes": 0,
             }
+        if self._peers is not None:
+            own = out.get("own_error") if job["rank"] != 0 else None
+            self._peers.tell(job, bool(out.get("ok")), own or out.get("error"))
+        if watch is not None:
+            watch.end()
         tm = handle.timings
         assert tm is not None
         tm.write_s = out.get("timings", {}).get("write_s", 0.0)

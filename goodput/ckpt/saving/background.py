@@ -6,7 +6,8 @@ while the training loop runs its own. Here the background talks through the file
 1. each rank writes and fsyncs its data files from the staged copy, then drops a *done file*
    (``.goodput-<save_id>-r<rank>.done``: its chunk records, the checksums of the replicas it
    holds, or its error);
-2. rank 0 waits for every rank's done file, checks that replicas agree, writes the metadata and
+2. rank 0 waits for every rank's done file (or a rank's failure heard through the process
+   group's store, :mod:`goodput.ckpt.saving.peers`), checks that replicas agree, writes the metadata and
    the manifest (the commit point, :func:`goodput.ckpt.saving.commit.commit`), or on any error or
    timeout writes an *abort file* with the reason and commits nothing;
 3. the other ranks wait for the manifest carrying their save id, or the abort file (then each
@@ -45,6 +46,7 @@ from ..format.geometry import Region, runs
 from ..storage.base import Storage
 from ..storage.location import storage_for
 from .commit import commit, commit_round, file_records, staged_name
+from .peers import read_note
 from .writer import Piece, write_rank_files
 
 POLL_S = 0.01
@@ -219,7 +221,14 @@ def run_job(job: dict[str, Any], buf: np.ndarray) -> dict[str, Any]:
     if error and outcome.get("ok"):
         outcome = {"ok": False, "error": error}
     written = sum(r.bytes for r in results)
-    return {**outcome, "error": outcome.get("error") or error, "bytes": written, "timings": timings, "rank": rank}
+    return {
+        **outcome,
+        "error": outcome.get("error") or error,
+        "own_error": error,
+        "bytes": written,
+        "timings": timings,
+        "rank": rank,
+    }
 
 
 def install(cstorage: Storage, cpath: Path, storage: Storage, path: Path, save_id: str) -> None:
@@ -262,6 +271,10 @@ def _commit_when_all_done(
                 if isinstance(got, dict):
                     reports[r] = got
         if len(reports) < world:
+            peer = read_note(job)  # a rank that could not report through the storage, by the store
+            if peer is not None:
+                error = f"failed while writing; nothing was committed. {peer}"
+                break
             if time.perf_counter() > deadline:
                 missing = sorted(set(range(world)) - set(reports))
                 error = f"ranks {missing} did not finish writing within {job['timeout']:.0f} s (crashed or stalled)"
@@ -318,6 +331,9 @@ def _wait_for_commit(storage: Storage, job: dict[str, Any], path: Path, t_start:
             raw = storage.get_if_exists(path, name, "manifest", MAX_MANIFEST_BYTES)
             if raw is not None and decode_manifest(raw, str(path / name)).save_id == save_id:
                 return {"ok": True, "error": None}
+        peer = read_note(job)  # rank 0's abort, by the store: the storage may refuse the abort file
+        if peer is not None:
+            return {"ok": False, "error": f"rank 0 aborted the save: {peer}", "aborted": True}
         if storage.exists(path, abort_name(save_id)):
             try:
                 got = _get(storage, path, abort_name(save_id), "abort file")

@@ -56,14 +56,21 @@ def _ranks(rank: int, world: int, root: str, mode: str) -> dict:
     return {"failed": failed, "again": again, "latest": str(gc.latest(root)), "step1": _exact(root, 1)}
 
 
+# "all": every write of step 2 (data, done reports, abort, manifest) is refused; "rank1": only
+# rank 1's (its data and its done report), so rank 0 writes and waits for a report that the
+# storage will never carry: it hears of rank 1's failure through the process group's store
+STORMS = {"all": STEP2, "rank1": (STEP2, "-r00001")}
+
+
 @pytest.mark.parametrize("mode", ["thread", "process"])
+@pytest.mark.parametrize("storm", sorted(STORMS))
 def test_a_write_storm_fails_every_rank_of_an_async_save_with_the_storage_error(
-    weed: Weed, bucket: str, mode: str, monkeypatch: pytest.MonkeyPatch
+    weed: Weed, bucket: str, mode: str, storm: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    root = f"s3://{bucket}/ranks-{mode}"
+    root = f"s3://{bucket}/ranks-{storm}-{mode}"
     with FaultProxy(weed.endpoint) as proxy:
-        # every write of step 2 (data, done reports, abort, manifest) is refused for the whole test
-        proxy.storm_methods, proxy.storm_part, proxy.storm = ("PUT", "POST"), STEP2, True
+        # for the whole test: step 1 and step 3 are not touched
+        proxy.storm_methods, proxy.storm_part, proxy.storm = ("PUT", "POST"), STORMS[storm], True
         # the ranks and their writer processes inherit the environment: through the proxy, three
         # tries a request (botocore's variable; a few seconds of backoff, far below an hour)
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
@@ -73,13 +80,16 @@ def test_a_write_storm_fails_every_rank_of_an_async_save_with_the_storage_error(
         out = run_ranks(_ranks, 2, root, mode, timeout=900)
         assert proxy.answered_503 > 0
         # the parent's checks, through the proxy too (step 2's writes only are refused)
-        assert not [k for k in keys(bucket, f"ranks-{mode}{STEP2}") if k.endswith(MANIFEST)]
+        assert not [k for k in keys(bucket, f"ranks-{storm}-{mode}{STEP2}") if k.endswith(MANIFEST)]
         assert _exact(root, 3) and _exact(root, 1)
     for rank, r in enumerate(out):
         f = r["failed"]
         assert f["type"] == "StorageSaveError" and f["storage"] and f["save"], (rank, f)
         assert "nothing was committed" in f["msg"], f["msg"]
-        assert f"{bucket}/ranks-{mode}{STEP2}data-" in f["msg"], f["msg"]  # the object at fault
+        # the object at fault: each rank's own, or rank 1's where only its writes failed
+        assert f"{bucket}/ranks-{storm}-{mode}{STEP2}data-" in f["msg"], f["msg"]
+        if storm == "rank1":
+            assert "-r00001-" in f["msg"], f["msg"]
         assert "SlowDown" in f["msg"] or "ServiceUnavailable" in f["msg"], f["msg"]
         assert "within" not in f["msg"], f["msg"]  # not a timeout's wording
         assert r["again"] is not None and "the previous asynchronous save failed" in r["again"]

@@ -7,7 +7,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,8 +18,7 @@ import torch
 import goodput.ckpt as gc
 from goodput.ckpt.format.format import MANIFEST
 from tests.distributed import run_ranks
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.forkserver import REPO, Child, shared
 
 
 def test_cadence_retention_latest_listeners(tmp_path: Path) -> None:
@@ -117,17 +115,14 @@ def test_auto_interval_uses_the_measured_stall(tmp_path: Path) -> None:
         gc.Checkpointer(tmp_path, interval="auto")
 
 
-def _spawn(root: Path, rank: int, world: int, init: str, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.ckpt.trainer_child", str(root), str(rank), str(world), init, *extra],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+def _spawn(root: Path, rank: int, world: int, init: str, *extra: str) -> Child:
+    # forked from a server that imported torch once, in a session of its own as start_new_session
+    return shared().popen(
+        "tests.ckpt.trainer_child", [str(root), str(rank), str(world), init, *extra], cwd=REPO, stdout=subprocess.PIPE
     )
 
 
-def _wait_ready(p: subprocess.Popen) -> int:
+def _wait_ready(p: Child) -> int:
     line = p.stdout.readline()
     assert line.startswith("READY"), line
     return int(line.split()[1])

@@ -311,32 +311,25 @@ def export(
         if progress:
             progress("shard", 1)
     else:
-        from safetensors.torch import save_file
-
+        fresh = not _holds_anything(storage, dst_p)
         storage.prepare(dst_p)
-        shards = plan_shards(items, max_shard_size)
-        weight_map: dict[str, str] = {}
-        for i, shard in enumerate(shards):
-            name = shard_name(i, len(shards))
-            tensors = {}
-            for it in shard:
-                tensors[it.name] = _tensor(ck, it, read_buffer, threads)
-                weight_map[it.name] = name
-                if progress:
-                    progress("read", it.nbytes)
-            _write(storage, dst_p, name, lambda p, t=tensors: save_file(t, p, metadata={"format": "pt"}))
-            tensors = {}
-            files.append(name)
-            if progress:
-                progress("shard", i + 1)
-        if blobs or values:  # before the index: a loader that finds the index finds them too
-            storage.publish(dst_p, VALUES, _values_doc(ck, prefix, blobs, values, read_buffer))
-            files.append(VALUES)
+        try:
+            _write_safetensors(
+                storage,
+                ck,
+                dst_p,
+                items,
+                (prefix, blobs, values),
+                max_shard_size,
+                files,
+                progress,
+                (read_buffer, threads),
+            )
+        except BaseException:
+            _undo(storage, dst_p, files, fresh)
+            raise
+        if blobs or values:
             carried = sorted(k[len(prefix) if prefix else 0 :] for k in blobs + values)
-        if len(shards) > 1:
-            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-            storage.publish(dst_p, INDEX, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
-            files.append(INDEX)
         if overwrite:  # an earlier export's shards, index and values under other names would mislead a loader
             for e in storage.list(dst_p):
                 stale = e.name in (INDEX, SINGLE, VALUES) or _SHARD.match(e.name)
@@ -345,3 +338,63 @@ def export(
     return ExportResult(
         display(dst_p), format, files, len(items), total, skipped, carried, seconds=time.perf_counter() - t0
     )
+
+
+def _holds_anything(storage: Storage, dst: Path) -> bool:
+    try:
+        return bool(storage.list(dst))
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+
+def _undo(storage: Storage, dst: Path, files: list[str], fresh: bool) -> None:
+    """A failed export removes what it wrote: a shard without its index is not a model (a loader
+    given ``strict=False`` would take part of one), and a destination it created is removed too."""
+    for name in files:
+        with contextlib.suppress(OSError):
+            storage.remove(dst, name)
+    files.clear()
+    if fresh:
+        with contextlib.suppress(OSError):
+            if not storage.list(dst):
+                storage.remove_tree(dst)
+
+
+def _write_safetensors(
+    storage: Storage,
+    ck: Checkpoint,
+    dst: Path,
+    items: list[_Item],
+    extras: tuple[str | None, list[str], list[str]],
+    max_shard_size: int,
+    files: list[str],
+    progress: Progress | None,
+    read: tuple[int, int],
+) -> None:
+    """The shards, then the values, then the index, each appended to ``files`` once written."""
+    from safetensors.torch import save_file
+
+    prefix, blobs, values = extras
+    read_buffer, threads = read
+    shards = plan_shards(items, max_shard_size)
+    weight_map: dict[str, str] = {}
+    for i, shard in enumerate(shards):
+        name = shard_name(i, len(shards))
+        tensors = {}
+        for it in shard:
+            tensors[it.name] = _tensor(ck, it, read_buffer, threads)
+            weight_map[it.name] = name
+            if progress:
+                progress("read", it.nbytes)
+        _write(storage, dst, name, lambda p, t=tensors: save_file(t, p, metadata={"format": "pt"}))
+        tensors = {}
+        files.append(name)
+        if progress:
+            progress("shard", i + 1)
+    if blobs or values:  # before the index: a loader that finds the index finds them too
+        storage.publish(dst, VALUES, _values_doc(ck, prefix, blobs, values, read_buffer))
+        files.append(VALUES)
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": sum(it.nbytes for it in items)}, "weight_map": weight_map}
+        storage.publish(dst, INDEX, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
+        files.append(INDEX)

@@ -347,3 +347,24 @@ def test_the_export_command_says_which_values_it_carried(tmp_path: Path) -> None
     r = CliRunner().invoke(app, ["ckpt", "export", str(tmp_path / "ck"), str(tmp_path / "hf")])
     assert r.exit_code == 0, r.output
     assert "2 values beside them in goodput_values.json" in " ".join(r.output.split())
+
+
+def test_a_failed_export_leaves_nothing_a_loader_could_take_for_a_model(tmp_path: Path) -> None:
+    """A damaged tensor in the second shard: the export fails naming it, and the first shard it
+    had written is removed with the directory it created (a lone shard without its index loaded
+    partially under ``strict=False``); an existing destination's other files stay."""
+    sd = {"model": {k: torch.full((1024, 256), float(i + 1)) for i, k in enumerate("abc")}}
+    gc.save(sd, tmp_path / "ck", step=1)
+    data = next(p for p in (tmp_path / "ck").iterdir() if p.name.startswith("data-"))
+    raw = bytearray(data.read_bytes())
+    raw[1024 * 256 * 4 + 5000] ^= 1  # inside tensor b
+    data.write_bytes(bytes(raw))
+    with pytest.raises(gc.CheckpointError, match="model.b"):
+        gc.export(tmp_path / "ck", tmp_path / "hf", prefix="model.", max_shard_size="1MB")
+    assert not (tmp_path / "hf").exists()
+    keep = tmp_path / "mine"
+    keep.mkdir()
+    (keep / "README.md").write_text("a user's file")
+    with pytest.raises(gc.CheckpointError, match="model.b"):
+        gc.export(tmp_path / "ck", keep, prefix="model.", max_shard_size="1MB", overwrite=True)
+    assert sorted(p.name for p in keep.iterdir()) == ["README.md"]

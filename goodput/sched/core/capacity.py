@@ -267,6 +267,12 @@ class Capacity:
                     return tuple(out)
         return None  # the excluded nodes were the ones that fit
 
+    def equals(self, pool: str, name: str, exclude: set[str] | frozenset[str] = frozenset()) -> list[str]:
+        """The offerable nodes of the pool with as many free GPUs as ``name`` (what best fit cannot
+        tell apart), in index order, less ``exclude``."""
+        names = self.names
+        return [names[i] for i in self._buckets[pool][self.nodes[name].free] if names[i] not in exclude]
+
     def free_gpus(self, pool: str | None = None) -> int:
         pools = [pool] if pool else list(self.pools)
         return sum(f * len(b[f]) for p in pools for b in [self._buckets[p]] for f in range(len(b)))

@@ -687,7 +687,7 @@ class Scheduler(Preemption):
                     seen = self._outside[key] = (self._starts, self.cap.count_fitting(pool, job.gpus_per_node, exclude))
                 if seen[1] < job.nodes:
                     continue
-            nodes = self.cap.find(pool, job.nodes, job.gpus_per_node, exclude)
+            nodes = self._find(job, pool, exclude, now)
             if nodes is not None:
                 self._start(job, pool, nodes, backfill=reservation is not None)
                 return True

@@ -260,6 +260,32 @@ def test_policy_lookup() -> None:
     assert all(p.describe() != p.name for p in POLICIES.values())
 
 
+@pytest.mark.parametrize(("limit", "where"), [(50.0, N[0]), (5_000.0, N[1]), (20_000.0, N[1])])
+def test_a_one_node_job_goes_where_it_keeps_no_node_from_draining(limit: float, where: str) -> None:
+    """Two nodes with one GPU free each, best fit cannot tell them apart: od-00000's job is declared
+    to end at 100, od-00001's at 10,000. A job that ends before 100 goes to od-00000 (both nodes
+    stay busy past it; the long-busy one is kept for a long job); a longer one goes to od-00001,
+    which its jobs keep busy anyway (or longest), so od-00000 drains whole at 100 and an 8-GPU job
+    starts there then. Index order put every one of them on od-00000, and the 8-GPU job waited
+    for the long job's end."""
+    s, clock = make(nodes=2)
+    s.submit(job("a", gpn=7, limit=100.0))
+    s.submit(job("b", gpn=7, limit=10_000.0))
+    s.tick()
+    assert started(s) == [("a", (N[0],)), ("b", (N[1],))]
+    clock.t = 1.0
+    s.submit(job("c", gpn=1, limit=limit, submit_s=1.0))
+    s.submit(job("whole", gpn=8, limit=100.0, submit_s=1.0))
+    s.tick()
+    assert started(s)[2:] == [("c", (where,))]
+    clock.t = 100.0
+    s.report_exit("a", 1, "finished")
+    if limit <= 100.0:
+        s.report_exit("c", 1, "finished")
+    s.tick()
+    assert started(s)[3:] == [("whole", (N[0],))]
+
+
 # ------------------------------------------------------------------------------------------------ restore
 
 

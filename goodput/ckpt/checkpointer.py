@@ -36,7 +36,10 @@
   events carry ``tier``: ``"fast"`` survives a restart on the same nodes, ``"durable"`` the loss of
   any node. See :mod:`goodput.ckpt.saving.tiers`.
 - One Checkpointer per job and root: at start-up rank 0 removes step directories that never
-  committed, so do not point a second, concurrent Checkpointer at a live job's root (readers use
+  committed (no ``MANIFEST.json``). A step directory whose manifest is there but cannot be read
+  (damaged, or written by a newer goodput) is never removed, by that or by retention, nor counted
+  as one of the ``keep`` kept: it is logged once, ``restore`` goes on from the newest readable
+  one, and a person decides. Do not point a second, concurrent Checkpointer at a live job's root (readers use
   :func:`goodput.ckpt.latest` and :func:`goodput.ckpt.open`, which never delete anything).
 """
 
@@ -63,7 +66,7 @@ from . import collective, rng
 from .errors import CheckpointError, StorageError, describe
 from .format.format import LATEST, MANIFEST, MAX_MANIFEST_BYTES, STEP_DIR, decode_manifest, step_dir_name
 from .loading.loader import load
-from .loading.reader import Checkpoint, latest, list_checkpoints
+from .loading.reader import Checkpoint, DamagedCheckpoint, latest, manifest_or_damage, scan_checkpoints
 from .saving.async_saver import AsyncSave, AsyncSaver, SaveTimings
 from .saving.background import abort_name
 from .saving.commit import staged_name
@@ -177,6 +180,7 @@ class Checkpointer:
         self._preempt_signal: int | None = None
         self._preempt_step: int | None = None
         self._lock = threading.Lock()
+        self._damaged_seen: set[str] = set()  # damaged step directories already logged
         self.storage.prepare(self.root)
         self.fast: Path | None = Path(fast) if fast is not None else None
         self.fast_keep = fast_keep
@@ -655,10 +659,24 @@ class Checkpointer:
                 s = int(mt.group(1))
                 if s in keep:
                     continue
+                if s not in committed and self._unreadable_manifest(fs, self.fast / e.name):
+                    continue
                 if s in committed or startup or (steps and s < steps[-1]):
                     fs.remove_tree(self.fast / e.name)
                     removed.append(self.fast / e.name)
             return removed
+
+    def _unreadable_manifest(self, fs: Storage, d: Path) -> bool:
+        """A fast step directory that was not committed when listed but has a ``MANIFEST.json``:
+        committed since (kept), or damaged or of a newer goodput, or it cannot be looked at
+        (kept and logged, as on the durable tier)."""
+        try:
+            got = manifest_or_damage(d, fs)
+        except (OSError, CheckpointError) as e:
+            got = DamagedCheckpoint(d, f"it cannot be looked at: {e}")
+        if isinstance(got, DamagedCheckpoint):
+            self._report_damaged(got)
+        return got is not None
 
     def add_listener(self, fn: Callable[[CommitEvent], None], *, skipped: bool = False) -> None:
         """Call ``fn`` with every commit's :class:`CommitEvent` (on a background thread); with
@@ -671,13 +689,18 @@ class Checkpointer:
 
     def cleanup(self, orphans: bool = True, committed_step: int | None = None) -> list[Path]:
         """Apply retention; remove never-committed step directories (all of them when no save is
-        in flight, i.e. at start-up, else only those older than the step just committed)."""
+        in flight, i.e. at start-up, else only those older than the step just committed).
+
+        "Never committed" is a directory without a ``MANIFEST.json``. One whose manifest is there
+        but cannot be read is kept, whatever its step, and logged: a flipped byte or a newer
+        goodput's format must not turn a commit into garbage to delete."""
         removed: list[Path] = []
         with self._lock:
-            committed = [
-                (p, m.step) for p, m in list_checkpoints(self.root) if STEP_DIR.match(p.name) and m.step is not None
-            ]
-            committed_paths = {p for p, _ in committed}
+            listing = scan_checkpoints(self.root)
+            committed = [(p, m.step) for p, m in listing.committed if STEP_DIR.match(p.name) and m.step is not None]
+            spared = {p for p, _ in listing.committed} | {d.path for d in listing.damaged}
+            for d in listing.damaged:
+                self._report_damaged(d)
             try:
                 entries = self.storage.list(self.root)
             except OSError:
@@ -686,7 +709,7 @@ class Checkpointer:
             for e in entries:
                 p = self.root / e.name
                 mt = STEP_DIR.match(e.name)
-                if not mt or e.kind != "dir" or p in committed_paths:
+                if not mt or e.kind != "dir" or p in spared:
                     continue
                 s = int(mt.group(1))
                 # tiered: a step newer than the newest durable one may be committed on the fast
@@ -714,6 +737,20 @@ class Checkpointer:
                 self.storage.remove_tree(p)
                 removed.append(p)
         return removed
+
+    def _report_damaged(self, d: DamagedCheckpoint) -> None:
+        """Once per directory and Checkpointer: retention runs at every commit."""
+        key = f"{d.path}\0{d.reason}"
+        if key in self._damaged_seen:
+            return
+        self._damaged_seen.add(key)
+        log.warning(
+            "keeping %r: its %s cannot be read (%s); a damaged checkpoint, or one written by a newer goodput, "
+            "is never deleted nor restored: look at it, then remove it by hand",
+            display(d.path),
+            MANIFEST,
+            d.reason,
+        )
 
     def protect(self, *optimizers: Any) -> list[Any]:
         """With ``staging="lazy"``: make each optimizer's ``step()`` wait for the in-flight copy

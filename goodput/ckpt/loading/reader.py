@@ -73,10 +73,29 @@ def read_sealed_manifest(path: Path, storage: Storage | None = None) -> tuple[Ma
     except (CheckpointError, OSError):
         if not storage.exists(path, MANIFEST):
             raise CheckpointError(
-                f"{display(path)!r} is not a committed checkpoint (no {MANIFEST}){foreign_hint(storage, path)}"
+                f"{display(path)!r} is not a committed checkpoint ({_why_missing(storage, path)})"
+                f"{foreign_hint(storage, path)}"
             ) from None
         raise
     return decode_sealed_manifest(raw, str(path / MANIFEST))
+
+
+def _why_missing(storage: Storage, path: Path) -> str:
+    """Why ``path`` has no manifest, asked only once it has none: a location that does not exist
+    (a typo) or a bucket that does not (raised: the store's own answer) is not "no manifest"."""
+    try:
+        storage.list(path)
+    except FileNotFoundError:
+        if str(path).startswith("s3:/"):
+            return "nothing is stored under it"
+        return "it does not exist"
+    except NotADirectoryError:
+        return "it is not a directory"
+    except StorageError:
+        raise
+    except (OSError, CheckpointError, ValueError):
+        pass
+    return f"no {MANIFEST}"
 
 
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's global metadata file
@@ -366,69 +385,145 @@ def is_committed(path: str | os.PathLike) -> bool:
 
 def _subdirs(storage: Storage, root: Path) -> list[str]:
     """Directories directly under ``root``; links are never followed (a link to another run's
-    checkpoint is not this run's checkpoint). None there is an empty list; a listing that
-    fails raises :class:`StorageError` naming ``root``."""
+    checkpoint is not this run's checkpoint). A missing ``root`` whose parent exists is an empty
+    list (a run that has not saved yet); a missing parent too is an error (a mistyped path must
+    not read as "start from step 0"), as is a listing that fails (:class:`StorageError`)."""
     try:
-        return [e.name for e in storage.list(root) if e.kind == "dir"]
+        entries = storage.list(root)
     except FileNotFoundError:
+        _check_parent(storage, root)
         return []
-    except NotADirectoryError:  # a resume pointed at a file: a mistake, not "no checkpoint yet"
+    except NotADirectoryError:
         raise StorageError(f"{display(root)!r} is not a directory") from None
     except StorageError:
         raise
     except OSError as e:
         raise StorageError(f"{display(root)!r} cannot be listed: {e.strerror or e}") from None
+    return [e.name for e in entries if e.kind == "dir"]
 
 
-def committed_manifest(path: Path, storage: Storage | None = None) -> Manifest | None:
-    """``path``'s manifest, or None when ``path`` holds no committed checkpoint (no manifest, or
-    a file there that is not one); a storage failure raises :class:`StorageError`, since it says
-    nothing about what ``path`` holds."""
+def _check_parent(storage: Storage, root: Path) -> None:
+    """``root`` does not exist: fine when its parent does (a Checkpointer's root before its first
+    run), an error when that is missing too. An object store has no directories: a prefix with
+    nothing under it is empty, and only a missing bucket (raised by the listing) is an error."""
+    if str(root).startswith("s3:/"):
+        return
+    parent = Path(os.path.abspath(root)).parent
+    if not os.path.isdir(parent):
+        raise StorageError(
+            f"{display(root)!r} does not exist, nor does its parent {str(parent)!r}: a mistyped path? "
+            "(a checkpoint root that does not exist yet is fine only inside an existing directory)"
+        )
+
+
+class DamagedCheckpointWarning(UserWarning):
+    """A directory holds a manifest that cannot be read: damaged, not a regular file, or written
+    by a newer goodput. It is skipped by :func:`latest` and never deleted by a Checkpointer."""
+
+
+@dataclass(frozen=True)
+class DamagedCheckpoint:
+    """A directory with a ``MANIFEST.json`` this goodput cannot read, and why. Unlike a directory
+    without one (a save that never committed), it may hold a good checkpoint: one written by a
+    newer goodput, or one whose data is intact and whose manifest a person can repair."""
+
+    path: Path
+    reason: str
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What :func:`scan_checkpoints` found: committed checkpoints (oldest first) and damaged ones."""
+
+    committed: list[tuple[Path, Manifest]]
+    damaged: list[DamagedCheckpoint]
+
+
+def manifest_or_damage(path: Path, storage: Storage | None = None) -> Manifest | DamagedCheckpoint | None:
+    """``path``'s manifest; None when it has no ``MANIFEST.json`` (nothing committed there); a
+    :class:`DamagedCheckpoint` when one is there but cannot be read as a manifest of this goodput
+    (a link, a FIFO, an oversized, empty, truncated or corrupt file, a newer format version). A
+    storage failure raises :class:`StorageError`: it says nothing about what ``path`` holds."""
     storage = storage or storage_for(path)
     try:
         raw = storage.get_if_exists(path, MANIFEST, "manifest", MAX_MANIFEST_BYTES)
+        if raw is None:
+            return None
+        return decode_sealed_manifest(raw, str(path / MANIFEST))[0]
     except StorageError:
         raise
-    except CheckpointError:  # a link, a FIFO, an oversized file: not a manifest this run wrote
-        return None
-    if raw is None:
-        return None
-    try:
-        return decode_sealed_manifest(raw, str(path / MANIFEST))[0]
-    except CheckpointError:
-        return None
+    except CheckpointError as e:
+        return DamagedCheckpoint(path, str(e))
 
 
-def list_checkpoints(root: str | os.PathLike) -> list[tuple[Path, Manifest]]:
-    """Committed checkpoints directly under ``root`` (and ``root`` itself), oldest first. Empty
-    only when the storage answered; a storage failure raises :class:`StorageError`."""
+def committed_manifest(path: Path, storage: Storage | None = None) -> Manifest | None:
+    """``path``'s manifest, or None when it holds none that can be read (see
+    :func:`manifest_or_damage`, which tells a damaged one from none)."""
+    m = manifest_or_damage(path, storage)
+    return m if isinstance(m, Manifest) else None
+
+
+def scan_checkpoints(root: str | os.PathLike) -> Listing:
+    """Committed checkpoints directly under ``root`` (and ``root`` itself), oldest first, and the
+    directories whose manifest cannot be read. A storage failure raises :class:`StorageError`."""
     root = as_location(root)
     storage = storage_for(root)
     found: list[tuple[Path, Manifest]] = []
+    damaged: list[DamagedCheckpoint] = []
     for p in [root, *(root / n for n in _subdirs(storage, root))]:
         try:
-            m = committed_manifest(p, storage)
+            m = manifest_or_damage(p, storage)
         except StorageError as e:
             if p == root or STEP_DIR.match(p.name):
                 raise
             # a directory of someone else's that cannot be looked at (``lost+found`` at a mount's
             # root): said, not fatal; a step directory that cannot be is an error
-            warnings.warn(f"skipping {display(p)!r}: {e}", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"skipping {display(p)!r}: {e}", RuntimeWarning, stacklevel=3)
             continue
-        if m is not None:
+        if isinstance(m, DamagedCheckpoint):
+            damaged.append(m)
+        elif m is not None:
             found.append((p, m))
     found.sort(key=lambda pm: (pm[1].step if pm[1].step is not None else -1, pm[1].created))
-    return found
+    damaged.sort(key=lambda d: d.path.name)
+    return Listing(found, damaged)
+
+
+def warn_damaged(d: DamagedCheckpoint, what: str = "skipped", stacklevel: int = 3) -> None:
+    warnings.warn(
+        f"{display(d.path)!r}: its {MANIFEST} cannot be read, {what}: {d.reason} (a damaged checkpoint, or one "
+        "written by a newer goodput; a Checkpointer never deletes it)",
+        DamagedCheckpointWarning,
+        stacklevel=stacklevel,
+    )
+
+
+def list_checkpoints(root: str | os.PathLike) -> list[tuple[Path, Manifest]]:
+    """Committed checkpoints directly under ``root`` (and ``root`` itself), oldest first. A
+    directory whose manifest is there but cannot be read is left out with a
+    :class:`DamagedCheckpointWarning` naming it and why (:func:`scan_checkpoints` returns them).
+    Empty only when the storage answered (a missing ``root`` counts as empty only when its parent
+    exists); a storage failure raises :class:`StorageError`."""
+    listing = scan_checkpoints(root)
+    for d in listing.damaged:
+        warn_damaged(d, "left out")
+    return listing.committed
 
 
 def latest(root: str | os.PathLike) -> Path | None:
     """The newest committed checkpoint under ``root``: the ``latest`` pointer a Checkpointer
     keeps, when it names a committed checkpoint; else the newest by listing (step, then time).
 
-    None means the storage answered and holds no committed checkpoint there. Any storage failure
-    (credentials, an unreachable endpoint, a 5xx after the store's retries, a listing that
-    fails) raises :class:`StorageError` naming ``root``: a resume must never take an error for
-    "start from step 0"."""
+    A directory whose manifest is there but cannot be read (damaged, or written by a newer
+    goodput) is skipped with a :class:`DamagedCheckpointWarning` naming it and why, and the
+    newest readable one is the answer: a resume goes on from the checkpoint before it, which a
+    plain restore can load, while the damaged one stays on storage for a person to look at.
+
+    None means the storage answered and holds no committed checkpoint there; a ``root`` that does
+    not exist counts as empty only when its parent directory exists (a first run), else it is an
+    error. Any storage failure (credentials, a missing bucket, an unreachable endpoint, a 5xx
+    after the store's retries, a listing that fails) raises :class:`StorageError` naming
+    ``root``: a resume must never take an error for "start from step 0"."""
     root = as_location(root)
     storage = storage_for(root)
     try:
@@ -441,17 +536,22 @@ def latest(root: str | os.PathLike) -> Path | None:
     m = STEP_DIR.match(name)
     try:
         dirs = set(_subdirs(storage, root)) if m else set()
-        if m and name in dirs and committed_manifest(root / name, storage) is not None:
+        if m and name in dirs and isinstance(manifest_or_damage(root / name, storage), Manifest):
             # a crash between a commit and the pointer's update leaves it behind: prefer any
             # newer committed step directory (names only are listed, manifests of newer ones read)
             newer = sorted(
                 (int(q.group(1)), n) for n in dirs if (q := STEP_DIR.match(n)) and int(q.group(1)) > int(m.group(1))
             )
             for _, n in reversed(newer):
-                if committed_manifest(root / n, storage) is not None:
+                got = manifest_or_damage(root / n, storage)
+                if isinstance(got, DamagedCheckpoint):
+                    warn_damaged(got)
+                elif got is not None:
                     return root / n
             return root / name
-        found = list_checkpoints(root)
+        listing = scan_checkpoints(root)
     except StorageError as e:
         raise StorageError(f"no answer from {display(root)!r} on its newest checkpoint: {e}") from e
-    return found[-1][0] if found else None
+    for d in listing.damaged:
+        warn_damaged(d)
+    return listing.committed[-1][0] if listing.committed else None

@@ -5,16 +5,18 @@ from __future__ import annotations
 import json
 import sys
 import time
+import unicodedata
 from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
 from goodput.ckpt.format.format import CheckpointError
-from goodput.ckpt.loading.reader import Checkpoint, list_checkpoints
-from goodput.ckpt.storage.location import display, storage_for
+from goodput.ckpt.loading.reader import Checkpoint, scan_checkpoints
+from goodput.ckpt.storage.location import as_location, display, storage_for
 from goodput.plan.units import UnitError, fmt_bytes, parse_size
 
 app = typer.Typer(no_args_is_help=True)
@@ -38,32 +40,65 @@ def options(
 
 
 def _fail(e: Exception) -> None:
-    err.print(f"[red]error:[/red] {e}")
+    err.print(f"[red]error:[/red] {shown(str(e))}")
     raise typer.Exit(1)
+
+
+def shown(text: str) -> str:
+    """Text from a checkpoint or its storage (tensor and directory names, values, errors that
+    quote them) as Rich prints it literally: markup escaped, control characters written as
+    escapes, so that a name can neither style the output nor split a table row."""
+    if any(unicodedata.category(c)[0] == "C" for c in text):
+        text = "".join(
+            c.encode("unicode_escape").decode("ascii") if unicodedata.category(c)[0] == "C" else c for c in text
+        )
+    return escape(text)
+
+
+def _location(text: str) -> Path:
+    """A command's location argument: a path, or s3://bucket/prefix (typer's Path would fold
+    ``s3://`` into ``s3:``, a local name)."""
+    try:
+        storage_for(text)
+        if text.startswith("s3:/"):
+            from goodput.ckpt.storage.s3 import split
+
+            split(text)
+        loc = as_location(text)
+    except ValueError as e:
+        err.print(f"[red]error:[/red] {shown(str(e))}")
+        raise typer.Exit(2) from None
+    return loc
 
 
 @app.command("ls")
 def ls(
-    root: Path = typer.Argument(..., help="Directory holding checkpoints."),
+    root_arg: str = typer.Argument(..., metavar="ROOT", help="Directory or s3://bucket/prefix holding checkpoints."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Committed checkpoints under ROOT: step, size, files, commit time."""
+    """Committed checkpoints under ROOT: step, size, files, commit time; and directories whose
+    manifest is there but cannot be read (damaged, or written by a newer goodput), with why.
+
+    --json: one row per directory; a damaged one has "damaged": why, and null elsewhere."""
+    root = _location(root_arg)
     try:
         storage_for(root).list(root)
     except (FileNotFoundError, NotADirectoryError) as e:
         what = "does not exist" if isinstance(e, FileNotFoundError) else "is not a directory"
-        err.print(f"[red]error:[/red] checkpoint root {display(root)!r} {what}")
+        err.print(f"[red]error:[/red] checkpoint root {shown(repr(display(root)))} {what}")
         raise typer.Exit(2) from None
     except (OSError, ValueError) as e:
         err.print(
-            f"[red]error:[/red] cannot read checkpoint root {display(root)!r}: {getattr(e, 'strerror', None) or e}"
+            f"[red]error:[/red] cannot read checkpoint root {shown(repr(display(root)))}: "
+            f"{shown(str(getattr(e, 'strerror', None) or e))}"
         )
         raise typer.Exit(2) from None
     try:
-        found = list_checkpoints(root)
+        listing = scan_checkpoints(root)
     except CheckpointError as e:  # the storage failed while listing: never "no checkpoint"
-        err.print(f"[red]error:[/red] {e}")
+        err.print(f"[red]error:[/red] {shown(str(e))}")
         raise typer.Exit(2) from None
+    found = listing.committed
     rows = [
         {
             "path": display(p),
@@ -73,30 +108,53 @@ def ls(
             "files": m.num_files,
             "world_size": m.world_size,
             "created": m.created,
+            "damaged": None,
         }
         for p, m in found
     ]
+    keys = ("step", "bytes", "tensors", "files", "world_size", "created")
+    bad = [{"path": display(d.path), **dict.fromkeys(keys), "damaged": d.reason} for d in listing.damaged]
     if as_json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(rows + bad, indent=2))
         return
+    _print_damaged(root, listing.damaged)
     if not rows:
-        console.print(f"no committed checkpoint in {display(root)}")
+        console.print(f"no committed checkpoint in {shown(display(root))}")
         return
-    t = Table(title=f"committed checkpoints in {display(root)}")
+    t = Table(title=f"committed checkpoints in {shown(display(root))}")
     t.add_column("checkpoint", overflow="fold")
     for c in ("step", "size", "tensors", "files", "ranks", "committed"):
         t.add_column(c)
     for (p, _), r in zip(found, rows):
         t.add_row(
-            str(p.relative_to(root)) if p != root else ".", str(r["step"]), fmt_bytes(r["bytes"]), str(r["tensors"]), str(r["files"]), str(r["world_size"]),
+            shown(_rel(p, root)), str(r["step"]), fmt_bytes(r["bytes"]), str(r["tensors"]), str(r["files"]), str(r["world_size"]),
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created"])),
         )  # fmt: skip
     console.print(t)
 
 
+def _rel(p: Path, root: Path) -> str:
+    return p.name if p != root else "."
+
+
+def _print_damaged(root: Path, damaged: list) -> None:
+    if not damaged:
+        return
+    t = Table(title=f"[red]damaged or unreadable[/red] in {shown(display(root))} (never deleted by a Checkpointer)")
+    t.add_column("directory", overflow="fold")
+    t.add_column("why its MANIFEST.json cannot be read", overflow="fold")
+    for d in damaged:
+        t.add_row(shown(_rel(d.path, root)), shown(d.reason))
+    console.print(t)
+
+
 @app.command()
-def inspect(path: Path, as_json: bool = typer.Option(False, "--json")) -> None:
+def inspect(
+    path_arg: str = typer.Argument(..., metavar="PATH", help="Checkpoint directory or s3://bucket/prefix."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
     """Tensors, global shapes, dtypes, layouts and bytes per rank of the checkpoint at PATH."""
+    path = _location(path_arg)
     try:
         ck = Checkpoint(path)
     except CheckpointError as e:
@@ -138,7 +196,7 @@ def inspect(path: Path, as_json: bool = typer.Option(False, "--json")) -> None:
         print(json.dumps(out, indent=2, default=str))
         return
     console.print(
-        f"[bold]{display(path)}[/bold]  step={ck.step}  save={ck.manifest.save_id}  ranks={ck.manifest.world_size}  data={fmt_bytes(ck.manifest.data_bytes)}"
+        f"[bold]{shown(display(path))}[/bold]  step={ck.step}  save={shown(ck.manifest.save_id)}  ranks={ck.manifest.world_size}  data={fmt_bytes(ck.manifest.data_bytes)}"
     )
     t = Table()
     for c in ("tensor", "dtype", "shape", "size", "chunks", "layout"):
@@ -147,7 +205,14 @@ def inspect(path: Path, as_json: bool = typer.Option(False, "--json")) -> None:
         layout = ", ".join(f"r{c['rank']}{c['region']}" for c in x["chunks"][:4])
         if len(x["chunks"]) > 4:
             layout += f", … (+{len(x['chunks']) - 4})"
-        t.add_row(x["name"], x["dtype"], str(tuple(x["shape"])), fmt_bytes(x["bytes"]), str(len(x["chunks"])), layout)
+        t.add_row(
+            shown(x["name"]),
+            shown(x["dtype"]),
+            str(tuple(x["shape"])),
+            fmt_bytes(x["bytes"]),
+            str(len(x["chunks"])),
+            shown(layout),
+        )
     console.print(t)
     r = Table(title="bytes written per rank")
     r.add_column("rank")
@@ -156,15 +221,19 @@ def inspect(path: Path, as_json: bool = typer.Option(False, "--json")) -> None:
         r.add_row(k, fmt_bytes(v))
     console.print(r)
     if ck.values:
-        console.print("values: " + ", ".join(f"{k}={v!r}" for k, v in list(ck.values.items())[:20]))
+        console.print("values: " + shown(", ".join(f"{k}={v!r}" for k, v in list(ck.values.items())[:20])))
 
 
 @app.command()
-def verify(path: Path, as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout.")) -> None:
+def verify(
+    path_arg: str = typer.Argument(..., metavar="PATH", help="Checkpoint directory or s3://bucket/prefix."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
+) -> None:
     """Check every chunk and block checksum, file sizes, and that chunks tile each tensor.
 
     --json prints {"ok", "path", "bytes", "chunks", "tensors", "sealed"} or {"ok": false,
     "path", "error"}; the exit status is 0 or 1 either way."""
+    path = _location(path_arg)
     try:
         ck = Checkpoint(path)
         total = int(ck.metadata.cols["length"].sum())
@@ -195,7 +264,7 @@ def verify(path: Path, as_json: bool = typer.Option(False, "--json", help="One J
         return
     seal = "manifest sealed" if ck.sealed else "[yellow]manifest has no checksum (written by an older goodput)[/yellow]"
     console.print(
-        f"[green]ok[/green]: {display(path)} ({fmt_bytes(checked)} in {ck.metadata.num_chunks} chunks, {len(ck.metadata.tensors)} tensors; {seal})"
+        f"[green]ok[/green]: {shown(display(path))} ({fmt_bytes(checked)} in {ck.metadata.num_chunks} chunks, {len(ck.metadata.tensors)} tensors; {seal})"
     )
 
 
@@ -271,10 +340,10 @@ def import_dcp_cmd(
     finally:
         prog.stop()
     for k, why in res.skipped.items():
-        err.print(f"[yellow]skipped[/yellow] {k}: {why}")
+        err.print(f"[yellow]skipped[/yellow] {shown(k)}: {shown(str(why))}")
     how = "through a scratch file" if res.spilled else "in memory"
     console.print(
-        f"[green]ok[/green]: {display(res.path)} ({res.tensors} tensors, {fmt_bytes(res.bytes)}, {res.values} values, "
+        f"[green]ok[/green]: {shown(display(res.path))} ({res.tensors} tensors, {fmt_bytes(res.bytes)}, {res.values} values, "
         f"{len(res.skipped)} skipped; {res.batches} batches {how}; {res.seconds:.1f}s)"
     )
 
@@ -336,10 +405,10 @@ def export_cmd(
     finally:
         prog.stop()
     for k, why in res.skipped.items():
-        err.print(f"[yellow]not exported[/yellow] {k}: {why}")
+        err.print(f"[yellow]not exported[/yellow] {shown(k)}: {shown(str(why))}")
     console.print(
-        f"[green]ok[/green]: {res.path} ({res.tensors} tensors, {fmt_bytes(res.bytes)} in {len(res.files)} files: "
-        f"{', '.join(res.files[:3])}{', ...' if len(res.files) > 3 else ''}; "
+        f"[green]ok[/green]: {shown(str(res.path))} ({res.tensors} tensors, {fmt_bytes(res.bytes)} in {len(res.files)} files: "
+        f"{shown(', '.join(res.files[:3]))}{', ...' if len(res.files) > 3 else ''}; "
         + (f"{len(res.carried)} values beside them in goodput_values.json; " if res.carried else "")
         + f"{len(res.skipped)} not exported; {res.seconds:.1f}s)"
     )

@@ -225,7 +225,8 @@ def test_any_flipped_byte_is_named_by_its_block(n: int, flip: float, lo: float) 
 
 def test_hostile_manifest_fields_are_refused_and_ls_lists_the_rest(tmp_path: Path) -> None:
     """A manifest whose creation time cannot be a date (or whose sizes cannot be) is not a
-    checkpoint: ``open`` names the field, and ``ls`` and ``latest`` skip it and keep the others."""
+    checkpoint: ``open`` names the field, ``latest`` skips it and keeps the others, and ``ls`` lists
+    it apart as damaged, with why."""
     from typer.testing import CliRunner
 
     from goodput.cli.main import app
@@ -240,7 +241,9 @@ def test_hostile_manifest_fields_are_refused_and_ls_lists_the_rest(tmp_path: Pat
     assert gc.latest(tmp_path) == tmp_path / "good"
     r = CliRunner().invoke(app, ["ckpt", "ls", str(tmp_path)])
     assert r.exit_code == 0, r.output
-    assert "good" in r.output and "bad" not in r.output
+    damaged, committed = r.output.split("committed checkpoints in")
+    assert "good" in committed and "bad" not in committed  # listed apart, with why
+    assert "bad" in damaged and "invalid creation time" in damaged
 
 
 def test_a_symlinked_data_file_is_refused(tmp_path: Path) -> None:

@@ -190,7 +190,10 @@ def flatten(state: Any) -> tuple[list[TensorLeaf], list[ValueLeaf]]:
         raise TypeError(f"state_dict must be a dict, got {type(state).__name__}")
     state, _ = expand_stateful(state)
     for k, v in state.items():
-        _walk(str(k), v, state, k, tensors, values)
+        try:
+            _walk(str(k), v, state, k, tensors, values)
+        except RecursionError:  # deeper than any value may be (format.MAX_VALUE_DEPTH): name the key
+            raise TypeError(f"{str(k)!r}: nested too deeply to checkpoint (a RecursionError); flatten it") from None
     names = [x.name for x in tensors if x.part == 0] + [x.name for x in values]
     if len(set(names)) != len(names):  # {"a": {"b": x}, "a.b": y}: one would silently replace the other
         seen: set[str] = set()

@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
-from goodput.ckpt.format.format import CheckpointError
+from goodput.ckpt.format.format import CheckpointError, value_repr
 from goodput.ckpt.loading.reader import Checkpoint, scan_checkpoints
 from goodput.ckpt.storage.location import as_location, display, storage_for
 from goodput.plan.units import UnitError, fmt_bytes, parse_size
@@ -221,7 +221,7 @@ def inspect(
         r.add_row(k, fmt_bytes(v))
     console.print(r)
     if ck.values:
-        console.print("values: " + shown(", ".join(f"{k}={v!r}" for k, v in list(ck.values.items())[:20])))
+        console.print("values: " + shown(", ".join(f"{k}={value_repr(v)}" for k, v in list(ck.values.items())[:20])))
 
 
 @app.command()

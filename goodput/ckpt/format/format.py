@@ -8,9 +8,11 @@ belong to, before a single data byte is read. numpy only: the torch-free reader 
 from __future__ import annotations
 
 import base64
+import functools
 import math
 import re
 import struct
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +20,7 @@ import crc32c
 import msgspec
 import numpy as np
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, SaveError
 from .chunk_index import BoxTable, build_box_table_from, overlapping_chunks
 from .dtypes import DTYPES, dtype
 from .geometry import Region
@@ -34,6 +36,7 @@ META_MAGIC = b"GPCKMETA"
 ALIGN = 4096  # every chunk starts on a page boundary in its data file
 DEFAULT_BLOCK = 4096  # bytes covered by one block checksum
 MAX_NDIM = 32
+MAX_INT_DIGITS = 100_000  # a decimal int in a value (read or written): bounded, as everything read
 MAX_MANIFEST_BYTES = 64 << 20  # a manifest is a few hundred bytes plus the user's own dict
 _FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 _SAVE_ID_RE = re.compile(r"^[0-9a-f]{16,32}$")
@@ -240,38 +243,156 @@ HOW_TO_SAVE = (
     "torch.dtype, torch.device and torch.Size; save an object through its state_dict() (a Stateful), "
     "a tensor or numpy array as such, or pickle it yourself into bytes (kept opaque, never unpickled)"
 )
+# values live in the metadata's JSON header, which every rank's values share and a reader refuses
+# beyond MAX_HEADER_BYTES: large blobs go where data goes, chunked and checksummed
+HOW_TO_SAVE_LARGE = (
+    "save large blobs as an io.BytesIO or a uint8 tensor/array (stored in the data files, chunked and "
+    "checksummed), not as bytes or str values"
+)
+MAX_VALUE_DEPTH = 100  # lists, tuples and dicts within a value: deeper is refused at save, naming the key
 
 
-def encode_value(v: Any, where: str = "") -> Any:
+def encode_value(v: Any, where: str = "", *, depth: int = 0) -> Any:
     """JSON-able leaves. What JSON cannot tell apart or hold is tagged (a one-key dict), so it
     comes back as it was: tuples, non-finite floats, ints beyond 64 bits, complex numbers, bytes
     (base64, opaque: never unpickled), numpy scalars (with their dtype), torch dtypes, devices and
-    sizes. Anything else is a TypeError naming the key and saying how to save it."""
+    sizes. Anything else, and what no reader could read back (a string that is not UTF-8, an int
+    of more than MAX_INT_DIGITS digits, nesting beyond MAX_VALUE_DEPTH, a single value larger than
+    a header may be), is a TypeError naming the key and saying how to save it."""
+    if depth == 0:
+        _check_text(where, where, "key")  # the value's dotted name is its key in the header
+    elif depth > MAX_VALUE_DEPTH:
+        raise TypeError(
+            f"{where!r}: nested more than {MAX_VALUE_DEPTH} levels deep; flatten it, or pickle it yourself into "
+            "bytes (kept opaque, never unpickled)"
+        )
     if isinstance(v, np.generic) and not isinstance(v, (np.str_, np.bytes_)):  # np.float64 is a float
         return _encode_numpy(v, where)
-    if v is None or isinstance(v, (bool, str)):
-        return str(v) if isinstance(v, np.str_) else v
+    if v is None or isinstance(v, bool):
+        return v
+    if isinstance(v, str):
+        _check_text(v, where, "string")
+        _check_size(len(v), where, "string")
+        return str(v)  # an np.str_ is saved as the str it is (see docs/FORMAT.md)
     if isinstance(v, int):
-        return v if INT64_MIN <= v <= INT64_MAX else {"__int__": str(int(v))}
+        return int(v) if INT64_MIN <= v <= INT64_MAX else {"__int__": int_to_decimal(int(v), where)}
     if isinstance(v, float):
         return v if math.isfinite(v) else {"__float__": repr(float(v))}
     if isinstance(v, complex):
-        return {"__complex__": [encode_value(v.real, where), encode_value(v.imag, where)]}
+        return {
+            "__complex__": [encode_value(v.real, where, depth=depth + 1), encode_value(v.imag, where, depth=depth + 1)]
+        }
     if isinstance(v, (bytes, bytearray, memoryview)):
-        return {"__bytes__": base64.b64encode(bytes(v)).decode("ascii")}
+        b = bytes(v)
+        _check_size(4 * ((len(b) + 2) // 3), where, "bytes value")
+        return {"__bytes__": base64.b64encode(b).decode("ascii")}
     if type(v).__module__ == "torch":
         return _encode_torch(v, where)
+    d = depth + 1
     if isinstance(v, tuple):
-        return {"__tuple__": [encode_value(x, f"{where}[{i}]") for i, x in enumerate(v)]}
+        return {"__tuple__": [encode_value(x, f"{where}[{i}]", depth=d) for i, x in enumerate(v)]}
     if isinstance(v, list):
-        return [encode_value(x, f"{where}[{i}]") for i, x in enumerate(v)]
+        return [encode_value(x, f"{where}[{i}]", depth=d) for i, x in enumerate(v)]
     if isinstance(v, dict):
+        for k in v:
+            if isinstance(k, str):
+                _check_text(k, f"{where}[{k!r}]", "key")
         if not all(isinstance(k, str) for k in v) or (len(v) == 1 and next(iter(v)) in _TAGS):
-            return {"__dict__": [[encode_value(k, where), encode_value(x, f"{where}[{k!r}]")] for k, x in v.items()]}
-        return {k: encode_value(x, f"{where}.{k}") for k, x in v.items()}
+            return {
+                "__dict__": [
+                    [encode_value(k, f"{where} key", depth=d), encode_value(x, f"{where}[{k!r}]", depth=d)]
+                    for k, x in v.items()
+                ]
+            }
+        return {k: encode_value(x, f"{where}.{k}", depth=d) for k, x in v.items()}
     raise TypeError(
         f"{where!r}: cannot checkpoint a value of type {type(v).__module__}.{type(v).__qualname__}; " + HOW_TO_SAVE
     )
+
+
+def value_repr(v: Any, limit: int = 200) -> str:
+    """A value as a message or a listing shows it: ``repr``, cut to ``limit`` characters, and an
+    int too long for Python's str-digits limit as its digit count (repr would raise)."""
+    try:
+        r = repr(v)
+    except ValueError:  # an int (possibly deep inside) beyond sys.get_int_max_str_digits()
+        r = (
+            f"<int of about {int(abs(v).bit_length() * math.log10(2)) + 1:,} digits>"
+            if isinstance(v, int)
+            else f"<{type(v).__name__} holding an int of more than {sys.get_int_max_str_digits():,} digits>"
+        )
+    return r if len(r) <= limit else r[: limit - 5] + " ...>"
+
+
+def _check_text(s: str, where: str, what: str) -> None:
+    """JSON is UTF-8: a lone surrogate (from a file name decoded with surrogateescape) has no encoding."""
+    if s.isascii():
+        return
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise TypeError(
+            f"{where!r}: the {what} {s!r} is not valid Unicode (a lone surrogate at position {e.start}); "
+            "save it as bytes (s.encode('utf-8', 'surrogateescape')) or clean it"
+        ) from None
+
+
+def _check_size(encoded: int, where: str, what: str) -> None:
+    if encoded > MAX_HEADER_BYTES:
+        raise TypeError(
+            f"{where!r}: a {what} of {encoded:,} encoded bytes cannot fit in the metadata header "
+            f"({MAX_HEADER_BYTES:,} bytes, shared by every value of every rank); " + HOW_TO_SAVE_LARGE
+        )
+
+
+# CPython refuses int <-> str conversions beyond sys.get_int_max_str_digits() digits (4300 by
+# default, never less than 640 when set): big ints convert in pieces of fewer digits than that
+_PIECE_DIGITS = 600
+_PIECE = 10**_PIECE_DIGITS
+_MAX_INT_BITS = math.ceil(MAX_INT_DIGITS * math.log2(10))  # a bound from below: the digits are counted too
+
+
+def int_to_decimal(v: int, where: str) -> str:
+    """An int's decimal digits, whatever Python's str-digits limit; beyond MAX_INT_DIGITS digits
+    (a reader's bound on what it parses) a TypeError naming the key."""
+    if v.bit_length() > _MAX_INT_BITS + 1:
+        raise _too_many_digits(where)
+    sign, v = ("-", -v) if v < 0 else ("", v)
+    pieces: list[int] = []
+    while v >= _PIECE:
+        v, r = divmod(v, _PIECE)
+        pieces.append(r)
+    out = sign + str(v) + "".join(str(p).zfill(_PIECE_DIGITS) for p in reversed(pieces))
+    if len(out) > MAX_INT_DIGITS:  # the sign counts: a reader bounds the string
+        raise _too_many_digits(where)
+    return out
+
+
+def _too_many_digits(where: str) -> TypeError:
+    return TypeError(
+        f"{where!r}: an int of more than {MAX_INT_DIGITS:,} decimal digits (sign included) cannot be "
+        "checkpointed (a reader refuses longer ones); save it as bytes (v.to_bytes(...)) or a uint8 array"
+    )
+
+
+def decimal_to_int(s: str) -> int:
+    """The inverse of :func:`int_to_decimal` (``s`` already checked: ``-?[0-9]+``, bounded). Halves
+    split recursively: a header read from storage may hold many ints of the most digits allowed."""
+    if s.startswith("-"):
+        return -_parse_digits(s[1:])
+    return _parse_digits(s)
+
+
+def _parse_digits(d: str) -> int:
+    if len(d) <= _PIECE_DIGITS:
+        return int(d)
+    k = len(d) // 2
+    return _parse_digits(d[:-k]) * _pow10(k) + _parse_digits(d[-k:])
+
+
+@functools.lru_cache(maxsize=64)
+def _pow10(k: int) -> int:
+    return 10**k
 
 
 def _encode_numpy(v: np.generic, where: str) -> Any:
@@ -307,9 +428,6 @@ _LATER_TAGS = frozenset(_TAGS[3:])
 
 class AmbiguousValueWarning(UserWarning):
     """A version-1 value that two builds of goodput wrote differently was read one way."""
-
-
-MAX_INT_DIGITS = 100_000  # a decimal int read from storage: bounded, as everything read
 
 
 def decode_value(v: Any, where: str = "value", version: int = FORMAT_VERSION) -> Any:
@@ -378,7 +496,7 @@ def _decode_tag(k: str, x: Any, where: str, tags: tuple[str, ...]) -> Any:
     if k == "__int__":
         if not isinstance(x, str) or not 0 < len(x) <= MAX_INT_DIGITS or not re.fullmatch(r"-?[0-9]+", x):
             raise CheckpointError(f"{where}: malformed int")
-        return int(x)
+        return decimal_to_int(x)
     if k == "__complex__":
         parts = [_decode(y, where, tags) for y in x] if isinstance(x, list) else None
         if parts is None or len(parts) != 2 or not all(isinstance(p, (int, float)) for p in parts):
@@ -466,10 +584,38 @@ def encode_metadata(md: Metadata) -> bytes:
         columns=columns,
         manifest_sealed=md.manifest_sealed,
     )
-    hj = msgspec.json.encode(header)
+    try:
+        hj = msgspec.json.encode(header)
+    except UnicodeEncodeError:  # a tensor's name (a value's was checked when it was encoded)
+        bad = next((t.name for t in md.tensors if not _utf8(t.name)), None)
+        raise SaveError(f"tensor name {bad!r} is not valid Unicode (a lone surrogate); rename it") from None
+    if len(hj) > MAX_HEADER_BYTES:
+        raise SaveError(header_too_large(len(hj), md))
     head = META_MAGIC + struct.pack("<Q", len(hj)) + hj
     head += b"\0" * ((-len(head)) % 64)
     return head + b"".join(blobs)
+
+
+def _utf8(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def header_too_large(hlen: int, md: Metadata) -> str:
+    """Why a save is refused before its commit: a reader refuses a header beyond MAX_HEADER_BYTES,
+    so committing it would make a checkpoint nobody can load. Names the largest values."""
+    sizes = sorted(((len(msgspec.json.encode(v)), k) for k, v in md.values.items()), reverse=True)
+    top = ", ".join(f"{k!r} ({n:,} bytes)" for n, k in sizes[:5])
+    rest = hlen - sum(n for n, _ in sizes)
+    return (
+        f"the checkpoint's metadata header would be {hlen:,} bytes, more than the {MAX_HEADER_BYTES:,} a reader "
+        f"accepts: nothing was committed. Largest values (every rank's values share rank 0's header): "
+        f"{top or 'none'}; tensor and file entries: {rest:,} bytes ({len(md.tensors):,} tensors, "
+        f"{len(md.files):,} files). " + HOW_TO_SAVE_LARGE
+    )
 
 
 def md_ndim(md: Metadata) -> int:

@@ -156,6 +156,8 @@ def _index_files(st: Storage, d: Path) -> tuple[list[str], dict[str, str] | None
             doc = json.loads(raw)
         except ValueError as e:
             raise CheckpointError(f"{where!r} is not JSON: {e}") from None
+        except RecursionError:
+            raise CheckpointError(f"{where!r} is nested too deeply to be read") from None
         wm = doc.get("weight_map") if isinstance(doc, dict) else None
         if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
             raise CheckpointError(f"{where!r} has no weight_map of tensor name -> file name")
@@ -303,6 +305,8 @@ def _carried(st: Storage, d: Path) -> tuple[dict[str, Any], int, dict[str, bytes
         doc = json.loads(raw)
     except ValueError as e:
         raise CheckpointError(f"{where!r} is not JSON: {e}") from None
+    except RecursionError:  # json's C scanner recurses per level: 200,000 brackets exhaust the stack
+        raise CheckpointError(f"{where!r} is nested too deeply to be read") from None
     ok = isinstance(doc, dict) and doc.get("format") == VALUES_FORMAT and isinstance(doc.get("version"), int)
     values, blobs = (doc.get("values"), doc.get("blobs")) if ok else (None, None)
     if not (isinstance(values, dict) and isinstance(blobs, dict) and all(isinstance(v, str) for v in blobs.values())):

@@ -25,7 +25,7 @@ from ..collective import name_ranks
 from ..dcp_compat import check_planner, location
 from ..errors import CheckpointError, StorageError, describe, rank_errors
 from ..format.dtypes import dtype as dtype_info
-from ..format.format import decode_value
+from ..format.format import decode_value, value_repr
 from ..state import TensorLeaf, dest_bytes, expand_stateful, flatten, materialize_meta
 from ..storage.base import Storage
 from ..storage.location import checkpoint_path, display, storage_for
@@ -168,7 +168,7 @@ def _load(
         if t is None:
             if lf.name in ck.metadata.values:
                 raise CheckpointError(
-                    f"{lf.name!r} was saved as a value ({ck.metadata.values[lf.name]!r}), not a tensor"
+                    f"{lf.name!r} was saved as a value ({value_repr(ck.metadata.values[lf.name])}), not a tensor"
                 )
             if strict:
                 raise CheckpointError(
@@ -196,6 +196,7 @@ def _load(
             staged.append(lf)
         else:
             requests.append(Request(lf.name, lf.region, dest))
+    in_tuples: dict[int, tuple[str, dict[int, Any]]] = {}  # id(tuple) -> (its name, {index: new value})
     for v in value_leaves:
         if v.name not in ck.metadata.values:
             if v.name in saved:
@@ -205,12 +206,13 @@ def _load(
             if strict:
                 raise CheckpointError(f"value {v.name!r} is not in the checkpoint at {display(path)!r}")
             continue
-        new = decode_value(ck.metadata.values[v.name], v.name, ck.metadata.version)
-        if isinstance(v.parent, tuple):
-            if new != v.value:
-                raise CheckpointError(f"{v.name!r} lives in a tuple and cannot be replaced in place")
+        new = restore_like(decode_value(ck.metadata.values[v.name], v.name, ck.metadata.version), v.value)
+        if isinstance(v.parent, tuple):  # immutable: the whole tuple is rebuilt in its parent, below
+            in_tuples.setdefault(id(v.parent), (v.name.rpartition(".")[0], {}))[1][v.key] = new
             continue
         v.parent[v.key] = new
+    if in_tuples:
+        _rebuild_tuples(state_dict, in_tuples)
     rounds = staging_rounds(staged, piece_cap)
     buf = staging_like(staged, max((p.end for r in rounds for p in r), default=0))
     stats = ReadStats()
@@ -231,6 +233,68 @@ def _load(
         holder.write(data.tobytes())
         holder.seek(0)
     return LoadResult(path, ck.step, stats, {"total_s": time.perf_counter() - t0})
+
+
+def restore_like(new: Any, old: Any) -> Any:
+    """``new`` (a value as the checkpoint decodes it) in the type of ``old`` (what the state dict
+    held) where the format does not record the type but the target does: a namedtuple (saved as
+    a tuple), an ``np.str_`` or ``np.bytes_`` (saved as str, bytes), a ``bytearray``; inside
+    lists, tuples and dicts of the same shape too. Anything else is ``new`` as decoded."""
+    if isinstance(old, np.str_) and type(new) is str:
+        return np.str_(new)
+    if isinstance(old, np.bytes_) and type(new) is bytes:
+        return np.bytes_(new)
+    if isinstance(old, bytearray) and type(new) is bytes:
+        return bytearray(new)
+    if isinstance(old, tuple) and type(new) is tuple and len(old) == len(new):
+        items = [restore_like(n, o) for n, o in zip(new, old)]
+        return type(old)._make(items) if _is_namedtuple(old) else tuple(items)
+    if isinstance(old, list) and type(new) is list and len(old) == len(new):
+        return [restore_like(n, o) for n, o in zip(new, old)]
+    if isinstance(old, dict) and type(new) is dict:
+        return {k: restore_like(x, old[k]) if k in old else x for k, x in new.items()}
+    return new
+
+
+def _is_namedtuple(x: Any) -> bool:
+    return isinstance(x, tuple) and hasattr(type(x), "_fields") and hasattr(type(x), "_make")
+
+
+def _rebuild_tuples(root: dict[str, Any], pending: dict[int, tuple[str, dict[int, Any]]]) -> None:
+    """Put loaded values into the tuples that hold them (a tuple beside an array, as
+    ``np.random.get_state()``: the array is filled in place, its scalars are values): each such
+    tuple, and every tuple above it, is replaced by a new one of the same type in the nearest
+    mutable container, as DCP's load replaces what it cannot fill in place."""
+
+    def rebuilt(x: Any) -> Any:
+        if isinstance(x, dict):
+            for k, v in list(x.items()):
+                new = rebuilt(v)
+                if new is not v:
+                    x[k] = new
+            return x
+        if isinstance(x, list):
+            for i, v in enumerate(x):
+                new = rebuilt(v)
+                if new is not v:
+                    x[i] = new
+            return x
+        if not isinstance(x, tuple):
+            return x
+        name, repl = pending.get(id(x), ("", {}))
+        items = [repl[i] if i in repl else rebuilt(v) for i, v in enumerate(x)]
+        if all(a is b for a, b in zip(items, x)):
+            return x
+        if type(x) is tuple:
+            return tuple(items)
+        if _is_namedtuple(x):
+            return type(x)._make(items)
+        raise CheckpointError(
+            f"{name!r}: a {type(x).__qualname__} (a tuple subclass) holds loaded values and cannot be rebuilt; "
+            "hold them in a tuple, list or dict"
+        )
+
+    rebuilt(root)
 
 
 def open_for_load(path: Path, storage: Storage | None = None) -> Any:

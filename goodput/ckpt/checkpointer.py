@@ -38,8 +38,9 @@
 - One Checkpointer per job and root: at start-up rank 0 removes step directories that never
   committed (no ``MANIFEST.json``). A step directory whose manifest is there but cannot be read
   (damaged, or written by a newer goodput) is never removed, by that or by retention, nor counted
-  as one of the ``keep`` kept: it is logged once, ``restore`` goes on from the newest readable
-  one, and a person decides. Do not point a second, concurrent Checkpointer at a live job's root (readers use
+  as one of the ``keep`` kept: it is logged once, and a person decides; ``restore`` refuses to
+  resume from an older step while such a directory newer than it is there (the run would save
+  over it on reaching its step), and says which. Do not point a second, concurrent Checkpointer at a live job's root (readers use
   :func:`goodput.ckpt.latest` and :func:`goodput.ckpt.open`, which never delete anything).
 """
 
@@ -364,28 +365,34 @@ class Checkpointer:
     def restore(self, state: dict[str, Any], *, data: Any = None) -> int | None:
         """Load the newest committed checkpoint into ``state`` (in place); its step, or None.
 
+        A step directory newer than that one whose manifest cannot be read (damaged, or written by
+        a newer goodput) is refused with a :class:`CheckpointError` naming it: resuming before it
+        would save over it. Move it away to resume from the older step.
+
         Tiered: the newest checkpoint committed on any tier, each file from the fastest tier that
         holds it; ``restored_tier`` says which ("fast", "durable", or "fast+durable")."""
         data = data if data is not None else self.data
         if self.fast is not None:
             return self._restore_tiered(state, data)
         if self.world > 1:  # rank 0 alone lists; every rank restores the checkpoint it chose
-            answer: list = [None, None]
+            answer: list = [None, None, False]
             if self.rank == 0:
                 try:
-                    found = latest(self.root)
-                    answer = [str(found) if found is not None else None, None]
+                    found = self._latest_not_over_damage()
+                    answer = [str(found) if found is not None else None, None, False]
                 except Exception as e:  # every rank raises it, none waits for rank 0
-                    answer = [None, describe(e)]
+                    answer = [None, describe(e), isinstance(e, StorageError)]
                     failure: BaseException | None = e
-            chosen, why = collective.broadcast_obj(answer, 0, self.group)
+            chosen, why, listing_failed = collective.broadcast_obj(answer, 0, self.group)
             if why is not None:
                 if self.rank == 0:
                     raise failure  # type: ignore[misc]
-                raise StorageError(f"restore from {display(self.root)!r}: rank 0 could not list it: {why}")
+                if listing_failed:
+                    raise StorageError(f"restore from {display(self.root)!r}: rank 0 could not list it: {why}")
+                raise CheckpointError(f"restore from {display(self.root)!r} refused on rank 0: {why}")
             path = as_location(chosen) if chosen is not None else None
         else:
-            path = latest(self.root)
+            path = self._latest_not_over_damage()
         if path is None:
             return None
         marker = f".reader-{socket.gethostname()}-{os.getpid()}"
@@ -397,6 +404,40 @@ class Checkpointer:
             self.storage.remove(path, marker)
         self.restored_tier = "durable"
         return self._restored(step)
+
+    def _latest_not_over_damage(self) -> Path | None:
+        """:func:`latest`, unless a step directory newer than it holds a manifest that cannot be
+        read: the run would go on from the older step and, reaching that step, save over it
+        (a newer goodput's checkpoint, or one a person may repair). That is refused, naming it,
+        before any work is done that the refusal would cost later."""
+        found = latest(self.root)
+        mt = STEP_DIR.match(found.name) if found is not None else None
+        after = int(mt.group(1)) if mt else -1
+        try:
+            entries = self.storage.list(self.root)
+        except FileNotFoundError:
+            return found
+        except StorageError:
+            raise
+        except OSError as e:
+            raise StorageError(f"{display(self.root)!r} cannot be listed: {e.strerror or e}") from None
+        damaged = []
+        for e in entries:
+            q = STEP_DIR.match(e.name)
+            if q and e.kind == "dir" and int(q.group(1)) > after:
+                got = manifest_or_damage(self.root / e.name, self.storage)
+                if isinstance(got, DamagedCheckpoint):
+                    damaged.append(got)
+        if damaged:
+            d = damaged[0]
+            raise CheckpointError(
+                f"{display(d.path)!r} is newer than the newest readable checkpoint "
+                f"({display(found) if found is not None else 'none'}) and its {MANIFEST} cannot be read: {d.reason}"
+                + (f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else "")
+                + "; a run resumed before it would save over it. Look at it (a damaged checkpoint, or one written "
+                f"by a newer goodput), move it out of {display(self.root)!r} or remove it, then restart"
+            )
+        return found
 
     def _restored(self, step: int | None) -> int | None:
         self._last_step = step

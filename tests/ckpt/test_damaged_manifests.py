@@ -1,8 +1,9 @@
 """A step directory whose MANIFEST.json is there but cannot be read (a flipped byte, a newer
 format version, an empty or truncated file, a FIFO, a link, a forged file name) is a damaged
 checkpoint, not a save that never committed: ``latest()`` skips it saying so, a Checkpointer's
-start-up cleanup and its retention never delete it nor count it among those kept, and
-``list_checkpoints`` / ``goodput ckpt ls`` report it with why."""
+start-up cleanup and its retention never delete it nor count it among those kept, its restore
+refuses to resume before it (the run would save over it), and ``list_checkpoints`` /
+``goodput ckpt ls`` report it with why."""
 
 from __future__ import annotations
 
@@ -123,9 +124,13 @@ def test_checkpointer_never_deletes_it_nor_counts_it_as_kept(
         said = [r.getMessage() for r in caplog.records if S3 in r.getMessage()]
         assert said and all("keeping" in m for m in said) and WHY[how] in said[0]
         state = {"w": torch.zeros(8)}
-        with pytest.warns(DamagedCheckpointWarning, match=S3):
-            assert ck.restore(state) == 2
-        assert state["w"][0].item() == 2.0
+        # resuming from step 2 would save step 3 over it: refused, naming it, before any work
+        with (
+            pytest.warns(DamagedCheckpointWarning, match=S3),
+            pytest.raises(gc.CheckpointError, match=f"{S3}.* would save over it") as e,
+        ):
+            ck.restore(state)
+        assert WHY[how] in str(e.value) and state["w"][0].item() == 0.0
         ck.save(4, {"w": torch.full((8,), 4.0)}).result()  # retention at a commit spares it too
         caplog.clear()
         ck.save(5, {"w": torch.full((8,), 5.0)}).result()
@@ -158,3 +163,29 @@ def test_cli_ls_shows_it_with_why(damaged_root: tuple[Path, str]) -> None:
     r = CliRunner().invoke(app, ["ckpt", "ls", str(root)])
     out = " ".join(r.output.split())
     assert r.exit_code == 0 and "damaged or unreadable" in out and S3 in out and S2 in out
+
+
+def test_restore_goes_on_once_it_is_moved_away(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    _three_steps(root)
+    _future(root / S3)
+    (root / S3).rename(tmp_path / "kept-aside")  # what the refusal asks a person to do
+    ck = gc.Checkpointer(root, interval=1, keep=5, mode="thread")
+    try:
+        state = {"w": torch.zeros(8)}
+        assert ck.restore(state) == 2 and state["w"][0].item() == 2.0
+    finally:
+        ck.close()
+    assert (tmp_path / "kept-aside" / MANIFEST).exists()
+
+
+def test_an_older_damaged_step_does_not_stop_a_restore(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    _three_steps(root)
+    _flip(root / S1)  # older than the newest: nothing will be saved over it
+    ck = gc.Checkpointer(root, interval=1, keep=5, mode="thread")
+    try:
+        assert ck.restore({"w": torch.zeros(8)}) == 3
+    finally:
+        ck.close()
+    assert (root / S1 / MANIFEST).exists()

@@ -1,5 +1,4 @@
 #!/usr/bin/env python3
-#!/usr/bin/env python3
 """Run PyTorch DCP's own test files under DCP and under goodput.ckpt, with the import swapped as a user would.
 
     .venv/bin/python tools/dcp_tests.py /tmp/dcp-tests/upstream --json /tmp/dcp-tests/result.json

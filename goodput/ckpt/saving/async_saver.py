@@ -86,6 +86,7 @@ class _LazyCopy:
     def __init__(self) -> None:
         self.job: Any = None  # the StageJob, once the copy has started
         self.done = threading.Event()  # set when the copy ended, whether it succeeded or not
+        self.guard: Any = None  # the CopyFirst mode on the saving thread: the copy settles it
 
 
 class AsyncSave(Future):
@@ -256,7 +257,7 @@ class AsyncSaver:
         self.inflight = handle
         if later:
             handle._lazy = _LazyCopy()
-            mode = CopyFirst(handle.wait_staged, handle._lazy.done, later)
+            mode = handle._lazy.guard = CopyFirst(handle.wait_staged, handle._lazy.done, later)
             mode.push()  # before the copy is handed on: no change on this thread can come first
             self._modes.append(mode)
             target: Callable[..., None] = self._lazy_background
@@ -433,7 +434,7 @@ class AsyncSaver:
         try:
             if gate is not None:
                 gate.wait()
-            lz.job = self.pool.job(leaves, slots, versions, ready)
+            lz.job = self.pool.job(leaves, slots, versions, ready, lz.guard)
             # one core stays the training loop's: this copy runs while the loop computes
             lz.job.run(helpers=copier().threads - 2)
         except BaseException as e:  # noqa: BLE001 - fails this save, reported by the next call

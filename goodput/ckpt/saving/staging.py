@@ -208,6 +208,12 @@ MUTATING_NAMES = frozenset(
 )  # fmt: skip
 ESCAPING_NAMES = frozenset({"numpy", "__array__", "data_ptr", "untyped_storage", "storage", "_typed_storage",
                             "__dlpack__", "__array_interface__", "to_dlpack"})  # fmt: skip
+# keywords that make a torch function write its tensor arguments (``F.relu(x, inplace=True)``,
+# ``F.embedding(..., max_norm=1.0)`` renormalises the weight rows it reads)
+MUTATING_KWARGS = ("inplace", "max_norm")
+# calls that run code the mode cannot see (autograd hooks, an optimizer stepped in backward) on
+# tensors they are not given: every leaf still being copied is watched across them
+OPAQUE_NAMES = frozenset({"backward", "grad", "_engine_run_backward"})
 
 
 def storage_key(t: Any) -> int | None:
@@ -234,58 +240,183 @@ def _tensors(x: Any, out: list) -> list:
     return out
 
 
-def touched(func: Any, args: tuple, kwargs: dict) -> list:
-    """The tensors a torch call may change or hand out (empty when it only reads): the
-    calls copy-first staging makes wait when one of them shares memory with a leaf being copied."""
+def mutates(func: Any, kwargs: dict) -> bool:
+    """Whether a torch call may change (or hand out the memory of) any tensor it is given.
+
+    Torch functions arrive here as the Python-level callables the user called, not as aten
+    overloads: a method (``w.add_``), a ``torch.*`` builtin, or a Python function that forwards
+    its tensors by keyword (``torch.nn.init.normal_(tensor=w)``, ``F.relu(w, inplace=True)``).
+    The tensor a call writes is not always its first argument (``x.copy_(src)`` reads ``src``;
+    ``torch._foreach_add_(params, grads)`` writes a list; ``out=`` writes a keyword), so a
+    mutating call counts every tensor it was given: erring towards waiting for the copy costs a
+    wait, erring the other way costs a torn checkpoint."""
     name = getattr(func, "__name__", "")
     if name == "__get__":  # a property: only ``.data`` is an alias with a counter of its own
-        return _tensors(args[:1], []) if getattr(func, "__self__", None) is torch.Tensor.data else []
-    found = _tensors(kwargs.get("out"), []) if kwargs.get("out") is not None else []
+        return getattr(func, "__self__", None) is torch.Tensor.data
+    if kwargs.get("out") is not None or any(kwargs.get(k) not in (None, False) for k in MUTATING_KWARGS):
+        return True
+    if name in IN_PLACE_DUNDERS or name in ESCAPING_NAMES or name in MUTATING_NAMES:
+        return True
     base = name.split(".")[0]
-    first = name in IN_PLACE_DUNDERS or name in ESCAPING_NAMES or (base.endswith("_") and not base.endswith("__"))
-    if first and getattr(func, "_schema", None) is None:  # a method or torch.* function: its first argument
-        return _tensors(args[:1], found)
-    if name in MUTATING_NAMES or getattr(getattr(func, "_schema", None), "is_mutable", False):
-        return _tensors(args, _tensors(kwargs, found))  # which argument it changes is not said: any
-    return found
+    if base.endswith("_") and not base.endswith("__"):
+        return True
+    schema = getattr(func, "_schema", None)  # an aten overload (torch.ops.aten.add_.Tensor)
+    return bool(getattr(schema, "is_mutable", False))
+
+
+def touched(func: Any, args: tuple, kwargs: dict) -> list:
+    """The tensors a torch call may change or hand out (empty when it only reads), from its
+    positional and keyword arguments, lists included: the calls copy-first staging makes wait
+    when one of them shares memory with a leaf being copied."""
+    if not mutates(func, kwargs):
+        return []
+    if getattr(func, "__name__", "") == "__get__":
+        return _tensors(args[:1], [])
+    return _tensors(args, _tensors(kwargs, []))
 
 
 class CopyFirst(TorchFunctionMode):
     """Until ``copy`` is done, a torch call on this thread that may change the data of a tensor
-    being copied (or hand its memory out) waits for it first (see the module's doc). Pushed by
-    the lazy save on the thread that asked for it; inert once the copy is done; popped by
-    :meth:`retire` on that thread (the saver's next call, a protected optimizer step,
-    ``wait_staged``). Calls on other tensors (activations changed in place in a forward pass,
-    small leaves already copied) go on at once."""
+    being copied (or hand its memory out) waits for it first (see the module's doc). Any other
+    call given such a tensor (a forward pass reading a weight) goes on at once, watched: when
+    it returns, each of its tensors whose copy had not ended when it started is checked
+    against its version counter, and a change fails the save naming the leaf (:meth:`settle`,
+    which the copy runs before the write, waits for watched calls still running). Calls on
+    other tensors (activations changed in place, small leaves already copied) go on at once.
+
+    Pushed by the lazy save on the thread that asked for it, under every mode of the caller's
+    (the default device's excepted, which insists on the bottom), so that leaving a
+    ``with`` block of the caller's pops the caller's mode; inert once the copy is done;
+    removed by :meth:`retire` on that thread (the saver's next call, a protected optimizer
+    step, ``wait_staged``) wherever it is in the stack."""
 
     def __init__(self, wait: Any, done: threading.Event, leaves: list[TensorLeaf]) -> None:
         super().__init__()
         self._wait = wait
         self._done = done
-        self._keys = {k for lf in leaves if (k := storage_key(lf.local)) is not None}
+        self._leaves = leaves
+        self._by_key: dict[int, list[int]] = {}
+        for i, lf in enumerate(leaves):
+            if (k := storage_key(lf.local)) is not None:
+                self._by_key.setdefault(k, []).append(i)
+        self._keys = set(self._by_key)
+        self._open: dict[int, int] = {k: len(v) for k, v in self._by_key.items()}  # leaves still copying
+        self._cv = threading.Condition()
+        self._running = 0  # watched calls in progress
+        self._closed = False
+        self._torn: StaleStateError | None = None
         self.thread = threading.get_ident()
         self.waited = 0  # calls that waited for the copy (tests, the bench)
+        self.watched = 0  # calls that went on, watched
 
+    # -- the copy's side
+    def leaf_done(self, i: int) -> None:
+        """Leaf ``i`` of the save is copied: a call that starts from now on cannot tear it."""
+        k = storage_key(self._leaves[i].local)
+        with self._cv:
+            if k in self._open:
+                self._open[k] -= 1
+                if self._open[k] <= 0:
+                    del self._open[k]
+
+    def copied(self) -> None:
+        """The copy is complete: nothing waits for it any longer."""
+        self._done.set()
+
+    def close(self) -> None:
+        """No call is watched from now on (the copy ended, or failed)."""
+        with self._cv:
+            self._closed = True
+            self._open.clear()
+
+    def settle(self) -> None:
+        """Once the copy is complete: wait for the watched calls still running (each started
+        before a copy it may have changed ended), then fail if one changed a leaf."""
+        with self._cv:
+            self._closed = True
+            self._open.clear()
+            while self._running:
+                self._cv.wait()
+            if self._torn is not None:
+                raise self._torn
+
+    # -- the training thread's side
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if not self._done.is_set() and any(storage_key(t) in self._keys for t in touched(func, args, kwargs)):
+        if self._done.is_set() or self._closed:
+            return func(*args, **kwargs)
+        given = _tensors(args, _tensors(kwargs, []))
+        name = getattr(func, "__name__", "")
+        opaque = name in OPAQUE_NAMES
+        hits = [(t, k) for t in given if (k := storage_key(t)) in self._keys]
+        if not hits and not opaque:
+            return func(*args, **kwargs)
+        if hits and (mutates(func, kwargs) or any(tensor_version(t) is None for t, _ in hits)):
             self.waited += 1
             self._wait()
-        return func(*args, **kwargs)
+            return func(*args, **kwargs)
+        with self._cv:  # func runs outside: it may take long, or wait for another rank
+            watch = [] if self._closed else [(t, k, tensor_version(t)) for t, k in hits if k in self._open]
+            if opaque and not self._closed:  # every leaf still being copied, by its own counter
+                watch += [(lf, k, leaf_version(lf)) for k, idx in self._by_key.items() if k in self._open
+                          for lf in (self._leaves[i] for i in idx)]  # fmt: skip
+            if watch:
+                self._running += 1
+                self.watched += 1
+        if not watch:
+            return func(*args, **kwargs)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self._after(watch)
 
+    def _after(self, watch: list) -> None:
+        with self._cv:
+            try:
+                for x, k, before in watch:
+                    after = leaf_version(x) if isinstance(x, TensorLeaf) else tensor_version(x)
+                    if after != before and self._torn is None:
+                        name = self._leaves[self._by_key[k][0]].name
+                        self._torn = StaleStateError(
+                            name, -1 if before is None else before, -1 if after is None else after
+                        )
+            finally:
+                self._running -= 1
+                self._cv.notify_all()
+
+    # -- the mode stack
     def push(self) -> None:
-        self.__enter__()
+        """Put this mode under the caller's modes: a mode the caller entered before the save and
+        leaves after it must still be the one its ``__exit__`` pops (torch's
+        ``set_default_device`` moves its mode to the bottom the same way)."""
+        above = [torch._C._pop_torch_function_stack() for _ in range(torch._C._len_torch_function_stack())]
+        above.reverse()  # bottom first
+        # the default device's context (set_default_device) must stay at the bottom: its exit
+        # checks that it is; ``with torch.device(...)`` pushes and pops at the top like any mode
+        keep = 1 if above and above[0] is getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None) else 0
+        for m in above[:keep]:
+            torch._C._push_on_torch_function_stack(m)
+        torch._C._push_on_torch_function_stack(self)
+        for m in above[keep:]:
+            torch._C._push_on_torch_function_stack(m)
 
     def retire(self) -> bool:
-        """Pop this mode if the copy is done and it is on top of this thread's stack; whether it
-        is gone (another mode pushed above it keeps it, inert, until that one is popped)."""
+        """Take this mode out of this thread's stack, wherever it is, if the copy is done;
+        whether it is gone. Every other mode keeps its place."""
         if threading.get_ident() != self.thread or not self._done.is_set():
             return False
         n = torch._C._len_torch_function_stack()
-        if n and torch._C._get_function_stack_at(n - 1) is self:
-            self.__exit__(None, None, None)
-            return True
-        return False
+        if not any(torch._C._get_function_stack_at(i) is self for i in range(n)):
+            return True  # already gone (someone cleared the stack)
+        above = []
+        while True:
+            m = torch._C._pop_torch_function_stack()
+            if m is self:
+                break
+            above.append(m)
+        for m in reversed(above):
+            torch._C._push_on_torch_function_stack(m)
+        return True
 
 
 class _Unit:
@@ -448,6 +579,7 @@ class StageJob:
         slots: dict[tuple[str, int], Slot],
         versions: dict[tuple[str, int], int] | None = None,
         ready: Any = None,
+        guard: CopyFirst | None = None,
     ):
         arr = pool.array
         assert arr is not None
@@ -455,6 +587,7 @@ class StageJob:
         self._leaves = leaves
         self._versions = versions
         self._ready = ready
+        self._guard = guard
         self._cuda: list[tuple[torch.Tensor, TensorLeaf]] = []
         units = []
         for i, lf in enumerate(leaves):
@@ -467,7 +600,8 @@ class StageJob:
                 self._cuda.append((torch.from_numpy(view).view(x.dtype).view(s.shape), lf))
                 continue
             units.append(_host_unit(i, view, x, s))
-        self.host = CopyJob(units, self._check_index if versions is not None else None)
+        watched = versions is not None or guard is not None
+        self.host = CopyJob(units, self._leaf_copied if watched else None)
 
     def _check(self, lf: TensorLeaf) -> None:
         assert self._versions is not None
@@ -476,8 +610,13 @@ class StageJob:
         if after != before:
             raise StaleStateError(lf.name, before, -1 if after is None else after)
 
-    def _check_index(self, i: int) -> None:
-        self._check(self._leaves[i])
+    def _leaf_copied(self, i: int) -> None:
+        try:
+            if self._versions is not None:
+                self._check(self._leaves[i])
+        finally:
+            if self._guard is not None:
+                self._guard.leaf_done(i)
 
     def help(self) -> None:
         self.host.work()
@@ -488,6 +627,19 @@ class StageJob:
         ``sync=False``: device-to-host copies are only queued, with the training stream made to
         wait for them, so that no later kernel can change what they read; a later ``run`` (or
         :meth:`StagingPool.synchronize`) waits for them before the buffer is read."""
+        try:
+            self._run(helpers, sync)
+        except BaseException:
+            if self._guard is not None:
+                self._guard.close()
+            raise
+        if self._guard is not None:
+            # the copy is complete: the state may change from here on (a wait for the copy
+            # inside a watched call returns), then the watched calls still running end
+            self._guard.copied()
+            self._guard.settle()
+
+    def _run(self, helpers: int | None, sync: bool) -> None:
         if self._versions is not None:
             for lf in self._leaves:  # changed already: fail before copying anything
                 self._check(lf)
@@ -508,6 +660,10 @@ class StageJob:
         if self._versions is not None:  # pragma: no cover - GPU machines
             for _, lf in self._cuda:
                 self._check(lf)
+        if self._guard is not None and sync:  # pragma: no cover - GPU machines
+            for i, lf in enumerate(self._leaves):  # synchronized: their copies have ended
+                if isinstance(lf.local, torch.Tensor) and lf.local.device.type == "cuda":
+                    self._guard.leaf_done(i)
 
     def _issue_cuda(self) -> Any:  # pragma: no cover - GPU machines
         pool = self._pool
@@ -603,11 +759,12 @@ class StagingPool:
         slots: dict[tuple[str, int], Slot],
         versions: dict[tuple[str, int], int] | None = None,
         ready: Any = None,
+        guard: CopyFirst | None = None,
     ) -> StageJob:
         """A copy to run later, possibly on another thread. With ``versions`` (leaf name -> version
         at the request) every leaf is checked after its copy and :class:`StaleStateError` raised if
         it changed; ``ready``: a CUDA event recorded on the requester's stream at the request."""
-        return StageJob(self, leaves, slots, versions, ready)
+        return StageJob(self, leaves, slots, versions, ready, guard)
 
     def stage(self, leaves: list[TensorLeaf], slots: dict[tuple[str, int], Slot], sync: bool = True) -> None:
         """Copy every leaf into its slot; returns when the copy is complete (the state may change;

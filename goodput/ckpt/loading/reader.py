@@ -409,7 +409,9 @@ def _check_parent(storage: Storage, root: Path) -> None:
     if str(root).startswith("s3:/"):
         return
     parent = Path(os.path.abspath(root)).parent
-    if not os.path.isdir(parent):
+    if parent == parent.parent:
+        return
+    if not storage.exists(parent.parent, parent.name):
         raise StorageError(
             f"{display(root)!r} does not exist, nor does its parent {str(parent)!r}: a mistyped path? "
             "(a checkpoint root that does not exist yet is fine only inside an existing directory)"

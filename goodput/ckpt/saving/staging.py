@@ -13,23 +13,31 @@ chunks that a small persistent pool of threads and the calling thread take in tu
 torch release the interpreter lock while they copy, so the threads really run in parallel.
 Torch's own thread count is left alone: it belongs to the training loop.
 
-Lazy staging (:meth:`StagingPool.job` with ``versions``) copies while the training loop goes on.
-Two guards keep its checkpoint the state of its step, and neither can be raced:
+Lazy staging (:meth:`StagingPool.job` with ``versions`` and a ``guard``) copies while the
+training loop goes on. What it guarantees (docs/ASYNC.md says it in full): a change made on the
+thread that asked for the save, through any torch call, is either made after the copy or fails
+the save naming the tensor; never a torn commit.
 
-- copy first (:class:`CopyFirst`): until the copy is complete, the thread that asked for the save
-  runs every torch call through a torch function mode, and a call that may change a tensor's
-  data (any in-place or ``out=`` operation, ``optimizer.step()``'s foreach and fused kernels,
-  ``__setitem__``, batch norm's running statistics) or that hands its memory to code torch
-  cannot see (``.data``, ``.numpy()``, ``__array__``, ``data_ptr()``, ``untyped_storage()``,
-  DLPack) first waits for the copy, helping with it. The change then happens after the copy,
-  whatever path it takes from there. Calls that only read (a forward and backward pass) go on.
-- detect and fail: torch's version counter, which every in-place operation bumps after it ran
-  and which views and ``detach()`` share, is read at the request and after each leaf's copy; a
-  leaf changed in place by another thread fails the save, naming it.
+- copy first (:class:`CopyFirst`): until the copy is complete, that thread runs every torch call
+  through a torch function mode, and a call that may change the data of a tensor it is given
+  (every tensor in its arguments, keywords and lists included: an in-place name, ``inplace=``,
+  ``out=``, ``max_norm=``, a mutable schema, batch norm's running statistics) or that hands its
+  memory to code torch cannot see (``.data``, ``.numpy()``, ``data_ptr()``, DLPack...) first
+  waits for the copy when one of those tensors shares memory with a leaf being copied.
+- watch: any other call given such a tensor goes on, and the version counters of its tensors
+  whose copy had not ended are compared across it (for ``backward``, whose hooks may change
+  what it was not given: every leaf still copying). A change fails the save. The copy waits for
+  the watched calls still running before it lets the write start, so a kernel that bumps the
+  counter only when it returns, after the copy's own check, is still seen.
+- detect and fail: torch's version counter, which every in-place operation bumps when it returns
+  and which views and ``detach()`` share, is read at the request and after each leaf's copy: a
+  leaf changed by another thread fails the save, naming it. Against another thread this races
+  (an operation still running when the copy ends is seen too late): a net, not a guarantee.
 
-What neither sees: writes through an alias taken *before* the save (a numpy view, a pointer, a
-``.data`` tensor kept from earlier), and writes from another thread before their op returned.
-Code that does either must call ``handle.wait_staged()`` first or use eager staging.
+What none sees: writes through an alias taken *before* the save (a numpy view, a pointer, a
+``.data`` tensor kept from earlier), writes from another thread (other than a protected
+optimizer's step), writes by code that bumps no counter inside a watched call. Code that does
+any of these must call ``handle.wait_staged()`` first or use eager staging.
 """
 
 from __future__ import annotations
@@ -302,7 +310,7 @@ class CopyFirst(TorchFunctionMode):
         self._keys = set(self._by_key)
         self._open: dict[int, int] = {k: len(v) for k, v in self._by_key.items()}  # leaves still copying
         self._cv = threading.Condition()
-        self._running = 0  # watched calls in progress
+        self._watching: list[list] = []  # the watches of the calls in progress
         self._closed = False
         self._torn: StaleStateError | None = None
         self.thread = threading.get_ident()
@@ -335,7 +343,7 @@ class CopyFirst(TorchFunctionMode):
         with self._cv:
             self._closed = True
             self._open.clear()
-            while self._running:
+            while self._watching:
                 self._cv.wait()
             if self._torn is not None:
                 raise self._torn
@@ -361,7 +369,7 @@ class CopyFirst(TorchFunctionMode):
                 watch += [(lf, k, leaf_version(lf)) for k, idx in self._by_key.items() if k in self._open
                           for lf in (self._leaves[i] for i in idx)]  # fmt: skip
             if watch:
-                self._running += 1
+                self._watching.append(watch)
                 self.watched += 1
         if not watch:
             return func(*args, **kwargs)
@@ -372,7 +380,13 @@ class CopyFirst(TorchFunctionMode):
 
     def _after(self, watch: list) -> None:
         with self._cv:
-            try:
+            if any(w is watch for w in self._watching):  # else judged by caught_up already
+                self._judge([watch])
+
+    def _judge(self, watches: list[list]) -> None:
+        """Compare each watched tensor's counter now with the one before its call; end those watches."""
+        try:
+            for watch in watches:
                 for x, k, before in watch:
                     after = leaf_version(x) if isinstance(x, TensorLeaf) else tensor_version(x)
                     if after != before and self._torn is None:
@@ -380,9 +394,22 @@ class CopyFirst(TorchFunctionMode):
                         self._torn = StaleStateError(
                             name, -1 if before is None else before, -1 if after is None else after
                         )
-            finally:
-                self._running -= 1
-                self._cv.notify_all()
+        finally:
+            ids = {id(w) for w in watches}
+            self._watching = [w for w in self._watching if id(w) not in ids]
+            self._cv.notify_all()
+
+    def caught_up(self) -> None:
+        """This thread has waited for the copy, which is complete, from inside watched calls (an
+        optimizer stepped in ``backward`` whose ``protect`` hook waited): a change they made
+        before now may have met the copy and fails the save; one this thread makes from now on
+        comes after it. So they are judged now and watched no longer, and a protected step in
+        backward does not fail the save."""
+        if threading.get_ident() != self.thread or not self._done.is_set():
+            return
+        with self._cv:
+            if self._watching:
+                self._judge(list(self._watching))
 
     # -- the mode stack
     def push(self) -> None:
@@ -405,9 +432,12 @@ class CopyFirst(TorchFunctionMode):
         whether it is gone. Every other mode keeps its place."""
         if threading.get_ident() != self.thread or not self._done.is_set():
             return False
+        self.caught_up()
         n = torch._C._len_torch_function_stack()
         if not any(torch._C._get_function_stack_at(i) is self for i in range(n)):
-            return True  # already gone (someone cleared the stack)
+            # not there: called from inside this mode's own call (torch takes a mode off the
+            # stack while it handles one, and puts it back after): the next retire takes it
+            return False
         above = []
         while True:
             m = torch._C._pop_torch_function_stack()

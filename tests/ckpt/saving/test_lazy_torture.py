@@ -115,6 +115,8 @@ def _torture(trials: int) -> tuple[Counter, Counter]:
                     assert "'w' was changed in place" in str(e), e  # a refusal names the tensor
                     out["failed"] += 1
                     by[f"{kind}: failed"] += 1
+                    with pytest.raises(gc.SaveError, match="previous asynchronous save failed"):
+                        saver.raise_pending()  # reported once more, by the next call, then saves go on
                     continue
                 got = {"w": torch.empty(N)}
                 gc.load(got, path)
@@ -266,3 +268,30 @@ def test_a_lazy_save_inside_the_callers_modes_leaves_them_in_place(tmp_path: Pat
         got = {"w": torch.empty(N)}
         gc.load(got, tmp_path / n)
         assert torch.equal(got["w"], w)
+
+
+def test_a_protected_optimizer_stepped_inside_backward_commits_the_state_of_the_call(tmp_path: Path) -> None:
+    """``backward()`` is watched over every leaf still being copied (its hooks change tensors it
+    was not given). An optimizer stepped in backward and protected waits for the copy inside it:
+    its change comes after the copy, so the save commits, and exactly the values at the call."""
+    w = torch.nn.Parameter(torch.randn(N))
+    opt = torch.optim.SGD([w], lr=0.5)
+    saver = gc.AsyncSaver(mode="thread", staging="lazy", direct=False)
+    saver.protect(opt)
+    gate = saver._lazy_gate = threading.Event()
+    hook = w.register_post_accumulate_grad_hook(lambda p: opt.step())
+    try:
+        want = w.detach().clone()
+        h = saver.save({"w": w}, tmp_path / "c")
+        threading.Timer(0.3, gate.set).start()  # the copy starts while backward runs
+        (w * 2.0).sum().backward()  # the step inside waits for the copy, then changes w
+        assert not torch.equal(w.detach(), want)
+        h.result(timeout=120)
+        assert saver._modes[0].watched >= 1  # backward was watched: the copy had not started
+    finally:
+        gate.set()
+        hook.remove()
+        saver.close()
+    got = {"w": torch.empty(N)}
+    gc.load(got, tmp_path / "c")
+    assert torch.equal(got["w"], want)

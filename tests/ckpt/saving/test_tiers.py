@@ -10,7 +10,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,8 +20,7 @@ import goodput.ckpt as gc
 from goodput.ckpt.format.format import MANIFEST
 from goodput.ckpt.saving.tiers import drained_name, durable_state, fast_committed
 from tests.distributed import run_ranks
-
-REPO = Path(__file__).resolve().parents[3]
+from tests.forkserver import REPO, shared
 
 
 def _tiered(tmp: Path, **kw) -> gc.Checkpointer:
@@ -186,12 +184,16 @@ def test_sigkill_during_the_drain_loses_nothing_committed(tmp_path: Path) -> Non
     fast, durable = tmp_path / "fast", tmp_path / "durable"
     n = 1 << 18
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    # 1 MiB per save at 256 KiB/s: each drain takes about 4 s, so the kill lands inside one
-    p = subprocess.Popen(
-        [sys.executable, "-m", "tests.ckpt.trainer_child", str(durable), "0", "1", "-", "--steps", "100000",
-         "--interval", "20", "--elems", str(n), "--sleep", "0.05", "--fast", str(fast), "--drain-rate", "256KiB/s"],
-        env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    # 1 MiB per save at 256 KiB/s: each drain takes about 4 s, so the kill lands inside one;
+    # the trainer is forked from a server that imported torch once, in this process's group
+    log = tmp_path / "trainer.log"
+    with open(log, "w") as err:
+        p = shared().popen(
+            "tests.ckpt.trainer_child",
+            [str(durable), "0", "1", "-", "--steps", "100000", "--interval", "20", "--elems", str(n),
+             "--sleep", "0.05", "--fast", str(fast), "--drain-rate", "256KiB/s"],
+            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=err, new_session=False,
+        )  # fmt: skip
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -200,7 +202,7 @@ def test_sigkill_during_the_drain_loses_nothing_committed(tmp_path: Path) -> Non
             undrained = [s for s, (sid, _, c) in st.items() if not c and _draining(durable, s, sid)]
             if drained and undrained and max(undrained) > max(drained):
                 break
-            assert p.poll() is None, p.communicate()
+            assert p.poll() is None, log.read_text()[-3000:]
             time.sleep(0.05)
         else:
             pytest.fail("no drain in progress after a first durable commit")

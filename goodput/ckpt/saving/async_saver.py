@@ -104,6 +104,7 @@ class AsyncSave(Future):
         self.timings = timings
         self.staged: Future = Future()
         self._lazy: _LazyCopy | None = None
+        self._retire: Callable[[], None] | None = None  # the saver's: pops copy-first modes done with
 
     @property
     def committed(self) -> Future:
@@ -115,7 +116,16 @@ class AsyncSave(Future):
 
     def result(self, timeout: float | None = None) -> SaveTimings:
         """Wait until the save is committed; raises :class:`SaveError` if it failed."""
-        return super().result(timeout)
+        try:
+            return super().result(timeout)
+        finally:
+            self._retire_modes()
+
+    def _retire_modes(self) -> None:
+        # a loop's last save is often followed by nothing of the saver's but this wait: its
+        # copy-first mode must not stay pushed (a Python call per torch call) for the process's life
+        if self._retire is not None:
+            self._retire()
 
     def wait_staged(self) -> None:
         """Wait until this save's copy is complete, helping with it meanwhile (the waiting thread
@@ -254,6 +264,7 @@ class AsyncSaver:
         timings = SaveTimings(step, plan_s=t1 - t0, stage_s=t2 - t1, stall_s=t2 - t0, staging=self.staging)
         timings.lazy_bytes = sum(slots[lf.ident].nbytes for lf in later)
         handle = AsyncSave(path, step, prep.save_id, timings=timings)
+        handle._retire = self.retire
         self.inflight = handle
         if later:
             handle._lazy = _LazyCopy()

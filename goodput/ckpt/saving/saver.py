@@ -49,7 +49,7 @@ from ..dcp_compat import (
     refuses_overwrite,
 )
 from ..errors import SaveError, describe, raise_rank_errors, save_error
-from ..format.format import DEFAULT_BLOCK, encode_value
+from ..format.format import DEFAULT_BLOCK, MANIFEST, encode_value
 from ..format.geometry import Region
 from ..loading.reader import is_committed
 from ..state import TensorLeaf, flatten, host_bytes
@@ -148,6 +148,25 @@ def _planning_error(e: Exception, path: Path, group: Any) -> str:
     return name_ranks(f"save to {display(path)!r} failed on rank 0 while planning: {describe(e)}", group)
 
 
+DCP_METADATA = ".metadata"  # what marks a directory as a DCP checkpoint
+
+
+def refuse_unsafe_target(path: Path) -> None:
+    """A save never lands where it would damage something that is not a goodput checkpoint: the
+    filesystem's root (``gc.save(sd, "/")`` would write MANIFEST.json into ``/``), or a DCP
+    checkpoint's directory, where two formats would lie mixed and neither tool could tell which
+    files are its own."""
+    if isinstance(path, Path) and (full := path.resolve()) == Path(full.anchor):
+        raise SaveError(f"refusing to save a checkpoint into the filesystem root {str(path)!r}: name a directory")
+    store = storage_for(path)
+    if store.exists(path, DCP_METADATA) and not store.exists(path, MANIFEST):
+        raise SaveError(
+            f"{display(path)!r} holds a DCP checkpoint ({DCP_METADATA!r}): a goodput save there would mix "
+            "two formats in one directory. Save to another directory, or convert it first with "
+            "`goodput ckpt import-dcp`"
+        )
+
+
 def prepare(
     state_dict: dict[str, Any], path: Path, group: Any, block_bytes: int, cache: bool = True, overwrite: bool = True
 ) -> Prepared:
@@ -169,6 +188,8 @@ def prepare(
         check_block_bytes(block_bytes)
         if not overwrite and is_committed(path):
             raise overwrite_refused(path)
+        if rank == 0:
+            refuse_unsafe_target(path)
         storage_for(path).prepare(path)
         leaves, value_leaves = flatten(state_dict)
         vals = msgspec.msgpack.encode({v.name: encode_value(v.value, v.name) for v in value_leaves})

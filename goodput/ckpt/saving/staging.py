@@ -304,8 +304,10 @@ class CopyFirst(TorchFunctionMode):
         self._done = done
         self._leaves = leaves
         self._by_key: dict[int, list[int]] = {}
-        for i, lf in enumerate(leaves):
-            if (k := storage_key(lf.local)) is not None:
+        # known before the copy starts: the copy's side must not make torch calls this mode sees
+        self._leaf_keys = [storage_key(lf.local) for lf in leaves]
+        for i, k in enumerate(self._leaf_keys):
+            if k is not None:
                 self._by_key.setdefault(k, []).append(i)
         self._keys = set(self._by_key)
         self._open: dict[int, int] = {k: len(v) for k, v in self._by_key.items()}  # leaves still copying
@@ -320,7 +322,7 @@ class CopyFirst(TorchFunctionMode):
     # -- the copy's side
     def leaf_done(self, i: int) -> None:
         """Leaf ``i`` of the save is copied: a call that starts from now on cannot tear it."""
-        k = storage_key(self._leaves[i].local)
+        k = self._leaf_keys[i]
         with self._cv:
             if k in self._open:
                 self._open[k] -= 1
@@ -650,7 +652,11 @@ class StageJob:
                 self._guard.leaf_done(i)
 
     def help(self) -> None:
-        self.host.work()
+        """Copy on the calling thread until nothing is left. The caller is the training thread,
+        where this save's :class:`CopyFirst` is pushed: the copy's own torch calls (slicing a
+        leaf, ``copy_`` from it) must not meet it, or the copy would wait for itself."""
+        with torch._C.DisableTorchFunction():
+            self.host.work()
 
     def run(self, helpers: int | None = None, sync: bool = True) -> None:
         """Copy everything; returns when the copy is complete (the state may change then).

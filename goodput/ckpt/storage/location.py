@@ -18,6 +18,9 @@ def checkpoint_path(path: Any, checkpoint_id: Any) -> Path:
     if path is not None and checkpoint_id is not None and Path(path) != Path(checkpoint_id):
         raise TypeError("give either path or checkpoint_id, not two different ones")
     given = path if path is not None else checkpoint_id
+    if isinstance(given, (str, bytes)) and not given.strip():
+        # Path("") is the working directory: an empty setting must not save into wherever the job ran
+        raise ValueError(f"the checkpoint's path is empty ({given!r}): name a directory")
     storage_for(given)  # an unsupported scheme is refused here, not made a directory
     return as_location(given)
 

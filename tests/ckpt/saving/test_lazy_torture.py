@@ -200,10 +200,12 @@ def test_a_write_the_guard_cannot_classify_fails_the_save_instead_of_tearing(tmp
 
     try:
         handle.append(saver.save({"w": w}, tmp_path / "c"))
+        mode = saver._modes[0]
         kernel(w)
         with pytest.raises(gc.SaveError, match=r"'w' was changed in place"):
             handle[0].result(timeout=120)
-        assert saver._modes[0].watched == 1
+        assert mode.watched == 1
+        assert saver._modes == []  # result() retired it
     finally:
         gate.set()
         saver.close()
@@ -283,11 +285,12 @@ def test_a_protected_optimizer_stepped_inside_backward_commits_the_state_of_the_
     try:
         want = w.detach().clone()
         h = saver.save({"w": w}, tmp_path / "c")
+        mode = saver._modes[0]
         threading.Timer(0.3, gate.set).start()  # the copy starts while backward runs
         (w * 2.0).sum().backward()  # the step inside waits for the copy, then changes w
         assert not torch.equal(w.detach(), want)
         h.result(timeout=120)
-        assert saver._modes[0].watched >= 1  # backward was watched: the copy had not started
+        assert mode.watched >= 1  # backward was watched: the copy had not started
     finally:
         gate.set()
         hook.remove()
@@ -295,3 +298,36 @@ def test_a_protected_optimizer_stepped_inside_backward_commits_the_state_of_the_
     got = {"w": torch.empty(N)}
     gc.load(got, tmp_path / "c")
     assert torch.equal(got["w"], want)
+
+
+def test_the_training_thread_lent_to_the_copy_never_waits_for_itself(tmp_path: Path) -> None:
+    """``wait_staged`` lends the training thread to the copy, and that thread is where the save's
+    guard is pushed: the copy's own torch calls (slicing a strided leaf, ``copy_`` from it, the
+    storage of a copied leaf) must not meet the guard, or the copy waits for itself (a CI run hung
+    there for 600 s when the background thread was slow to start)."""
+    w = torch.randn(N)
+    t = torch.randn(64, N // 64).t()  # strided: copied with torch's copy_, row by row
+    saver = gc.AsyncSaver(mode="thread", staging="lazy", direct=False)
+    captured: list = []
+    saver._submit = lambda fn, args: captured.append(args)  # type: ignore[method-assign]
+    try:
+        h = saver.save({"w": w, "t": t}, tmp_path / "c")
+        _, _, _, _, later, slots, versions, ready, _ = captured[0]
+        lz = h._lazy
+        guard = saver._modes[0]
+
+        def waits_for_itself() -> None:
+            raise AssertionError("the copy waited for itself")
+
+        guard._wait = waits_for_itself
+        with torch._C.DisableTorchFunction():  # made where the copy runs: no guard there
+            lz.job = saver.pool.job(later, slots, versions, ready, lz.guard)
+        lz.job.help()  # on this thread, under the guard
+        assert lz.job.host.error is None
+        assert guard.waited == 0 and not guard._open  # every leaf's copy ended and was told
+        guard.copied()
+        lz.done.set()
+    finally:
+        saver.inflight = None  # never handed to the writer: nothing for close() to wait for
+        saver.retire()
+        saver.close()

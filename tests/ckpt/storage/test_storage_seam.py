@@ -15,13 +15,15 @@ from goodput.ckpt.storage.location import storage_for
 
 PKG = Path(gc.__file__).parent
 # modules whose own I/O is not checkpoint storage: the seam itself, the shared-memory staging
-# buffer, the writer process's pipe, and the readers and writers of foreign formats: DCP's importer,
+# buffer, the writer process's pipe, the note a rank's watcher leaves its writer (a local
+# temporary file between two of the rank's own threads or processes, never in the checkpoint), and the readers and writers of foreign formats: DCP's importer,
 # Hugging Face directories (read where they lie, local only) and the safetensors export (the
 # safetensors library writes a local file, which the exporter commits by replace or uploads)
 NOT_STORAGE = {
     "storage/local.py",
     "saving/staging.py",
     "saving/writer_process.py",
+    "saving/peers.py",
     "compat/dcp_import.py",
     "loading/hf.py",
     "compat/exporter.py",

@@ -15,13 +15,15 @@ a thread (``goodput bench async`` measures it), hence the process default.
 Staging: ``staging="eager"`` (default) copies the whole state before ``save`` returns, on every
 usable core. ``staging="lazy"`` returns after planning and copies behind the training loop, during
 the next step's forward and backward, which leave parameters and optimizer state alone (the idea
-of DataStates-LLM's lazy copy). Three things keep a lazy checkpoint exactly the state of its
+of DataStates-LLM's lazy copy). Four things keep a lazy checkpoint exactly the state of its
 step: until the copy is done, any torch call on the saving thread that may change a tensor's data
 or hand its memory out (in place, ``out=``, ``.data``, ``.numpy()``, ``optimizer.step()``) waits
-for it first (:class:`goodput.ckpt.saving.staging.CopyFirst`); :meth:`AsyncSaver.protect` makes an
-optimizer's ``step()`` wait too, on any thread; and each tensor's version counter, read at the
-request and again after its copy, fails the save, naming the tensor, when another thread changed
-it in place meanwhile (detect and fail). Leaves whose changes cannot be seen that way (numpy
+for it first (:class:`goodput.ckpt.saving.staging.CopyFirst`); any other call given a tensor still
+being copied goes on watched, and fails the save, naming the tensor, if its version counter moved
+across the call; :meth:`AsyncSaver.protect` makes an optimizer's ``step()`` wait too, on any
+thread; and each tensor's version counter, read at the request and again after its copy, fails
+the save when another thread changed it in place meanwhile (detect and fail). The guard is
+popped by the saver's next call or the save's ``result()``. Leaves whose changes cannot be seen that way (numpy
 arrays, inference-mode tensors) and small leaves are copied before ``save`` returns. See
 docs/ASYNC.md, which also says what no guard sees.
 

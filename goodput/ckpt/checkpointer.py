@@ -27,6 +27,10 @@
   (RNG then re-seeded, see :mod:`goodput.ckpt.rng`): data positions of ranks ≥ M are dropped and
   positions may repeat. A loader that must see every sample exactly once across a resize should
   keep a *global* position (samples consumed by the whole job), which is the same on every rank.
+  A loader whose state is keyed by rank (torchtitan's ``{"dp_rank_<r>": ...}``) finds its key
+  missing on a rank the checkpoint has no state for: it is handed what the checkpoint holds
+  (a warning names the keys), and its own ``load_state_dict`` decides (torchtitan's starts that
+  rank's data afresh); the model and optimizer resume all the same.
 - Tiers: with ``fast=`` (a local directory: NVMe, /dev/shm; it may differ per node) the
   Checkpointer commits every save there first and drains it to ``root`` (the durable tier: a
   parallel file system or an object store) in the background, at most ``drain_rate`` per rank,
@@ -47,6 +51,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import signal
@@ -60,11 +65,13 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from . import collective, rng
 from .errors import CheckpointError, StorageError, describe
+from .format.dtypes import dtype
 from .format.format import LATEST, MANIFEST, MAX_MANIFEST_BYTES, STEP_DIR, decode_manifest, step_dir_name
 from .loading.loader import load
 from .loading.reader import Checkpoint, DamagedCheckpoint, latest, manifest_or_damage, scan_checkpoints
@@ -72,7 +79,7 @@ from .saving.async_saver import AsyncSave, AsyncSaver, SaveTimings
 from .saving.background import abort_name
 from .saving.commit import staged_name
 from .saving.tiers import Drain, Drained, Drainer, TierView, drained_name, durable_state, fast_committed
-from .state import is_stateful
+from .state import _contains_array, flatten, is_stateful
 from .storage.base import Storage
 from .storage.location import as_location, display, storage_for
 
@@ -446,6 +453,7 @@ class Checkpointer:
 
     def _load_into(self, state: dict[str, Any], data: Any, path: Path, storage: Storage | None) -> int | None:
         error: BaseException | None = None
+        differs: str | None = None  # why the data loader is not handed its own state_dict()'s keys
         try:
             ck = Checkpoint(path, storage)
             saved_world = ck.manifest.world_size
@@ -456,8 +464,9 @@ class Checkpointer:
             saved_rng = {n[len(prefix) :] for n in names if n.startswith(prefix)}
             if self.save_rng and saved_rng:
                 mine["rng"] = rng.template(saved_rng)
-            if data is not None and any(n.startswith(f"_goodput.rank.{src}.data") for n in names):
-                mine["data"] = _data_state(data)
+            held = {n for n in names if n.startswith(f"_goodput.rank.{src}.data.")}
+            if data is not None and held:
+                mine["data"], differs = _data_template(_data_state(data), held, f"_goodput.rank.{src}.data", ck)
             target = {**state, "_goodput": {"rank": {src: mine}}} if mine else state
         except Exception as e:  # every rank hears of it below
             error = e
@@ -469,8 +478,23 @@ class Checkpointer:
         load(target, path, process_group=self.group, storage=storage)
         if "rng" in mine:
             rng.apply(mine["rng"], reseed_with=self.rank if self.rank >= saved_world else None)
-        if "data" in mine and mine["data"] is not data:  # a Stateful: hand it the state loaded
-            data.load_state_dict(mine["data"])
+        if "data" in mine:
+            if differs is not None:
+                log.warning(
+                    "rank %s: the data loader state in %r (saved by rank %s of %s) does not have the keys of this "
+                    "rank's loader (%s); the loader is handed what the checkpoint holds, and its own "
+                    "load_state_dict decides (torchtitan's starts its data afresh when its rank's key is missing)",
+                    self.rank,
+                    display(path),
+                    src,
+                    saved_world,
+                    differs,
+                )
+            if is_stateful(data):  # hand it the state loaded
+                data.load_state_dict(mine["data"])
+            elif mine["data"] is not data:  # a dict, filled in place: it now holds what was saved
+                data.clear()
+                data.update(mine["data"])
         return ck.step
 
     def _restore_tiered(self, state: dict[str, Any], data: Any) -> int | None:
@@ -858,6 +882,81 @@ def _data_state(data: Any) -> Any:
             raise TypeError(f"data: state_dict() returned a {type(sd).__name__}, not a dict")
         return sd
     return data
+
+
+_GONE = object()  # a leaf (or a container of leaves) the checkpoint does not hold
+
+
+def _data_template(
+    live: dict[str, Any], held: set[str], prefix: str, ck: Checkpoint
+) -> tuple[dict[str, Any], str | None]:
+    """What to load the data loader's state into, and, when that is not ``live`` (the loader's
+    own ``state_dict()``), why. A loader's state may be keyed by rank (torchtitan's
+    ``{"dp_rank_<r>": ...}``): after a resize a rank's loader asks for keys the checkpoint does
+    not hold, and a load into ``live`` would fail the whole resume over the data position. The
+    loader gets what the checkpoint holds instead (``live``'s leaves that it holds, as they are,
+    and what it holds beside them), so that its ``load_state_dict`` sees its key missing and
+    applies its own policy."""
+    tensors, values = flatten({prefix: live})
+    names = {t.name for t in tensors} | {v.name for v in values}
+    if names == held:
+        return live, None
+
+    def kept(v: Any, name: str) -> Any:
+        if isinstance(v, dict):
+            out = {k: x for k, x in ((k, kept(x, f"{name}.{k}")) for k, x in v.items()) if x is not _GONE}
+            return _GONE if v and not out else out
+        if isinstance(v, (list, tuple)) and _contains_array(v):  # whole, or not at all (indices stay)
+            items = [kept(x, f"{name}.{i}") for i, x in enumerate(v)]
+            if any(x is _GONE for x in items):
+                return _GONE
+            return type(v)._make(items) if hasattr(type(v), "_make") else type(v)(items)
+        return v if name in held else _GONE
+
+    target = kept(live, prefix)
+    if target is _GONE:
+        target = {}
+    lacking = sorted(n[len(prefix) + 1 :] for n in names - held)
+    extra = sorted(n[len(prefix) + 1 :] for n in held - names)
+    saved = {t.name: t for t in ck.metadata.tensors}
+    for rest in extra:
+        node, key = target, rest
+        while True:  # down the dicts whose keys (an int, or one with a dot) the name goes through
+            sub = max(
+                (k for k in node if isinstance(node[k], dict) and key.startswith(f"{k}.")),
+                key=lambda k: len(str(k)),
+                default=None,
+            )
+            if sub is not None:
+                node, key = node[sub], key[len(str(sub)) + 1 :]
+                continue
+            head, dot, tail = key.partition(".")
+            if not dot or head in node:
+                break
+            node[head] = {}
+            node, key = node[head], tail
+        node[key] = _placeholder(saved.get(f"{prefix}.{rest}"))
+    why = "; ".join(
+        [f"the checkpoint lacks {_few(lacking)}"] * bool(lacking) + [f"it holds {_few(extra)} instead"] * bool(extra)
+    )
+    return target, why
+
+
+def _placeholder(t: Any) -> Any:
+    """A target for a saved leaf the loader did not ask for: a value's is replaced by the value
+    (None is one); a tensor's is filled, so it has the saved shape, dtype and kind."""
+    if t is None:
+        return None
+    if t.kind == "bytes":
+        return io.BytesIO()
+    if t.kind == "numpy" and dtype(t.dtype).numpy is not None:
+        return np.empty(tuple(t.shape), dtype(t.dtype).numpy)
+    return torch.empty(tuple(t.shape), dtype=getattr(torch, t.dtype))
+
+
+def _few(names: list[str], n: int = 4) -> str:
+    shown = ", ".join(repr(x) for x in names[:n])
+    return shown + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
 def _created(manifest: bytes) -> float:

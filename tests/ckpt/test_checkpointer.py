@@ -221,3 +221,23 @@ def test_lazy_staging_through_the_checkpointer(tmp_path: Path) -> None:
         got = {"model": {k: torch.zeros_like(v) for k, v in want.items()}}
         gc.load(got, tmp_path / f"step_{step:09d}")
         assert all(torch.equal(got["model"][k], v) for k, v in want.items()), step
+
+
+def test_data_state_with_other_keys_is_what_the_checkpoint_holds(tmp_path: Path, caplog) -> None:
+    """A data dict whose keys differ from the saved ones (a loader keyed by rank, after a
+    resize) does not fail the resume: the weights load, the dict holds what was saved (its own
+    keys the checkpoint lacks are gone, so its owner sees them missing), and a warning says so."""
+    ck = gc.Checkpointer(tmp_path, interval=1, mode="thread", save_rng=False)
+    saved = {"dp_rank_0": b"\x80pos=7", "epoch": 2, "gen": {"seed": torch.arange(3)}}
+    ck.save(4, {"w": torch.full((3,), 4.0)}, data=saved).result()
+    ck.close()
+    ck2 = gc.Checkpointer(tmp_path, interval=1, mode="thread")
+    state, data = {"w": torch.zeros(3)}, {"dp_rank_1": b"", "epoch": 0}
+    with caplog.at_level("WARNING", logger="goodput.ckpt"):
+        assert ck2.restore(state, data=data) == 4
+    ck2.close()
+    assert torch.equal(state["w"], torch.full((3,), 4.0))
+    assert data.keys() == {"dp_rank_0", "epoch", "gen"} and data["dp_rank_0"] == b"\x80pos=7" and data["epoch"] == 2
+    assert torch.equal(data["gen"]["seed"], torch.arange(3))
+    (msg,) = [r.getMessage() for r in caplog.records if "data loader" in r.getMessage()]
+    assert "lacks 'dp_rank_1'" in msg and "'dp_rank_0'" in msg and "'gen.seed'" in msg

@@ -176,3 +176,57 @@ def test_torchtitan_like_loop_saves_every_step_and_resumes_on_another_world_size
     assert _same(one["full"], two[0]["full"]), "resume on one rank is not exact"
     assert _same(one["dcp_full"], two[0]["full"]), "resume of the dcp.async_save checkpoint is not exact"
     assert one["pos"] == two[0]["pos"] == STEPS and one["dcp_pos"] == STEPS
+
+
+class TitanLoader(Loader):
+    """torchtitan's policy on a resume: its rank's key missing is a warning, and the data starts
+    afresh; the resume goes on."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__(rank)
+        self.handed: dict | None = None
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.handed = {k: pickle.loads(v) for k, v in sd.items()}
+        if f"dp_rank_{self.rank}" in sd:
+            super().load_state_dict(sd)
+
+
+def _save_one_rank(rank: int, world: int, root: str) -> dict:
+    loader, train = TitanLoader(rank), Train(world)
+    ck = gc.Checkpointer(root, interval=1, mode="thread", data=loader)
+    for _ in range(5):
+        train.step(loader)
+    ck.save(5, {"app": train}).result()
+    ck.close()
+    return {"full": train.full(), "pos": loader.pos}
+
+
+def _resume_two_ranks(rank: int, world: int, root: str) -> dict:
+    import logging
+
+    warned: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda rec: warned.append(rec.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("goodput.ckpt").addHandler(handler)
+    loader, train = TitanLoader(rank), Train(world)
+    ck = gc.Checkpointer(root, interval=1, mode="thread", data=loader)
+    step = ck.restore({"app": train})
+    ck.close()
+    return {"step": step, "full": train.full(), "pos": loader.pos, "handed": loader.handed, "warned": warned}
+
+
+def test_resume_on_more_ranks_with_a_loader_keyed_by_rank(tmp_path: Path) -> None:
+    """1 → 2 ranks: rank 1's loader asks for ``dp_rank_1``, which the checkpoint does not hold.
+    The model and optimizer resume exactly; each loader is handed what the checkpoint holds and
+    decides (rank 0 resumes its position, rank 1 starts afresh); a warning on rank 1 names it."""
+    (one,) = run_ranks(_save_one_rank, 1, str(tmp_path), timeout=300)
+    two = run_ranks(_resume_two_ranks, 2, str(tmp_path), timeout=300)
+    for r in two:
+        assert r["step"] == 5
+        assert _same(r["full"], one["full"]), "the model and optimizer did not resume exactly"
+        assert r["handed"] == {"dp_rank_0": {"pos": 5, "epoch": (0, "train")}}
+    assert [r["pos"] for r in two] == [5, 0]
+    assert not any("data loader" in w for w in two[0]["warned"])
+    (w,) = [w for w in two[1]["warned"] if "data loader" in w]
+    assert "'dp_rank_1'" in w and "'dp_rank_0'" in w and "rank 1" in w

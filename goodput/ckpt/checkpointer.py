@@ -436,15 +436,20 @@ class Checkpointer:
                 if isinstance(got, DamagedCheckpoint):
                     damaged.append(got)
         if damaged:
-            d = damaged[0]
-            raise CheckpointError(
-                f"{display(d.path)!r} is newer than the newest readable checkpoint "
-                f"({display(found) if found is not None else 'none'}) and its {MANIFEST} cannot be read: {d.reason}"
-                + (f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else "")
-                + "; a run resumed before it would save over it. Look at it (a damaged checkpoint, or one written "
-                f"by a newer goodput), move it out of {display(self.root)!r} or remove it, then restart"
-            )
+            raise self._over_damage(damaged, display(found) if found is not None else "none")
         return found
+
+    def _over_damage(self, damaged: list[DamagedCheckpoint], found: str) -> CheckpointError:
+        """The refusal to resume from ``found`` while ``damaged`` step directories newer than it
+        are there: the resumed run, reaching their steps, would save over them."""
+        d = damaged[0]
+        return CheckpointError(
+            f"{display(d.path)!r} is newer than the newest readable checkpoint "
+            f"({found}) and its {MANIFEST} cannot be read: {d.reason}"
+            + (f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else "")
+            + "; a run resumed before it would save over it. Look at it (a damaged checkpoint, or one written "
+            f"by a newer goodput), move it out of {display(self.root)!r} or remove it, then restart"
+        )
 
     def _restored(self, step: int | None) -> int | None:
         self._last_step = step
@@ -508,26 +513,41 @@ class Checkpointer:
         offers = collective.all_gather_bytes(
             msgspec.msgpack.encode([[s, sid, _created(raw)] for s, (sid, raw) in mine.items()]), self.group
         )
-        plan: Any = None
+        answer: list = [None, None, None, False]  # plan, the damage the plan stops at, why not, listing failed
         failure: BaseException | None = None
         if self.rank == 0:
             try:
                 # every save of every step any tier holds, newest step first, and within a step
                 # the newest save first (a step number saved again after a fallback restore)
                 saves: dict[tuple[int, str], list] = {}
-                for s, (sid, raw, committed) in durable_state(self.root).items():
+                damaged: list[DamagedCheckpoint] = []
+                for s, (sid, raw, committed) in durable_state(self.root, damaged).items():
                     saves[(s, sid)] = [s, sid, committed, _created(raw)]
                 for raw in offers:
                     for s, sid, created in msgspec.msgpack.decode(raw):
                         saves.setdefault((int(s), str(sid)), [int(s), str(sid), False, float(created)])
                 plan = [c[:3] for c in sorted(saves.values(), key=lambda c: (c[0], c[3]), reverse=True)]
+                answer = [plan, None, None, False]
+                if damaged:  # a run resumed before a damaged durable step would save over it
+                    bad = max(damaged, key=lambda d: int(STEP_DIR.match(d.path.name).group(1)))  # type: ignore[union-attr]
+                    newer = [c for c in plan if c[0] >= int(STEP_DIR.match(bad.path.name).group(1))]  # type: ignore[union-attr]
+                    if not newer:
+                        raise self._over_damage(damaged, f"step {plan[0][0]}" if plan else "none")
+                    stops_at = (
+                        f"{display(bad.path)!r} is newer and its {MANIFEST} cannot be read ({bad.reason}): "
+                        "a run resumed before it would save over it"
+                    )
+                    answer = [newer, stops_at, None, False]
             except Exception as e:  # every rank raises it, none waits for rank 0
-                failure, plan = e, describe(e)
-        plan = collective.broadcast_obj(plan, 0, self.group) if self.world > 1 else plan
+                failure, answer = e, [None, None, describe(e), isinstance(e, StorageError)]
+        answer = collective.broadcast_obj(answer, 0, self.group) if self.world > 1 else answer
+        plan, stops_at, why, listing_failed = answer
         if failure is not None:
             raise failure
-        if isinstance(plan, str):
-            raise StorageError(f"restore from {display(self.root)!r}: rank 0 could not list it: {plan}")
+        if why is not None:
+            if listing_failed:
+                raise StorageError(f"restore from {display(self.root)!r}: rank 0 could not list it: {why}")
+            raise CheckpointError(f"restore from {display(self.root)!r} refused on rank 0: {why}")
         assert plan is not None
         errors: list[str] = []
         for step, save_id, committed in plan:
@@ -572,6 +592,7 @@ class Checkpointer:
                 f"no checkpoint under {display(self.root)!r} or {display(self.fast)!r} could be restored: "
                 + "; ".join(errors[:4])
                 + (f"; and {len(errors) - 4} more" if len(errors) > 4 else "")
+                + (f"; no older step is tried: {stops_at}" if stops_at else "")
             )
         return None
 

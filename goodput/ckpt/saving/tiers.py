@@ -42,6 +42,7 @@ import msgspec
 from ..errors import CheckpointError, StorageError, describe
 from ..format.format import MANIFEST, MAX_MANIFEST_BYTES, STEP_DIR, decode_manifest, decode_metadata
 from ..format.format import metadata_file_name as md_name
+from ..loading.reader import DamagedCheckpoint, warn_damaged
 from ..storage.base import Entry, Sink, Source, Storage
 from ..storage.location import display, storage_for
 from .background import POLL_S, abort_name
@@ -81,10 +82,16 @@ def fast_committed(root: Path) -> dict[int, tuple[str, bytes]]:
     return out
 
 
-def durable_state(root: Path) -> dict[int, tuple[str, bytes, bool]]:
+def durable_state(root: Path, damaged: list[DamagedCheckpoint] | None = None) -> dict[int, tuple[str, bytes, bool]]:
     """The durable tier: step -> (save id, manifest bytes, durably committed) of each step that is
     committed there, or committed on the fast tier and not yet drained (a staged manifest).
-    A storage failure raises :class:`StorageError`: it says nothing about what is there."""
+    A storage failure raises :class:`StorageError`: it says nothing about what is there.
+
+    A step directory whose ``MANIFEST.json`` is there but cannot be read (damaged, or written by
+    a newer goodput) is left out with a :class:`DamagedCheckpointWarning` naming it and why, as
+    :func:`~goodput.ckpt.latest` does, and added to ``damaged`` when given: a tiered restore must
+    not take it for a step that was never saved (it refuses to resume before it, as an untiered
+    one does)."""
     storage = storage_for(root)
     out: dict[int, tuple[str, bytes, bool]] = {}
     for step, d in _step_dirs(storage, root, strict=True):
@@ -96,7 +103,13 @@ def durable_state(root: Path) -> dict[int, tuple[str, bytes, bool]]:
             names = [f.name for f in storage.list(d)]
         except StorageError:
             raise
-        except (FileNotFoundError, NotADirectoryError, CheckpointError):
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except CheckpointError as e:  # a MANIFEST.json that is there: a damaged checkpoint, said
+            bad = DamagedCheckpoint(d, str(e))
+            warn_damaged(bad, "skipped", stacklevel=3)
+            if damaged is not None:
+                damaged.append(bad)
             continue
         except OSError as e:
             raise StorageError(f"{display(d)!r} cannot be listed: {e}") from e

@@ -18,6 +18,7 @@ import torch
 
 import goodput.ckpt as gc
 from goodput.ckpt.format.format import MANIFEST
+from goodput.ckpt.loading.reader import DamagedCheckpointWarning
 from goodput.ckpt.saving.tiers import drained_name, durable_state, fast_committed
 from tests.distributed import run_ranks
 from tests.forkserver import REPO, shared
@@ -343,3 +344,81 @@ def test_a_preemption_at_a_step_not_due_for_the_drain_drains_it(tmp_path: Path, 
         ck.save(7, state).result()
     ck.preempt_now(7, state)
     assert _steps(tmp_path / "durable") == [7]
+
+
+# ---------------------------------------------------------------- a damaged durable manifest
+
+
+def _flip_manifest(d: Path) -> None:  # one sealed byte changed: the seal no longer matches
+    raw = (d / MANIFEST).read_bytes()
+    (d / MANIFEST).write_bytes(raw.replace(b'"world_size":1', b'"world_size":2'))
+
+
+def _three_drained(tmp: Path) -> None:
+    ck = _tiered(tmp, keep=None, fast_keep=3)
+    for step in (1, 2, 3):
+        ck.save(step, {"w": torch.full((64,), float(step))}).result()
+    assert ck.wait_drained(60)
+    ck.close()
+
+
+def test_durable_state_says_which_manifest_it_cannot_read(tmp_path: Path) -> None:
+    """As latest(): a damaged durable step is left out with a DamagedCheckpointWarning naming it
+    and why, never silently (it is not a step that was never saved)."""
+    _three_drained(tmp_path)
+    _flip_manifest(tmp_path / "durable" / "step_000000003")
+    with pytest.warns(DamagedCheckpointWarning, match="step_000000003.*checksum does not match"):
+        st = durable_state(tmp_path / "durable")
+    assert sorted(st) == [1, 2] and all(c for _, _, c in st.values())
+    damaged: list = []  # and the tiered restore is told which
+    with pytest.warns(DamagedCheckpointWarning):
+        durable_state(tmp_path / "durable", damaged)
+    assert [(d.path.name, "checksum does not match" in d.reason) for d in damaged] == [("step_000000003", True)]
+
+
+def test_tiered_restore_refuses_to_resume_before_a_damaged_durable_step(tmp_path: Path) -> None:
+    """The fast tier lost (new nodes), durable step 3 damaged: resuming from step 2 would save
+    step 3 over it, so the restore refuses, naming it, as an untiered one does; moved away, the
+    restore goes on from step 2. A damaged step older than one that loads stops nothing."""
+    _three_drained(tmp_path)
+    shutil.rmtree(tmp_path / "fast")
+    durable = tmp_path / "durable"
+    _flip_manifest(durable / "step_000000003")
+    state = {"w": torch.zeros(64)}
+    ck = _tiered(tmp_path)
+    with (
+        pytest.warns(DamagedCheckpointWarning, match="step_000000003"),
+        pytest.raises(gc.CheckpointError, match="step_000000003.*would save over it"),
+    ):
+        ck.restore(state)
+    ck.close()
+    assert state["w"][0].item() == 0.0 and (durable / "step_000000003" / MANIFEST).exists()
+    (durable / "step_000000003").rename(tmp_path / "kept-aside")
+    _flip_manifest(durable / "step_000000001")
+    ck = _tiered(tmp_path)
+    with pytest.warns(DamagedCheckpointWarning, match="step_000000001"):
+        assert ck.restore(state) == 2 and ck.restored_tier == "durable"
+    ck.close()
+    assert state["w"][0].item() == 2.0
+
+
+def _restore_refused(rank: int, world: int, tmp: str) -> str:
+    ck = _node_ck(rank, Path(tmp), drain_every=None)
+    try:
+        ck.restore({"w": gc.LocalShard(torch.zeros(512), (1024,), (512 * rank,))})
+    except gc.CheckpointError as e:
+        return f"{type(e).__name__}: {e}"
+    finally:
+        ck.close()
+    return "restored"
+
+
+def test_every_rank_hears_the_refusal(tmp_path: Path) -> None:
+    """Rank 0 alone lists the durable tier; the others raise its refusal with it, none hangs."""
+    run_ranks(_save_two, 2, str(tmp_path), [1, 2], None)
+    for node in ("node0", "node1"):
+        shutil.rmtree(tmp_path / node)
+    (tmp_path / "durable" / "step_000000002" / MANIFEST).write_bytes(b"{")
+    said = run_ranks(_restore_refused, 2, str(tmp_path), timeout=120)
+    assert all("step_000000002" in s and "would save over it" in s for s in said), said
+    assert said[0].startswith("CheckpointError") and "refused on rank 0" in said[1]

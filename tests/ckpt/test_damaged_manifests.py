@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 import goodput.ckpt as gc
 from goodput.ckpt.format.format import MANIFEST, decode_manifest, encode_manifest
-from goodput.ckpt.loading.reader import DamagedCheckpointWarning, scan_checkpoints
+from goodput.ckpt.loading.reader import DamagedCheckpointWarning, is_committed, scan_checkpoints
 from goodput.cli.main import app
 
 S1, S2, S3 = "step_000000001", "step_000000002", "step_000000003"
@@ -189,3 +189,23 @@ def test_an_older_damaged_step_does_not_stop_a_restore(tmp_path: Path) -> None:
     finally:
         ck.close()
     assert (root / S1 / MANIFEST).exists()
+
+
+def test_a_save_that_must_not_overwrite_refuses_it(damaged_root: tuple[Path, str]) -> None:
+    """overwrite=False refuses a damaged checkpoint as it refuses a readable one, naming it and
+    why, before writing anything: no data written beside it, no commit race to lose."""
+    root, how = damaged_root
+    target = root / S3
+    before = sorted(p.name for p in target.iterdir())
+    for save in (gc.save, lambda *a, **k: gc.async_save(*a, **k).result(timeout=60)):
+        with pytest.raises(gc.CheckpointError, match=f"{S3}.* cannot be read") as e:
+            save(
+                {"w": torch.zeros(8)},
+                checkpoint_id=str(target),
+                storage_writer=gc.FileSystemWriter(str(target), overwrite=False),
+            )
+        assert WHY[how] in str(e.value) and "overwrite=False" in str(e.value)
+        assert sorted(p.name for p in target.iterdir()) == before
+    assert not is_committed(root / "elsewhere") and is_committed(root / S2)
+    with pytest.raises(gc.CheckpointError, match=S3):
+        is_committed(target)

@@ -376,11 +376,25 @@ def open(path: str | os.PathLike) -> Checkpoint:  # noqa: A001 - mirrors the bui
 
 
 def is_committed(path: str | os.PathLike) -> bool:
+    """True when ``path`` holds a committed checkpoint, False when nothing was committed there
+    (no ``MANIFEST.json``; also when the storage cannot be asked: a save that must not replace a
+    checkpoint still commits only if no manifest is there).
+
+    A ``MANIFEST.json`` that is there but cannot be read (damaged, or written by a newer goodput)
+    is neither: it raises :class:`CheckpointError` naming the directory and why, so that a save
+    with ``overwrite=False`` refuses it, as it refuses a readable one, instead of writing its data
+    beside it and failing at the commit."""
     try:
-        read_manifest(Path(path))
-        return True
+        got = manifest_or_damage(Path(path))
     except (CheckpointError, OSError):
         return False
+    if isinstance(got, DamagedCheckpoint):
+        raise CheckpointError(
+            f"{display(got.path)!r}: its {MANIFEST} is there but cannot be read ({got.reason}): a damaged "
+            "checkpoint, or one written by a newer goodput; it is not replaced where a checkpoint must not be "
+            "(overwrite=False). Look at it, then remove it, or save elsewhere"
+        )
+    return got is not None
 
 
 def _subdirs(storage: Storage, root: Path) -> list[str]:

@@ -6,8 +6,8 @@ Switch from DCP by changing one import::
     dcp.save(state_dict, checkpoint_id=path)
     dcp.load(state_dict, checkpoint_id=path)
 
-The numpy-only reader (:func:`open`, :func:`latest`, :func:`list_checkpoints`) is importable
-without torch; the names that need torch are imported lazily on first use. ``_LAZY`` below is
+The numpy-only reader (:func:`open`, :func:`latest`, :func:`list_checkpoints`,
+:func:`scan_checkpoints`, :class:`DamagedCheckpointWarning`) is importable without torch; the names that need torch are imported lazily on first use. ``_LAZY`` below is
 the public map: each public name and the module that holds it.
 
 How the modules fit, for a reader of the code: each folder is one stretch of the data's path,
@@ -49,7 +49,15 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import CheckpointError
-from .loading.reader import Checkpoint, TensorInfo, latest, list_checkpoints, open
+from .loading.reader import (
+    Checkpoint,
+    DamagedCheckpointWarning,
+    TensorInfo,
+    latest,
+    list_checkpoints,
+    open,
+    scan_checkpoints,
+)
 
 _LAZY = {
     "save": ".saving.saver",
@@ -92,10 +100,12 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "CheckpointException",
+    "DamagedCheckpointWarning",
     "TensorInfo",
     "latest",
     "list_checkpoints",
     "open",
+    "scan_checkpoints",
     *_LAZY,
     *_FROM_DCP,
 ]

@@ -107,3 +107,26 @@ def test_module_paths_the_docs_give_stay_the_real_objects() -> None:
     assert storage.storage_for("s3://bucket/key") is real_s3.default_storage()
     assert dcp_compat.FileSystemWriter is goodput.ckpt.FileSystemWriter
     assert errors.CheckpointError is goodput.ckpt.CheckpointError and issubclass(errors.StorageError, OSError)
+
+
+def test_damaged_checkpoint_names_are_public_without_torch() -> None:
+    """``latest()`` warns with DamagedCheckpointWarning and ``scan_checkpoints`` lists what it
+    skipped: a user filters or escalates the one and calls the other from ``goodput.ckpt``, on
+    the numpy-only reader (no torch import)."""
+    code = textwrap.dedent(
+        """
+        import sys
+        import goodput.ckpt as gc
+        from goodput.ckpt import DamagedCheckpointWarning, scan_checkpoints
+        from goodput.ckpt.loading import reader
+        assert scan_checkpoints is reader.scan_checkpoints
+        assert DamagedCheckpointWarning is reader.DamagedCheckpointWarning
+        for name in ("scan_checkpoints", "DamagedCheckpointWarning"):
+            assert name in gc.__all__ and name in dir(gc), name
+        assert "torch" not in sys.modules
+        print("ok")
+        """
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip() == "ok"

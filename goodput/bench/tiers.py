@@ -55,6 +55,7 @@ def run(
     ntensors: int = 8,
     repeat: int = 3,
     drain_rate: str | None = None,
+    settle_s: float = 15.0,
     on_phase: Callable[[int, int, str], None] | None = None,
 ) -> dict[str, Any]:
     from goodput import ckpt as gc
@@ -90,7 +91,7 @@ def run(
                 if on_phase:
                     on_phase(i, repeat * len(phases), f"{ph} (repeat {r + 1}/{repeat})")
                 i += 1
-                settled.append(settle())
+                settled.append(settle(limit=settle_s) if settle_s > 0 else 0.0)
                 if ph.endswith("save"):
                     ck = local if ph == "local save" else tiered
                     h = ck.save(step, state)

@@ -74,6 +74,9 @@ def ckpt(
         "", "--fast", help="A fast tier (e.g. /dev/shm): a tiered Checkpointer draining to --dir vs a local-only one."
     ),
     drain_rate: str = typer.Option("", "--drain-rate", help="--fast: the drain's bound per rank (e.g. 500MB/s)."),
+    settle_s: float = typer.Option(
+        15.0, "--settle-s", help="--fast: the longest wait for quiet cores before each phase (0: none)."
+    ),
 ) -> None:
     """Durable save and load (same layout, resharded) vs raw I/O, torch.save and DCP; with
     ``--dir s3://bucket/prefix``, save and load on an object store vs the plain client (boto3);
@@ -101,6 +104,7 @@ def ckpt(
                         ntensors=ntensors,
                         repeat=repeat,
                         drain_rate=drain_rate or None,
+                        settle_s=settle_s,
                         on_phase=lambda i, n, label: status.update(f"[{i + 1}/{n}] {label}"),
                     )
             except (RuntimeError, ValueError, OSError) as e:

@@ -9,7 +9,7 @@ never on the history of the structure (a scheduler rebuilt from its store places
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from sortedcontainers import SortedList
 
@@ -272,6 +272,16 @@ class Capacity:
         tell apart), in index order, less ``exclude``."""
         names = self.names
         return [names[i] for i in self._buckets[pool][self.nodes[name].free] if names[i] not in exclude]
+
+    def with_free(self, pool: str, free: int) -> Iterator[str]:
+        """The offerable nodes of the pool with exactly ``free`` GPUs free, in index order (lazily:
+        a caller that stops early pays for what it read)."""
+        buckets = self._buckets[pool]
+        if free >= len(buckets):
+            return
+        names = self.names
+        for i in buckets[free]:
+            yield names[i]
 
     def free_gpus(self, pool: str | None = None) -> int:
         pools = [pool] if pool else list(self.pools)

@@ -40,8 +40,10 @@ class Health(str, Enum):
 
 
 # why a running job is asked to leave (``preempt_requested``'s ``reason``); never a job id
-PREEMPT_REASONS = ("priority", "quota", "reclaim", "drain", "node_loss", "cancel", "time_limit")
-EVICTION_REASONS = frozenset({"priority", "quota"})  # what min_run_s and max_preemptions guard against
+PREEMPT_REASONS = ("priority", "quota", "move", "reclaim", "drain", "node_loss", "cancel", "time_limit")
+# what min_run_s and max_preemptions guard against (``move``: checkpointed and restarted elsewhere so
+# that a node frees whole for a job that needs all of it)
+EVICTION_REASONS = frozenset({"priority", "quota", "move"})
 INFRA_REASONS = frozenset({"drain", "node_loss"})  # requeued as an infrastructure loss
 # why a job ended ``failed`` (``failed``'s ``reason``)
 FAIL_REASONS = ("failure", "time_limit", "infrastructure", "unasked_yields")

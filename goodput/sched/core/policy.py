@@ -24,6 +24,13 @@ class Policy:
     # preemptor's wait is not: others use the GPUs meanwhile). False: whatever it costs, as Kueue does
     weigh_wait: bool = True
     wait_worth: float = 0.1
+    # a one-node job that needs more GPUs than any node has free may have the few one-node jobs of
+    # no higher priority on a nearly free node checkpointed and restarted on the free GPUs of
+    # others (a ``move``): only when their expected loss is at most ``move_worth`` times the
+    # GPU-seconds it would wait. Ten times stricter than ``wait_worth``: a move disturbs peers, not
+    # lower priorities, for a start that is only sooner (docs/SCHED.md, "Moving jobs to free a node")
+    defrag: bool = True
+    move_worth: float = 0.01
 
     def __reduce__(self) -> tuple[type[Policy], tuple[Any, ...]]:
         """Rebuilt through its constructor (pickle, copy): compiled, a frozen dataclass refuses the
@@ -33,7 +40,7 @@ class Policy:
     def describe(self) -> str:
         return {
             "goodput": "checkpoint-aware victims, only when cheaper than waiting; release when gone, backfill, "
-            "spot by expected loss",
+            "spot by expected loss, moves to free a node",
             "kueue-victims": "victims by lowest priority then shortest running, whatever they lose; plain stop",
             "release-at-decision": "GPUs handed to the preemptor when the preemption is decided",
             "fifo-no-backfill": "priority order; the blocked head blocks every job behind it",

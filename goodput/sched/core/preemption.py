@@ -99,13 +99,14 @@ class Preemption(Reservations):
                 return True
         return self.policy.preemption and self._reclaim_for(job, cls, now, reservation)
 
-    def _worth(self, job: Job, cls: Class, victims: list[Candidate], now: float) -> bool:
+    def _worth(self, job: Job, cls: Class, victims: list[Candidate], now: float, rate: float | None = None) -> bool:
         """Is evicting ``victims`` cheaper than letting ``job`` wait? Their expected loss (the work
         they would redo, the restart they would pay again, their drain: GPU-seconds, all waste) must
         be at most ``Policy.wait_worth`` (0.1) times the GPU-seconds the job would wait for its own
         reservation by the declared ends (a wait wastes nothing: others use the GPUs meanwhile;
         no end frees enough: it is worth it), and at most ``MAX_VICTIMS`` jobs. ``Policy.weigh_wait`` False (the
-        Kueue baseline): evict whatever it costs, as Kueue and Slurm do."""
+        Kueue baseline): evict whatever it costs, as Kueue and Slurm do. ``rate``: another exchange
+        rate than ``wait_worth`` (a move's, ``Policy.move_worth``)."""
         if not self.policy.weigh_wait:
             return True
         if len(victims) > MAX_VICTIMS:
@@ -116,7 +117,78 @@ class Preemption(Reservations):
         r = self._reserve_now(job, cls, now)
         if r is None:
             return True
-        return cost <= self.policy.wait_worth * job.gpus * (r.t - now)
+        return cost <= (self.policy.wait_worth if rate is None else rate) * job.gpus * (r.t - now)
+
+    def _move_for(self, job: Job, cls: Class, now: float) -> bool:
+        """Free a whole node for a one-node ``job`` that fits no node by moving the few jobs left on
+        a nearly free one: they are asked to checkpoint and stop (reason ``move``), and requeued
+        they start again on GPUs free on other nodes, which must hold them all.
+
+        Without it a job needing all of a node's GPUs waits until some node drains while backfill
+        refills each freed GPU with a small job: on the Philly replay, 41 h of the 14 days had
+        only whole-node jobs waiting with on average 117 GPUs idle, all on partly used nodes
+        (docs/SCHED.md, "Moving jobs to free a node"). A move is priced as an eviction (the
+        restart it pays again and its drain) and made only when that is at most
+        ``Policy.move_worth`` times the GPU-seconds the job would wait, with at most
+        ``MAX_VICTIMS`` jobs of no higher priority, each one node, able to checkpoint within its
+        grace, past ``min_run_s`` and under ``max_preemptions``; the node kept is the cheapest to
+        empty, ties by node order."""
+        if not self.policy.defrag or not self.policy.ask_checkpoint or job.nodes != 1:
+            return False
+        if self._move_failed == (job.id, self._mutations):
+            return False
+        g, prio, jobs = job.gpus_per_node, job.priority, self.jobs
+        best: tuple[float, str, str, list[Candidate]] | None = None
+        for pool in cls[2]:
+            spare = self.cap.free_gpus(pool)
+            if spare < g:
+                continue  # the job and what moves must both fit in what is free now
+            for f in range(g - 1, 0, -1):
+                for name in self.cap.with_free(pool, f):
+                    node = self.cap.nodes[name]
+                    if node.draining or len(node.alloc) > MAX_VICTIMS or node.gpus < g or spare - f < node.used:
+                        continue
+                    moved: list[Candidate] = []
+                    for jid in node.alloc:
+                        v = jobs[jid]
+                        if (
+                            v.state is not JobState.RUNNING
+                            or v.nodes != 1
+                            or v.priority > prio
+                            or not self._asks_checkpoint(v)
+                            or not self._victim_ok(v, now)
+                        ):
+                            break
+                        moved.append(self._price(v, now))
+                    else:
+                        cost = sum(c.cost for c in moved)
+                        if (best is None or cost < best[0]) and self._fits_elsewhere(pool, name, moved):
+                            best = (cost, pool, name, moved)
+        if best is None or not self._worth(job, cls, best[3], now, self.policy.move_worth):
+            self._move_failed = (job.id, self._mutations)
+            return False
+        _, pool, name, moved = best
+        free = {name: self.cap.nodes[name].free}
+        return self._evict(job, pool, moved, free, moved, frozenset(), now, "move")
+
+    def _fits_elsewhere(self, pool: str, name: str, moved: list[Candidate]) -> bool:
+        """Would the moved jobs (one node each) all fit the GPUs free now on the pool's other nodes?
+        Largest first, each on the fullest node it fits (as best fit will place them)."""
+        taken: dict[str, int] = {}
+        top = self.cap.nodes[name].gpus
+        for c in sorted(moved, key=lambda c: -c.gpus):
+            placed = False
+            for f in range(c.gpus, top + 1):
+                for other in self.cap.with_free(pool, f):
+                    if other != name and f - taken.get(other, 0) >= c.gpus:
+                        taken[other] = taken.get(other, 0) + c.gpus
+                        placed = True
+                        break
+                if placed:
+                    break
+            if not placed:
+                return False
+        return True
 
     def _reclaim_for(self, job: Job, cls: Class, now: float, reservation: Reservation | None) -> bool:
         """A tenant under its quota takes borrowed GPUs back (Kueue's reclaim within a cohort):

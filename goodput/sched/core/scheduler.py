@@ -515,7 +515,9 @@ class Scheduler(Preemption):
                 hcls = self._classes[head.id]
                 if self._try_place(head, hcls, None, now):
                     started += 1
-                elif self.policy.preemption and self._preempt_for(head, hcls, now, None):
+                elif self.policy.preemption and (
+                    self._preempt_for(head, hcls, now, None) or self._move_for(head, hcls, now)
+                ):
                     started += head.state is JobState.RUNNING
                 else:
                     reservation = self._reserve(head, hcls, now)
@@ -576,7 +578,9 @@ class Scheduler(Preemption):
                 if not again and self._try_place(job, cls, reservation, now):
                     started += 1
                 elif reservation is None:
-                    if self.policy.preemption and self._preempt_for(job, cls, now, None):
+                    if self.policy.preemption and (
+                        self._preempt_for(job, cls, now, None) or self._move_for(job, cls, now)
+                    ):
                         started += job.state is JobState.RUNNING
                     else:
                         reservation = self._reserve(job, cls, now)

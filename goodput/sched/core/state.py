@@ -114,6 +114,9 @@ class SchedulerState:
         self._unheld: dict[str, int] = dict.fromkeys(self.cap.pools, 0)
         self._freed_evictable: dict[str, dict[int, int]] = {p: {} for p in self.cap.pools}
         self._no_victims: dict[tuple, int] = {}
+        # (job, self._mutations) of the last move search that found nothing: not repeated before a
+        # start, release, claim or notice could change its answer
+        self._move_failed: tuple[str, int] | None = None
         # the reservation the _no_victims entries made under one belong to: entries of another go
         # when it changes, so a release is judged against the reservation its entries excluded
         self._memo_reservation: Reservation | None = None

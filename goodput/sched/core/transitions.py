@@ -46,7 +46,7 @@ EDGES: tuple[Edge, ...] = (
         R,
         "preempt",
         X,
-        "asked to leave (priority, quota, reclaim, drain, node_loss, cancel, time_limit): its GPUs stay bound "
+        "asked to leave (priority, quota, move, reclaim, drain, node_loss, cancel, time_limit): its GPUs stay bound "
         "and draining until it is gone",
     ),
     Edge(

@@ -32,7 +32,7 @@ from typing import Any
 from ..core.model import Job
 
 INFRA_REASONS = frozenset({"reclaim", "drain", "node_loss", "cancel", "time_limit"})
-CHOSEN_REASONS = frozenset({"priority", "quota"})  # a policy's own choice of victims
+CHOSEN_REASONS = frozenset({"priority", "quota", "move"})  # a policy's own choice of victims
 
 
 def preempt_reason(rec: Mapping[str, Any]) -> str:

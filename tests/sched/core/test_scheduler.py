@@ -286,6 +286,81 @@ def test_a_one_node_job_goes_where_it_keeps_no_node_from_draining(limit: float, 
     assert started(s)[3:] == [("whole", (N[0],))]
 
 
+def fragmented(x_ckpt: Checkpointing | None, x_limit: float, *, pol: str = "goodput") -> tuple[Scheduler, ManualClock]:
+    """Three nodes: od-00000 and od-00001 busy with 7 GPUs each until 10,000 and one GPU free,
+    od-00002 holding only ``x`` (1 GPU, declared to end at ``x_limit``): 9 GPUs free, no node
+    whole. Then an 8-GPU job of the same priority arrives (it can evict nobody)."""
+    clock = ManualClock(0.0)
+    s = Scheduler(
+        [Pool("od", PoolKind.ON_DEMAND, 3, 8, 4.0)],
+        clock=clock,
+        executor=RecordingExecutor(),
+        policy=POLICIES[pol],  # the price rule in force
+        governance=OPEN,
+    )
+    s.submit(job("a", gpn=7, limit=10_000.0))
+    s.submit(job("b", gpn=7, limit=10_000.0))
+    s.submit(job("c", gpn=1, limit=50.0))
+    s.submit(job("d", gpn=1, limit=50.0))
+    s.submit(job("x", gpn=1, limit=x_limit, **({"ckpt": x_ckpt} if x_ckpt else {})))
+    s.tick()
+    assert dict(started(s))["x"] == (N[2],)
+    clock.t = 60.0
+    s.report_exit("c", 1, "finished")
+    s.report_exit("d", 1, "finished")
+    s.submit(job("whole", gpn=8, limit=1_000.0, submit_s=60.0))
+    s.tick()
+    return s, clock
+
+
+def test_a_lone_small_job_is_moved_so_that_a_whole_node_job_starts() -> None:
+    """``x`` can checkpoint within its grace: it is asked to checkpoint and stop (reason ``move``,
+    for ``whole``), ``whole`` claims od-00002 and starts when ``x`` is gone, and ``x`` restarts on
+    a GPU free elsewhere. Its price (1 GPU x (30 s restart + 11 s drain)) is below ``move_worth``
+    (0.01) x 8 GPUs x the 9,940 s ``whole`` would wait for ``x``'s end. Before, ``whole`` waited for
+    that end with 9 GPUs idle."""
+    s, clock = fragmented(CKPT, 10_000.0)
+    asked = [r for r in s.log.records if r["event"] == "preempt_requested"]
+    assert [(r["job"], r["reason"], r["preemptor"], r["checkpoint"]) for r in asked] == [("x", "move", "whole", True)]
+    assert s.jobs["whole"].claim == (N[2],)
+    clock.t = 71.0
+    s.report_exit("x", 1, "preempted")
+    s.tick()
+    assert started(s)[-2:] == [("whole", (N[2],)), ("x", (N[0],))]
+    assert s.jobs["x"].evictions == 1  # a move counts against max_preemptions
+    assert check(s.log.records, {n: 8 for n in N[:3]}).ok
+
+
+@pytest.mark.parametrize(
+    ("x_ckpt", "x_limit", "pol"),
+    [
+        (None, 10_000.0, "goodput"),  # no checkpoint: moving it would redo its work
+        (CKPT, 100.0, "goodput"),  # it ends 40 s from now: 41 GPU-s > 0.01 x 8 x 40
+        (CKPT, 360.0, "goodput"),  # 41 GPU-s > 0.01 x 8 x 300 (a priority preemption's 0.1 would pay)
+        (CKPT, 10_000.0, "kueue-victims"),  # asks no checkpoint: it cannot move
+    ],
+)
+def test_no_move_when_it_would_lose_work_or_cost_more_than_the_wait(x_ckpt, x_limit: float, pol: str) -> None:
+    s, _ = fragmented(x_ckpt, x_limit, pol=pol)
+    assert not [r for r in s.log.records if r["event"] == "preempt_requested"]
+    assert s.jobs["whole"].state is JobState.PENDING and not s.jobs["whole"].claim
+    assert s.reservation is not None and s.reservation.job == "whole"
+
+
+def test_no_move_when_the_moved_job_would_fit_nowhere_else() -> None:
+    """od-00000 and od-00001 full: ``x`` has nowhere to go, so it stays and ``whole`` waits."""
+    s2, clock2 = make(nodes=3)
+    s2.submit(job("a", gpn=8, limit=10_000.0))
+    s2.submit(job("b", gpn=8, limit=10_000.0))
+    s2.submit(job("x", gpn=1, limit=10_000.0, ckpt=CKPT))
+    s2.tick()
+    clock2.t = 60.0
+    s2.submit(job("whole", gpn=8, limit=1_000.0, submit_s=60.0))
+    s2.tick()
+    assert not [r for r in s2.log.records if r["event"] == "preempt_requested"]
+    assert s2.jobs["whole"].state is JobState.PENDING
+
+
 # ------------------------------------------------------------------------------------------------ restore
 
 

@@ -327,7 +327,10 @@ class Oracle:
         who = f"preemption of {v.id} for {rec['victim_of']} at t={self.now:g}"
         assert p is not None, who
         assert v.state == "running" and rec["epoch"] == v.epoch, f"{who}: victim is {v.state}"
-        assert v.prio < p.prio, f"{who}: victim priority {v.prio}, preemptor {p.prio}"
+        if rec["reason"] == "move":  # a peer's one-node job moved off a nearly free node, asked to checkpoint
+            assert v.prio <= p.prio and v.spec.nodes == 1 and p.spec.nodes == 1 and rec["checkpoint"], who
+        else:
+            assert v.prio < p.prio, f"{who}: victim priority {v.prio}, preemptor {p.prio}"
         assert p.state == "pending" and p.pend in ("queued", "claim"), f"{who}: preemptor {p.state}/{p.pend}"
         if p.pend == "queued":  # its first victim: the claim is made now
             claim = tuple(sched.jobs[p.id].claim)

@@ -591,6 +591,7 @@ class Scheduler(Preemption):
                 else:
                     if not again and self.policy.preemption and self._preempt_for(job, cls, now, reservation):
                         started += job.state is JobState.RUNNING
+                        reservation = self._earlier_after_claim(reservation, now)
                     elif reservation.pool not in cls[2] or now + self._hold(job) <= reservation.t:
                         blocked.add(cls)  # nothing was held off the reservation for it: it fits nowhere
                     else:
@@ -617,6 +618,21 @@ class Scheduler(Preemption):
         self._note_reservation(reservation)
         self._flush()
         return started
+
+    def _earlier_after_claim(self, reservation: Reservation, now: float) -> Reservation:
+        """A claim made after the head's reservation may bring the head's start earlier: the
+        claimed nodes come back at the claimant's declared end, which may come before the ends the
+        reservation waits for. The reservation moves earlier then, never later (the backfill
+        already placed in this pass was held to the later time, so it delays no earlier one)."""
+        self._reservation_cache = None  # keyed by releases: a claim is none, and moves the plan
+        head = self.jobs.get(reservation.job)
+        if head is None or head.id not in self._classes:
+            return reservation
+        r = self._reserve(head, self._classes[head.id], now)
+        if r is None or r.t >= reservation.t:
+            return reservation
+        self._set_pass_reservation(r)
+        return r
 
     def _reclaimable(self) -> bool:
         """Does some tenant hold less than its quota while another borrows beyond its own?"""

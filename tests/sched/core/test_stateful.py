@@ -1029,3 +1029,21 @@ def test_a_reservation_behind_a_claim_moves_once_the_victim_outlives_its_deadlin
     if isinstance(m, RestartMachine):
         m.twin_matches()
     m.teardown()
+
+
+def test_a_claim_after_the_reservation_brings_the_heads_start_earlier() -> None:
+    """Found by TestNarrow: the head (1x8) is reserved at t=60 (a job's declared end); then, in
+    the same pass, a 2x8 job of its priority claims the nodes of a job that never checkpoints
+    (gone by t=30) and runs to t=40. The head could start at 40 on a claimed node; the
+    reservation said 60 until the claim's end. The machine's tick checks the reservation is the
+    oracle's earliest start."""
+    m = NarrowMachine()
+    m.setup()
+    m.submit_job(nodes=1, prio=0, limit=60)
+    m.tick()
+    m.submit_job(nodes=2, prio=0, limit=300, ckpt=1)
+    m.tick()
+    m.submit_job(nodes=1, prio=1, limit=10)
+    m.submit_job(nodes=2, prio=1, limit=10)
+    m.tick()
+    assert m.s.reservation is not None and (m.s.reservation.job, m.s.reservation.t) == ("j002", 40.0)

@@ -71,14 +71,23 @@ def _step_dirs(storage: Storage, root: Path, strict: bool = False) -> list[tuple
 
 
 def fast_committed(root: Path) -> dict[int, tuple[str, bytes]]:
-    """This rank's fast tier: step -> (save id, manifest bytes) of each committed checkpoint."""
+    """This rank's fast tier: step -> (save id, manifest bytes) of each committed checkpoint.
+
+    The fast tier is a copy: a manifest there that cannot be read (damaged, a newer goodput's, a
+    disk error) leaves its step to the durable tier, but never silently: a
+    :class:`DamagedCheckpointWarning` names it and why (once per directory and reason)."""
     storage = storage_for(root)
     out: dict[int, tuple[str, bytes]] = {}
     for step, d in _step_dirs(storage, root):
-        with contextlib.suppress(OSError, CheckpointError):
+        try:
             raw = storage.get_if_exists(d, MANIFEST, "manifest", MAX_MANIFEST_BYTES)
             if raw is not None:
                 out[step] = (decode_manifest(raw, str(d / MANIFEST)).save_id, raw)
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # removed meanwhile (retention, another rank of this node)
+        except (OSError, CheckpointError) as e:
+            reason = str(e) if isinstance(e, CheckpointError) else f"{type(e).__name__}: {e}"
+            warn_damaged(DamagedCheckpoint(d, reason), "left to the durable tier", stacklevel=3)
     return out
 
 

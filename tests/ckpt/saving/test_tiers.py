@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -422,3 +423,20 @@ def test_every_rank_hears_the_refusal(tmp_path: Path) -> None:
     said = run_ranks(_restore_refused, 2, str(tmp_path), timeout=120)
     assert all("step_000000002" in s and "would save over it" in s for s in said), said
     assert said[0].startswith("CheckpointError") and "refused on rank 0" in said[1]
+
+
+def test_a_fast_manifest_that_cannot_be_read_is_said_and_the_durable_copy_restores(tmp_path: Path) -> None:
+    """The fast tier is a copy, but its damage is never silent: the step is left to the durable
+    tier with a DamagedCheckpointWarning naming the fast directory and why."""
+    _three_drained(tmp_path)
+    _flip_manifest(tmp_path / "fast" / "step_000000003")
+    with pytest.warns(DamagedCheckpointWarning, match=r"fast.*step_000000003.*left to the durable tier"):
+        assert sorted(fast_committed(tmp_path / "fast")) == [1, 2]
+    state = {"w": torch.zeros(64)}
+    ck = _tiered(tmp_path, keep=None, fast_keep=3)
+    with pytest.warns(DamagedCheckpointWarning, match="step_000000003"):
+        assert ck.restore(state) == 3
+    assert torch.equal(state["w"], torch.full((64,), 3.0))  # the durable manifest; files checked per tier
+    with warnings.catch_warnings():  # the fast tier's retention at close says it once more
+        warnings.simplefilter("ignore", DamagedCheckpointWarning)
+        ck.close()

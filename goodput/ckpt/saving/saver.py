@@ -51,7 +51,7 @@ from ..dcp_compat import (
 from ..errors import SaveError, describe, raise_rank_errors, save_error
 from ..format.format import DEFAULT_BLOCK, MANIFEST, encode_value
 from ..format.geometry import Region
-from ..loading.reader import is_committed
+from ..loading.reader import DCP_METADATA, is_committed
 from ..state import TensorLeaf, flatten, host_bytes
 from ..storage.base import Storage
 from ..storage.location import checkpoint_path, display, storage_for
@@ -146,9 +146,6 @@ def _planning_error(e: Exception, path: Path, group: Any) -> str:
     if isinstance(e, SaveError):
         return name_ranks(str(e), group)
     return name_ranks(f"save to {display(path)!r} failed on rank 0 while planning: {describe(e)}", group)
-
-
-DCP_METADATA = ".metadata"  # what marks a directory as a DCP checkpoint
 
 
 def refuse_unsafe_target(path: Path) -> None:

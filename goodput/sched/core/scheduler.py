@@ -623,8 +623,8 @@ class Scheduler(Preemption):
         """A claim made after the head's reservation may bring the head's start earlier: the
         claimed nodes come back at the claimant's declared end, which may come before the ends the
         reservation waits for. The reservation moves earlier then, never later (the backfill
-        already placed in this pass was held to the later time, so it delays no earlier one)."""
-        self._reservation_cache = None  # keyed by releases: a claim is none, and moves the plan
+        already placed in this pass was held to the later time, so it delays no earlier one). The
+        claim moved ``_health_gen``, so ``_reserve`` plans afresh."""
         head = self.jobs.get(reservation.job)
         if head is None or head.id not in self._classes:
             return reservation

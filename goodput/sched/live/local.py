@@ -473,6 +473,10 @@ class LocalExecutor:
         reported = 0
         for run in done:
             status, detail = self._status_detail(run)
+            # before the report, so that whoever sees the job requeued also sees how its run ended
+            self.last_exit[run.job] = {"epoch": run.epoch, "status": status, **detail}
+            if len(self.last_exit) > 100_000:
+                self.last_exit.pop(next(iter(self.last_exit)))
             if self.on_exit is not None:
                 try:
                     self.on_exit(run.job, run.epoch, status)
@@ -482,9 +486,6 @@ class LocalExecutor:
                     log.exception("job %s: reporting its exit (%s) failed; again in %.2f s", run.job, status, wait)
                     continue
             self._retry_at.pop(run.job, None)
-            self.last_exit[run.job] = {"epoch": run.epoch, "status": status, **detail}
-            if len(self.last_exit) > 100_000:
-                self.last_exit.pop(next(iter(self.last_exit)))
             reported += 1
             with self._lock:
                 current = self.runs.get(run.job)

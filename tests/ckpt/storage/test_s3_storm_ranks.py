@@ -71,10 +71,10 @@ def test_a_write_storm_fails_every_rank_of_an_async_save_with_the_storage_error(
     with FaultProxy(weed.endpoint) as proxy:
         # for the whole test: step 1 and step 3 are not touched
         proxy.storm_methods, proxy.storm_part, proxy.storm = ("PUT", "POST"), STORMS[storm], True
-        # the ranks and their writer processes inherit the environment: through the proxy, three
-        # tries a request (botocore's variable; a few seconds of backoff, far below an hour)
+        # the ranks and their writer processes inherit the environment: through the proxy, two
+        # tries a request (botocore's variable; a second or two of backoff, far below an hour)
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
-        monkeypatch.setenv("AWS_MAX_ATTEMPTS", "3")
+        monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
         # run_ranks' own limit only keeps a hung run from hanging the suite: the assertion is
         # on the error each rank got, which an hour's timeout could never produce in time
         out = run_ranks(_ranks, 2, root, mode, timeout=900)

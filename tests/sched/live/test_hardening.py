@@ -128,9 +128,9 @@ HOLD = (
 
 
 def test_a_store_locked_by_another_process_is_503_then_exactly_one_job_per_key(server, tmp_path):  # noqa: F811
-    """The issue's 40 s lock, made 8 s here (the 40 s one is the slow test below): the behaviour is the
+    """The issue's 40 s lock, made 5 s here (the 40 s one is the slow test below): the behaviour is the
     same for any lock longer than the service's busy timeout (2 s), each write waits that long and fails."""
-    _locked_store_keyed(server, tmp_path, 8.0)
+    _locked_store_keyed(server, tmp_path, 5.0)
 
 
 @pytest.mark.slow
@@ -355,7 +355,7 @@ def test_another_tenants_job_is_never_named_and_its_checkpoints_never_listed(ser
     code, err = s.post("/jobs", _spec(tmp_path / "bob" / "x", 5, priority=6), bob)
     assert code == 422 and any("priority" in d["loc"] for d in err["detail"]), err  # above max_priority
     a_root = tmp_path / "alice" / "low"
-    _, low = s.post("/jobs", _spec(a_root, 400, name="low", ckpt_interval_s=1, ckpt_write_s=0.5), alice)
+    _, low = s.post("/jobs", _spec(a_root, 250, name="low", ckpt_interval_s=1, ckpt_write_s=0.5), alice)
     s.wait_job(low["id"], alice, lambda j: j["state"] == "running" and j["checkpoint"]["committed_s"] > 0)
     code, high = s.post("/jobs", _spec(tmp_path / "bob" / "high", 5, name="high", priority=5), bob)
     assert code == 201, high

@@ -261,7 +261,7 @@ def test_higher_priority_preempts_and_the_victim_resumes_from_its_commit(server,
     tok = s.token("alice")
     s.start()
     low_root, high_root = tmp_path / "low", tmp_path / "high"
-    _, low = s.post("/jobs", _spec(low_root, 300, name="low", ckpt_interval_s=1, ckpt_write_s=0.5), tok)
+    _, low = s.post("/jobs", _spec(low_root, 200, name="low", ckpt_interval_s=1, ckpt_write_s=0.5), tok)
     s.wait_job(low["id"], tok, lambda j: j["state"] == "running" and j["checkpoint"]["committed_s"] > 0)
     _, high = s.post("/jobs", _spec(high_root, 10, name="high", priority=10), tok)
     s.wait_job(high["id"], tok, lambda j: j["state"] == "finished")
@@ -276,7 +276,7 @@ def test_higher_priority_preempts_and_the_victim_resumes_from_its_commit(server,
     starts = _starts(low_root)
     assert [x["epoch"] for x in starts] == [1, 2]
     assert starts[1]["restored_step"] > 0  # resumed from the committed checkpoint, not from scratch
-    assert json.loads((low_root / "final.json").read_text())["w"] == expected_weights(300)
+    assert json.loads((low_root / "final.json").read_text())["w"] == expected_weights(200)
     # the high job started only after the victim was gone
     hj = s.wait_job(high["id"], tok, lambda j: True)
     t_start = next(h["t"] for h in hj["history"] if h["event"] == "started")
@@ -446,7 +446,7 @@ def test_a_group_killed_from_outside_is_an_infrastructure_loss_and_resumes(serve
     tok = s.token("alice")
     s.start()
     root = tmp_path / "a"
-    _, ans = s.post("/jobs", _spec(root, 300, ckpt_interval_s=1, ckpt_write_s=0.5), tok)
+    _, ans = s.post("/jobs", _spec(root, 200, ckpt_interval_s=1, ckpt_write_s=0.5), tok)
     jid = ans["id"]
     s.wait_job(jid, tok, lambda j: j["state"] == "running" and j["checkpoint"]["committed_s"] > 0)
     os.killpg(_run_record(tmp_path, jid, 1)["pgid"], signal.SIGKILL)  # its "slot" went, no kill of ours
@@ -459,7 +459,7 @@ def test_a_group_killed_from_outside_is_an_infrastructure_loss_and_resumes(serve
     assert req["eligible_s"] >= req["t"] + 1 - 1e-3 and second["t"] >= req["eligible_s"]  # after its backoff
     starts = _starts(root)
     assert [x["epoch"] for x in starts] == [1, 2] and starts[1]["restored_step"] > 0
-    assert json.loads((root / "final.json").read_text())["w"] == expected_weights(300)
+    assert json.loads((root / "final.json").read_text())["w"] == expected_weights(200)
 
 
 # the victim ignores the preemption signals, so its preemption stays in flight until the deadline's SIGKILL;
@@ -480,7 +480,7 @@ def test_a_preemption_in_flight_survives_a_service_sigkill(server, tmp_path, db)
     tok, ops = s.token("alice"), s.token("ops", "--admin")
     s.start()
     low_root, high_root = tmp_path / "low", tmp_path / "high"
-    low_spec = _spec(low_root, 0, name="low", command=[PY, "-c", STUBBORN], grace_s=8)
+    low_spec = _spec(low_root, 0, name="low", command=[PY, "-c", STUBBORN], grace_s=6)
     _, low = s.post("/jobs", low_spec, tok)
     s.wait_job(low["id"], tok, lambda j: j["state"] == "running" and (low_root / "ready").exists())
     pgid = _run_record(tmp_path, low["id"], 1)["pgid"]

@@ -134,8 +134,8 @@ def run_trials(server: ForkServer, tmp_path: Path, n: int, seed: int) -> None:
         assert dead == [], dead
 
 
-def test_kill_at_24_random_moments(server: ForkServer, tmp_path: Path) -> None:
-    run_trials(server, tmp_path, 24, seed=2026)
+def test_kill_at_18_random_moments(server: ForkServer, tmp_path: Path) -> None:
+    run_trials(server, tmp_path, 18, seed=2026)
 
 
 @pytest.mark.slow

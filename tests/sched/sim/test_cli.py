@@ -257,7 +257,7 @@ def test_check_takes_a_live_services_slots(tmp_path: Path) -> None:
 
 
 def test_sim_seeds_reports_each_policys_mean_and_range_over_the_seeds() -> None:
-    args = ["sched", "sim", "--jobs", "300", "--nodes", "16", "--policy", "goodput", "--policy", "spot-by-price"]
+    args = ["sched", "sim", "--jobs", "150", "--nodes", "16", "--policy", "goodput", "--policy", "spot-by-price"]
     res = runner.invoke(app, [*args, "--seeds", "2", "--seed", "5", "--workers", "1", "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
@@ -294,7 +294,7 @@ def test_sim_seeds_says_when_no_run_depended_on_the_seed(tmp_path) -> None:
         "nothing in this comparison depends on the seed" in n for n in out["notes"]
     )
     synth = runner.invoke(
-        app, ["sched", "sim", "--jobs", "300", "--nodes", "16", "--policy", "goodput", "--seeds", "2", "--json"]
+        app, ["sched", "sim", "--jobs", "150", "--nodes", "16", "--policy", "goodput", "--seeds", "2", "--json"]
     )
     assert json.loads(synth.stdout)["seeds_alike"] is False
 

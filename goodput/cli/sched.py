@@ -501,22 +501,13 @@ def token_add(
     """Create a token; it is printed once, alone on the last line, and only its hash is stored."""
     import time
 
-    from goodput.sched.live.runas import RunAsError, resolve
-    from goodput.sched.live.service import new_token
-    from goodput.sched.live.store import StoreError, open_store
+    from goodput.sched.live import tokens
+    from goodput.sched.live.runas import RunAsError
+    from goodput.sched.live.store import StoreError
 
     until = time.time() + _duration(expires) if expires else None
-    from goodput.sched.live.service import NAME
-
-    if not NAME.match(tenant):
-        _fail(f"tenant {tenant!r}: letters, digits, '-' and '_' only (at most 48)")
     try:
-        if user:
-            resolve(user)  # a user this machine knows, now
-        with open_store(db) as store:
-            if user:
-                store.set_tenant_user(tenant, user)
-            tok = new_token(store, tenant, "admin" if admin else "tenant", expires=until)
+        tok = tokens.add(db, tenant, admin=admin, user=user, expires=until)
     except (ValueError, StoreError, RunAsError) as e:
         _fail(str(e))
     extra = (" (admin)" if admin else "") + (f", jobs run as {user!r}" if user else "")

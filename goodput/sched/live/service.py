@@ -61,9 +61,9 @@ from ..core.scheduler import Scheduler, SchedulerError
 from .local import LocalExecutor
 from .runas import RunAs, RunAsError, UserMap, configured_from, myself
 from .store import StoreError, StoreUnavailable, encode_job, open_store
+from .tokens import NAME, digest, new_token
 
 log = logging.getLogger("goodput.sched.live.service")
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$")
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}\.[0-9a-f]{8}$")
 NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")  # a submission's idempotency key
@@ -130,20 +130,6 @@ class FairLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-def digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def new_token(store: Any, tenant: str, role: str = "tenant", job: str = "", *, expires: float | None = None) -> str:
-    """A fresh random token for ``tenant``; only its hash (and its first 11 characters, for ``token
-    ls`` and ``token revoke``) is stored."""
-    if not NAME.match(tenant):
-        raise ValueError(f"tenant {tenant!r}: letters, digits, '-' and '_' only (at most 48)")
-    tok = f"gp_{secrets.token_urlsafe(32)}"
-    store.add_token(digest(tok), tenant, role, job, prefix=tok[:11], expires=expires)
-    return tok
 
 
 # ---------------------------------------------------------------------- request bodies

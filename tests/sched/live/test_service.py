@@ -18,6 +18,7 @@ import pytest
 
 from goodput.demo.example_job import expected_weights
 from goodput.sched.live.client import post_json
+from tests.sched.live.tokens import add_token
 
 PY = sys.executable
 JOB = [PY, "-m", "goodput.demo.example_job"]
@@ -81,9 +82,7 @@ class Server:
         self.state = tmp / "state"
 
     def token(self, tenant: str, *extra: str) -> str:
-        r = _cli("sched", "token", "add", tenant, "--db", self.db, *extra)
-        assert r.returncode == 0, r.stderr
-        return r.stdout.strip().splitlines()[-1]
+        return add_token(self.db, tenant, *extra)
 
     def start(self) -> Server:
         with open(self.tmp / "serve.log", "ab") as log:

@@ -53,6 +53,7 @@ if not (os.path.exists(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
 expect = sync_api.expect
 
 from goodput.sched.live.service import Service as ServiceImpl  # noqa: E402 - after the skips
+from tests.sched.live.tokens import add_token  # noqa: E402
 
 # the app `goodput sched serve` runs (create_app), with the operator's limit on preempting young runs
 # (min_run_s, 600 s by default) set to 0 so that a test's priority preemption happens at once
@@ -101,9 +102,7 @@ class Service:
         self.proc: subprocess.Popen | None = None
 
     def token(self, tenant: str, *extra: str) -> str:
-        r = _cli("sched", "token", "add", tenant, "--db", self.db, *extra)
-        assert r.returncode == 0, r.stderr
-        return r.stdout.strip().splitlines()[-1]
+        return add_token(self.db, tenant, *extra)
 
     def start(self) -> Service:
         with open(self.tmp / "serve.log", "ab") as log:

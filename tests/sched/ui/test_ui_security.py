@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.sched.live.tokens import add_token
+
 from .test_ui import SLEEPER, WAIT_MS, _cli, _free_port, browser, expect, page_of  # noqa: F401 - fixtures
 
 ATTACK = '<img src=x onerror="window.__xss=1"></script><script>window.__xss=2</script>'
@@ -56,9 +58,7 @@ class InProcess:
             time.sleep(0.05)
 
     def token(self, tenant: str, *extra: str) -> str:
-        r = _cli("sched", "token", "add", tenant, "--db", self.db, *extra)
-        assert r.returncode == 0, r.stderr
-        return r.stdout.strip().splitlines()[-1]
+        return add_token(self.db, tenant, *extra)
 
     def get(self, path: str, token: str | None, timeout: float = 30.0) -> tuple[int, dict[str, str], bytes]:
         headers = {"Authorization": f"Bearer {token}"} if token else {}

@@ -47,6 +47,7 @@ import pwd
 import re
 import shlex
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -337,6 +338,17 @@ def exit_code(raw: Any) -> tuple[int | None, int | None]:
     return None, None
 
 
+def _exit_detail(run: SlurmRun, state: str, raw: Any) -> dict:
+    """What a job's ``last_exit`` shows of a run Slurm ended: the batch step's rc and the signal that
+    ended it (its name), Slurm's own state and id (the handle an operator gives ``sacct``)."""
+    rc, sig = exit_code(raw)
+    detail: dict = {"rc": rc, "slurm_state": state, "slurm_id": run.slurm_id}
+    if sig is not None:
+        with contextlib.suppress(ValueError):
+            detail["signal"] = signal.Signals(sig).name
+    return detail
+
+
 def parse_sacct(d: dict[str, Any]) -> dict[int, tuple[str, Any]]:
     """Slurm id -> (state, exit code) from ``sacct --json`` (``state.current``: a string in 22.05, a
     list in 23.02+; ``exit_code`` as :func:`exit_code` reads it)."""
@@ -536,6 +548,7 @@ class SlurmExecutor:
         self.table = RunTable(store)
         self.instance = self.table.instance()
         self.runs: dict[str, SlurmRun] = {}
+        self.last_exit: dict[str, dict] = {}  # job id -> its last run's exit (rc, signal, Slurm's state), for the views
         self.nodes: dict[str, SlurmNode] = {}
         self.down: set[str] = set()  # nodes we reported down to the core
         self.drained: set[str] = self.table.drained()  # nodes we drained in the core because Slurm had
@@ -690,13 +703,13 @@ class SlurmExecutor:
         for j in q.get("jobs") or ():
             if isinstance(j, dict) and isinstance(j.get("job_id"), int):
                 view.jobs[j["job_id"]] = j
-        done: list[tuple[SlurmRun, str]] = []
+        done: list[tuple[SlurmRun, str, dict]] = []  # (run, status, its last_exit detail)
         forgotten: list[SlurmRun] = []  # runs squeue no longer lists (older than MinJobAge)
         with self._lock:
             self.view = view
             for run in list(self.runs.values()):
                 if run.slurm_id < 0:
-                    done.append((run, "lost" if run.stuck else "failed"))
+                    done.append((run, "lost" if run.stuck else "failed", {"rc": None}))
                     continue
                 j = view.jobs.get(run.slurm_id)
                 if j is None:
@@ -717,15 +730,23 @@ class SlurmExecutor:
                         run.notified = ""
                         self.table.save(run)
                     continue
-                done.append((run, "lost" if run.stuck else status_of(state, j.get("exit_code"), killed=run.killed)))
+                st = "lost" if run.stuck else status_of(state, j.get("exit_code"), killed=run.killed)
+                done.append((run, st, _exit_detail(run, state, j.get("exit_code"))))
             self._cancel_strays(view)
             if forgotten:  # accounting where it is kept (one sacct for all of them), else the status files
                 acct = self._sacct([r.slurm_id for r in forgotten])
                 for run in forgotten:
                     a = acct.get(run.slurm_id)
-                    ended = a is not None and a[0] not in LIVE
-                    done.append((run, status_of(a[0], a[1], killed=run.killed) if ended else self._status_file(run)))
-        for run, status in done:
+                    if a is not None and a[0] not in LIVE:
+                        done.append((run, status_of(a[0], a[1], killed=run.killed), _exit_detail(run, a[0], a[1])))
+                    else:
+                        st, rc = self._status_file(run)
+                        done.append((run, st, {"rc": rc, "slurm_id": run.slurm_id}))
+        for run, status, detail in done:
+            # before the report, so that whoever sees the job requeued also sees how its run ended
+            self.last_exit[run.job] = {"epoch": run.epoch, "status": status, **detail}
+            if len(self.last_exit) > 100_000:
+                self.last_exit.pop(next(iter(self.last_exit)))
             if self.on_exit is not None:
                 self.on_exit(run.job, run.epoch, status)
             with self._lock:
@@ -958,12 +979,13 @@ class SlurmExecutor:
             return {}
         return parse_sacct(d)
 
-    def _status_file(self, run: SlurmRun) -> str:
-        """The status of a run Slurm no longer lists, from its batch step's status file; else lost.
+    def _status_file(self, run: SlurmRun) -> tuple[str, int | None]:
+        """The status of a run Slurm no longer lists, from its batch step's status file; else lost
+        (with the file's rc, None where there was none).
         The file sits in the job user's folder: opened without following a link, never blocking on a
         FIFO, a regular file of at most 4 KiB, only its integer ``rc`` believed."""
         if run.stuck:
-            return "lost"
+            return "lost", None
         try:
             fd = os.open(Path(run.dir, "status.json"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
             try:
@@ -977,12 +999,12 @@ class SlurmExecutor:
             if not isinstance(rc, int) or isinstance(rc, bool):
                 raise ValueError("rc is not an integer")
         except (OSError, ValueError, KeyError, TypeError):
-            return "killed" if run.killed else "lost"
+            return ("killed" if run.killed else "lost"), None
         if rc == 0:
-            return "finished"
+            return "finished", rc
         if rc == PREEMPTED_EXIT:
-            return "preempted"
-        return "killed" if run.killed else "failed"
+            return "preempted", rc
+        return ("killed" if run.killed else "failed"), rc
 
     def _stuck(self, run: SlurmRun, j: dict[str, Any], now: float) -> bool:
         """Released long ago and still pending: Slurm will not run it on the nodes goodput chose (a node

@@ -85,16 +85,17 @@ def test_a_run_slurm_forgot_is_read_from_its_status_file_never_trusting_it(tmp_p
     secret = tmp_path / "secret.json"
     secret.write_text('{"rc": 0}')
 
-    def read(setup) -> str:  # noqa: ANN001
+    def read(setup, rc: bool = False):  # noqa: ANN001, ANN202
         d = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
         d.mkdir()
         setup(d / "status.json")
-        return ex._status_file(SlurmRun("j.00000001", 1, 5, ["n1"], "u", str(d)))
+        got = ex._status_file(SlurmRun("j.00000001", 1, 5, ["n1"], "u", str(d)))
+        return got if rc else got[0]
 
     assert read(lambda p: p.write_text('{"rc": 0}')) == "finished"
     assert read(lambda p: p.write_text('{"rc": 75}')) == "preempted"
-    assert read(lambda p: p.write_text('{"rc": 3}')) == "failed"
-    assert read(lambda p: p.write_text('{"rc": "75"}')) == "lost"
+    assert read(lambda p: p.write_text('{"rc": 3}'), rc=True) == ("failed", 3)  # the rc its last_exit shows
+    assert read(lambda p: p.write_text('{"rc": "75"}'), rc=True) == ("lost", None)
     assert read(lambda p: p.write_text('{"rc": 0' + " " * 5000 + "}")) == "lost"
     assert read(lambda p: p.symlink_to(secret)) == "lost"
     assert read(lambda p: os.mkfifo(p)) == "lost"  # returns at once: opened O_NONBLOCK, refused as no file
@@ -367,6 +368,11 @@ def test_a_tenant_env_reaches_the_job_never_root_sbatch(slurm, tmp_path):  # noq
         ex.poll()
         time.sleep(0.3)
     assert exits == ["finished"]
+    last = ex.last_exit[job.id]  # what GET /jobs/{id} shows of the run: Slurm's word, or its status file's
+    assert {k: last[k] for k in ("epoch", "status", "rc", "slurm_id")} == {
+        "epoch": 1, "status": "finished", "rc": 0, "slurm_id": run.slurm_id,
+    }, last  # fmt: skip
+    assert last.get("slurm_state", "COMPLETED") == "COMPLETED" and "signal" not in last, last
     # NUL-separated (env -0); the loader's complaint about LD_PRELOAD may precede a variable on its line
     pieces = [x.rsplit("\n", 1)[-1] for x in (Path(run.dir) / "log").read_text().split("\0")]
     seen_env = dict(x.split("=", 1) for x in pieces if "=" in x)

@@ -29,15 +29,16 @@ demo: $(NATIVE)
 	$(BIN)/goodput demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check goodput tests setup.py
-	$(BIN)/ruff format --check goodput tests setup.py
+	$(BIN)/ruff check goodput tests tools setup.py
+	$(BIN)/ruff format --check goodput tests tools setup.py
 
+# tests/sched beside the rest, two pytest processes (tools/run_tests.py); GOODPUT_TEST_SERIAL=1: one
 test: $(NATIVE) lint
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python tools/run_tests.py
 
 format: $(STAMP)
-	$(BIN)/ruff format goodput tests setup.py
-	$(BIN)/ruff check --fix goodput tests setup.py
+	$(BIN)/ruff format goodput tests tools setup.py
+	$(BIN)/ruff check --fix goodput tests tools setup.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache *.so goodput/sched/*.so goodput/sched/*/*.so goodput/sched/native.json

@@ -420,7 +420,9 @@ STUBBORN = [PY, "-c", "import signal, time; [signal.signal(s, signal.SIG_IGN) fo
 def test_draining_busy_and_idle_gpus_and_a_node_under_notice_are_told_apart(service, page_of):
     svc = service(nodes=3).start()
     admin, alice = svc.token("ops", "--admin"), svc.token("alice")
-    stub = svc.submit(alice, "stubborn", STUBBORN)  # ignores its notice: its GPU stays draining
+    # ignores its notice, and its grace outlasts the test: its GPU stays draining (with the default 5 s
+    # it was killed, and its GPU no longer draining, before a page on a loaded machine had looked)
+    stub = svc.submit(alice, "stubborn", STUBBORN, grace_s=150)
     busy = svc.submit(alice, "busy", SLEEPER)
     for j in (stub, busy):
         svc.wait(j, alice, lambda x: x["state"] == "running")

@@ -42,24 +42,27 @@ MANIFEST = _NATIVE.MANIFEST
 class OptionalBuildExt(build_ext):
     """A failed compile leaves the pure-Python modules in charge: slower, never wrong."""
 
-    def finalize_options(self) -> None:
-        super().finalize_options()
-        if self.parallel is None:
-            self.parallel = os.cpu_count() or 1  # the extensions side by side
-
     def build_extensions(self) -> None:
-        """The group's C files (one per module) compiled side by side too: distutils compiles one
-        extension's sources one after another, and the group is one extension."""
-        serial = self.compiler.compile
+        """An extension's C files (mypyc writes one per module, ``multi_file``) compiled side by side,
+        as many as the cores: distutils compiles one extension's sources one after another, and the
+        scheduler's group is one extension. The first failure cancels the compiles not started."""
+        if self.compiler.compiler_type == "unix":
+            serial = self.compiler.compile
+            jobs = os.cpu_count() or 1
 
-        def compile_parallel(sources, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-            from concurrent.futures import ThreadPoolExecutor
+            def compile_parallel(sources, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+                from concurrent.futures import ThreadPoolExecutor
 
-            with ThreadPoolExecutor(self.parallel or 1) as pool:
-                done = pool.map(lambda src: serial([src], *args, **kwargs), sources)
-                return [obj for objs in done for obj in objs]
+                with ThreadPoolExecutor(jobs) as pool:
+                    futures = [pool.submit(serial, [src], *args, **kwargs) for src in sources]
+                    try:
+                        return [obj for f in futures for obj in f.result()]
+                    except BaseException:
+                        for f in futures:
+                            f.cancel()
+                        raise
 
-        self.compiler.compile = compile_parallel
+            self.compiler.compile = compile_parallel
         super().build_extensions()
 
     def run(self) -> None:

@@ -339,13 +339,18 @@ def exit_code(raw: Any) -> tuple[int | None, int | None]:
 
 
 def _exit_detail(run: SlurmRun, state: str, raw: Any) -> dict:
-    """What a job's ``last_exit`` shows of a run Slurm ended: the batch step's rc and the signal that
-    ended it (its name), Slurm's own state and id (the handle an operator gives ``sacct``)."""
+    """What a job's ``last_exit`` shows of a run Slurm ended: Slurm's state and id (the handle an
+    operator gives ``sacct``), the batch step's rc, and the signal that ended it. As over local
+    slots, a run ended by a signal has ``rc`` minus the signal's number (Python's returncode) and
+    ``signal`` its name, or ``"SIG<n>"`` for a number Python does not name."""
     rc, sig = exit_code(raw)
     detail: dict = {"rc": rc, "slurm_state": state, "slurm_id": run.slurm_id}
     if sig is not None:
-        with contextlib.suppress(ValueError):
+        detail["rc"] = -sig
+        try:
             detail["signal"] = signal.Signals(sig).name
+        except ValueError:
+            detail["signal"] = f"SIG{sig}"
     return detail
 
 
@@ -709,7 +714,7 @@ class SlurmExecutor:
             self.view = view
             for run in list(self.runs.values()):
                 if run.slurm_id < 0:
-                    done.append((run, "lost" if run.stuck else "failed", {"rc": None}))
+                    done.append((run, "lost" if run.stuck else "failed", {"rc": None, "slurm_id": None}))
                     continue
                 j = view.jobs.get(run.slurm_id)
                 if j is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import signal
 import socket
 import subprocess
@@ -392,6 +393,33 @@ def test_token_add_prints_the_token_alone_on_its_last_line(tmp_path):
     r = _cli("sched", "token", "add", "alice", "--db", f"sqlite:///{tmp_path / 's.db'}")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1].startswith("gp_") and len(r.stdout.strip().splitlines()) == 1
+
+
+def test_token_add_flags_and_refusals_through_the_cli(tmp_path):
+    """What tests/sched/live/tokens.py makes in-process, through the command an operator runs: an
+    admin token that expires, a tenant's user kept, and each refusal naming what it refused."""
+    from goodput.sched.live.store import open_store
+    from goodput.sched.live.tokens import digest
+
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    r = _cli("sched", "token", "add", "ops", "--db", db, "--admin", "--expires", "90m", "--user", me)
+    assert r.returncode == 0, r.stderr
+    assert "(admin)" in r.stderr and "expires" in r.stderr and f"jobs run as {me!r}" in r.stderr, r.stderr
+    tok = r.stdout.strip().splitlines()[-1]
+    with open_store(db) as store:
+        row = next(t for t in store.tokens() if t["prefix"] == tok[:11])
+        assert row["tenant"] == "ops" and row["role"] == "admin"
+        assert time.time() + 89 * 60 < row["expires"] <= time.time() + 90 * 60
+        assert store.token(digest(tok)) == ("ops", "admin", "") and store.tenant_users()["ops"] == me
+    for args, says in (
+        (("bad name",), "letters, digits"),
+        (("t", "--user", "no-such-user-zz"), "no-such-user-zz"),
+        (("t", "--expires", "0"), "--expires"),
+        (("t", "--expires", "soon"), "--expires"),
+    ):
+        r = _cli("sched", "token", "add", *args, "--db", db)
+        assert r.returncode == 2 and says in r.stderr and "gp_" not in r.stdout, (args, r.stdout, r.stderr)
 
 
 def test_cli_submit_ls_cancel_and_events(server, tmp_path):

@@ -33,6 +33,24 @@ def test_exit_codes_read_both_json_shapes():
     assert exit_code(None) == (None, None)
 
 
+def test_a_runs_last_exit_reads_as_over_local_slots():
+    """rc, or minus the signal that ended the run (Python's returncode), the signal's name (or SIG<n>
+    for a number Python does not name), Slurm's state and id, whichever JSON shape Slurm wrote."""
+    from goodput.sched.live.slurm import SlurmRun, _exit_detail
+
+    run = SlurmRun("j.00000001", 1, 42, ["n1"], "u", "/nonexistent")
+    assert _exit_detail(run, "FAILED", 3 << 8) == {"rc": 3, "slurm_state": "FAILED", "slurm_id": 42}
+    assert _exit_detail(run, "CANCELLED", 9) == {
+        "rc": -9,
+        "signal": "SIGKILL",
+        "slurm_state": "CANCELLED",
+        "slurm_id": 42,
+    }
+    got = _exit_detail(run, "FAILED", {"return_code": {"set": True, "number": 0}, "signal": {"id": 40}})
+    assert got == {"rc": -40, "signal": "SIG40", "slurm_state": "FAILED", "slurm_id": 42}
+    assert _exit_detail(run, "NODE_FAIL", None) == {"rc": None, "slurm_state": "NODE_FAIL", "slurm_id": 42}
+
+
 def test_slurm_states_map_to_report_exit_words():
     assert status_of("COMPLETED", 0, killed=False) == "finished"
     assert status_of("FAILED", 75 << 8, killed=False) == "preempted"

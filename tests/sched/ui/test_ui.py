@@ -414,18 +414,26 @@ def test_the_ledger_shows_restart_and_checkpoint_stall_of_a_resumed_job(service,
     _shot(page, "job-restarts")
 
 
-STUBBORN = [PY, "-c", "import signal, time; [signal.signal(s, signal.SIG_IGN) for s in (1, 10, 15)]; time.sleep(120)"]
+# ignores its notice (SIGUSR1, SIGTERM, SIGHUP); touches the file it is given once it does, since a
+# notice that comes while the interpreter still starts ends it at once (SIGUSR1's default action)
+STUBBORN = [PY, "-c", "import pathlib, signal, sys, time; [signal.signal(s, signal.SIG_IGN) for s in (1, 10, 15)]; "
+            "pathlib.Path(sys.argv[1]).touch(); time.sleep(120)"]  # fmt: skip
 
 
 def test_draining_busy_and_idle_gpus_and_a_node_under_notice_are_told_apart(service, page_of):
     svc = service(nodes=3).start()
     admin, alice = svc.token("ops", "--admin"), svc.token("alice")
-    # ignores its notice, and its grace outlasts the test: its GPU stays draining (with the default 5 s
-    # it was killed, and its GPU no longer draining, before a page on a loaded machine had looked)
-    stub = svc.submit(alice, "stubborn", STUBBORN, grace_s=150)
+    # ignores its notice, and its grace outlasts the test: its GPU stays draining; drained only once
+    # it ignores signals (on a loaded machine a notice could come before, and end it: seen in CI)
+    ready = svc.tmp / "stubborn-ignores-signals"
+    stub = svc.submit(alice, "stubborn", [*STUBBORN, str(ready)], grace_s=150)
     busy = svc.submit(alice, "busy", SLEEPER)
     for j in (stub, busy):
         svc.wait(j, alice, lambda x: x["state"] == "running")
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert time.monotonic() < deadline, "the stubborn job never started ignoring signals"
+        time.sleep(0.05)
     node = svc.call("GET", f"/jobs/{stub}", alice)[1]["placement"][0]  # type: ignore[index]
     code, out = svc.call("POST", f"/nodes/{node}/drain?grace_s=300", admin)
     assert code == 200, out

@@ -64,6 +64,9 @@ def main(argv: list[str]) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, forward)
+    # a handler, not an inherited SIG_IGN (a shell's background job): the pytests start with SIGINT's
+    # default, so Python gives them KeyboardInterrupt and they tear their servers down
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with open(LOG, "wb") as log:
         print(f"{SCHED} runs beside the rest; its output ({LOG}) follows when both are done", flush=True)
         try:

@@ -64,6 +64,7 @@ log = logging.getLogger("goodput.sched.live.local")
 
 PREEMPTED_EXIT = 75  # goodput.ckpt.PREEMPTED_EXIT, repeated so the executor never imports torch
 DEFAULT_MAX_LOG_BYTES = 64 << 20  # the cluster's limits.max_log_bytes when it gives none
+RECORD_WAIT_S = 30.0  # a supervisor whose run the service has not recorded by then does not run it
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 # the environment a job is started with (docs/PROTOCOL.md)
@@ -273,7 +274,8 @@ class LocalExecutor:
             logf = self.logs_dir / f"{name}.log"
             status = self.runs_dir / f"{name}.status"
             spec_file = self.runs_dir / f"{name}.spec"
-            for p in (status, spec_file):
+            record = self.runs_dir / f"{name}.json"  # what _save writes once the supervisor is started
+            for p in (status, spec_file, record):
                 with contextlib.suppress(FileNotFoundError):
                     p.unlink()
             workdir = self._make_workdir(name, who, self.token_for(job) if self.token_for is not None else "")
@@ -300,6 +302,8 @@ class LocalExecutor:
                 "user": who.to_obj() if who is not None else None,
                 "nproc": self.max_user_procs,
                 "max_log_bytes": self.max_log_bytes,
+                "record": str(record),
+                "record_wait_s": RECORD_WAIT_S,
             }
             fd = os.open(spec_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -704,6 +708,17 @@ def _as_user(user: dict | None, fn: Callable[[], None]) -> None:
         os.setgroups(groups)
 
 
+def _appears(path: Path, within_s: float) -> bool:
+    """Whether ``path`` exists, or comes to within ``within_s`` (the executor writes a run's record
+    right after it starts the supervisor: normally before the supervisor has even started Python)."""
+    deadline = time.monotonic() + within_s
+    while not path.exists():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def _supervise(argv: list[str]) -> int:
     """Lead the group, pass signals by ignoring them here, wait for the whole tree, write the status.
 
@@ -725,6 +740,18 @@ def _supervise(argv: list[str]) -> int:
         print("usage: python -m goodput.sched.live.local --status FILE [--spec FILE] -- CMD [ARGS...]", file=sys.stderr)
         return 2
     status, cmd = Path(argv[1]), argv[3:]
+    record = spec.get("record")
+    if isinstance(record, str) and not _appears(Path(record), float(spec.get("record_wait_s", RECORD_WAIT_S))):
+        # the service stopped between starting us and recording us: a restarted service finds no record
+        # to adopt or kill and starts the job again, so this run must not run it
+        print(
+            "goodput.sched.live.local: the service never recorded this run (it stopped while starting it); "
+            "the command is not run, so that it never runs twice",
+            file=sys.stderr,
+            flush=True,
+        )
+        _write_atomic(status, {"rc": 127, "command_rc": 127, "orphans": [], "t": time.time(), "unrecorded": True})
+        return 0
     # a Python-level handler (not SIG_IGN): exec resets it to the default in the child, which then
     # installs its own (the Checkpointer's); the group's signal reaches the child directly. A notice
     # sent before the child exists (between these handlers and its exec) reaches only us: it is kept

@@ -160,3 +160,28 @@ def test_a_notice_before_the_command_exists_is_passed_on(tmp_path):
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
     assert json.loads(status.read_text())["rc"] == -signal.SIGTERM  # the command got the notice
+
+
+def test_a_supervisor_whose_run_was_never_recorded_does_not_run_the_command(tmp_path):
+    """The service SIGKILLed between starting a run's supervisor and writing its record: a restarted
+    service finds no record to adopt or kill and starts the job again, so the unrecorded supervisor
+    must not run it (it waits for the record, then gives up). Recorded in time, the command runs."""
+    import subprocess
+
+    def supervise(name: str, record_after_s: float | None) -> tuple[bool, dict]:
+        marker, record, status = tmp_path / f"{name}.ran", tmp_path / f"{name}.json", tmp_path / f"{name}.status"
+        spec = tmp_path / f"{name}.spec"
+        spec.write_text(json.dumps({"env": {"PATH": "/usr/bin:/bin"}, "cwd": str(tmp_path), "umask": 0o077,
+                                    "record": str(record), "record_wait_s": 1.0}))  # fmt: skip
+        cmd = [PY, "-I", "-m", "goodput.sched.live.local", "--status", str(status), "--spec", str(spec), "--"]
+        p = subprocess.Popen([*cmd, PY, "-c", f"open({str(marker)!r}, 'w').close()"])
+        if record_after_s is not None:
+            time.sleep(record_after_s)
+            record.write_text("{}")
+        assert p.wait(timeout=30) == 0
+        return marker.exists(), json.loads(status.read_text())
+
+    ran, st = supervise("lost", None)
+    assert not ran and st["rc"] == 127 and st["unrecorded"] is True, st
+    ran, st = supervise("late", 0.3)  # the record comes while the supervisor waits
+    assert ran and st["rc"] == 0, st

@@ -478,9 +478,7 @@ class LocalExecutor:
         for run in done:
             status, detail = self._status_detail(run)
             # before the report, so that whoever sees the job requeued also sees how its run ended
-            self.last_exit[run.job] = {"epoch": run.epoch, "status": status, **detail}
-            if len(self.last_exit) > 100_000:
-                self.last_exit.pop(next(iter(self.last_exit)))
+            remember_exit(self.last_exit, run.job, {"epoch": run.epoch, "status": status, **detail})
             if self.on_exit is not None:
                 try:
                     self.on_exit(run.job, run.epoch, status)
@@ -706,6 +704,14 @@ def _as_user(user: dict | None, fn: Callable[[], None]) -> None:
         os.seteuid(0)
         os.setegid(0)
         os.setgroups(groups)
+
+
+def remember_exit(last_exit: dict[str, dict], job: str, entry: dict) -> None:
+    """Keep ``entry`` as ``job``'s last exit (what ``GET /jobs/{id}`` shows), the oldest of 100,000
+    forgotten: recorded before the exit is reported, so whoever sees the job requeued sees how it ended."""
+    last_exit[job] = entry
+    if len(last_exit) > 100_000:
+        last_exit.pop(next(iter(last_exit)))
 
 
 def _appears(path: Path, within_s: float) -> bool:

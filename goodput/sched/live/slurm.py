@@ -72,6 +72,7 @@ from .local import (
     PREEMPTED_EXIT,
     SAFE_ID,
     job_environment,
+    remember_exit,
 )
 from .runas import RunAs
 from .slurm_launch import ENV_GPUS_PER_NODE, ENV_GRACE, ENV_NODE_ADDRS, ENV_STATUS_FILE
@@ -749,9 +750,7 @@ class SlurmExecutor:
                         done.append((run, st, {"rc": rc, "slurm_id": run.slurm_id}))
         for run, status, detail in done:
             # before the report, so that whoever sees the job requeued also sees how its run ended
-            self.last_exit[run.job] = {"epoch": run.epoch, "status": status, **detail}
-            if len(self.last_exit) > 100_000:
-                self.last_exit.pop(next(iter(self.last_exit)))
+            remember_exit(self.last_exit, run.job, {"epoch": run.epoch, "status": status, **detail})
             if self.on_exit is not None:
                 self.on_exit(run.job, run.epoch, status)
             with self._lock:

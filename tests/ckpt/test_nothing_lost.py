@@ -68,6 +68,56 @@ def test_skipped_due_saves_are_reported_and_made_up_for(tmp_path: Path, monkeypa
     assert ck.skipped == skipped
 
 
+@pytest.mark.parametrize("interval", [3, 4])
+def test_a_skipped_due_save_is_made_up_at_the_first_step_the_write_allows(
+    tmp_path: Path, monkeypatch, interval: int
+) -> None:
+    """Every few steps due (not every step, so the make-up save is a step the cadence would not
+    have saved): after a skip, the first call that finds the writer idle saves, due or not, so
+    the newest commit never falls more than one interval and one write behind."""
+    monkeypatch.setenv(SLOW_WRITE_ENV, "0.3")  # a write spans several 0.05 s steps
+    ck = gc.Checkpointer(tmp_path, interval=interval, keep=None, mode="thread")
+    events: list = []
+    ck.add_listener(events.append, skipped=True)
+    state = {"w": torch.zeros(16)}
+    saved, idle_and_owed = [], []
+    for step in range(1, 41):
+        state["w"].fill_(step)
+        # read before the call: a write never restarts by itself, so an idle writer seen here is
+        # idle when maybe_save looks, and a save owed then must happen at this step
+        ck.saver.retire()
+        if ck._owed and not ck.saver.busy():
+            idle_and_owed.append(step)
+        if ck.maybe_save(step, state) is not None:
+            saved.append(step)
+        time.sleep(0.05)
+    ck.close(41, state)
+    skipped = [e for e in events if e.kind == "skipped"]
+    commits = [e for e in events if e.kind == "commit"]
+    assert skipped, "the write never outlasted an interval: the test proved nothing"
+    made_up = [s for s in saved if s % interval]
+    assert made_up, "no save outside the cadence: nothing was made up"
+    assert set(idle_and_owed) <= set(saved)  # owed and possible: saved at that very step
+    for s in made_up:  # a save off the cadence follows a skip, with no due save since
+        before = [e.step for e in skipped if e.step < s]
+        assert before and not [d for d in saved if before[-1] < d < s], (s, before, saved)
+    assert {e.step for e in skipped} | {s for s in saved if s % interval == 0} == set(
+        range(interval, 41, interval)
+    )  # every due step: saved or reported
+    assert [e.step for e in commits] == saved + [41]
+    for e in skipped:  # the age and step of the newest commit at the skip, as the commits say
+        # (a commit whose event is stamped within 10 ms of the skip may land on either side)
+        older = [c for c in commits if c.time <= e.time + 0.01]
+        could = [c for c in older if c.time > e.time - 0.01] + [c for c in older if c.time <= e.time - 0.01][-1:]
+        if e.newest_step is None:
+            assert e.age_s is None and not [c for c in older if c.time <= e.time - 0.01]
+            continue
+        match = [c for c in could if c.step == e.newest_step]
+        assert match, (e, [c.step for c in could])
+        assert e.age_s == pytest.approx(e.time - match[0].time, abs=0.05)
+    assert gc.latest(tmp_path).name == "step_000000041"
+
+
 def test_close_with_the_final_step_raises_when_it_fails(tmp_path: Path) -> None:
     ck = gc.Checkpointer(tmp_path, interval=100, mode="thread")
     with pytest.raises(gc.SaveError, match="'o'"):

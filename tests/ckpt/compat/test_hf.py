@@ -349,6 +349,68 @@ def test_the_export_command_says_which_values_it_carried(tmp_path: Path) -> None
     assert "2 values beside them in goodput_values.json" in " ".join(r.output.split())
 
 
+def test_the_export_command_casts_writes_torch_and_counts_its_progress(tmp_path: Path) -> None:
+    """The CLI's flags reach the export (--dtype, --format torch, --prefix, --max-shard-size), and
+    the progress callback it draws from accounts for every byte read and every file written."""
+    from typer.testing import CliRunner
+
+    from goodput.cli.main import app
+
+    sd = {"model": {"a": torch.randn(256, 64), "b": torch.randn(512, 64), "n": torch.arange(7)}}
+    gc.save(sd, tmp_path / "ck", step=1)
+    src = str(tmp_path / "ck")
+    r = CliRunner().invoke(
+        app,
+        [
+            "ckpt",
+            "export",
+            src,
+            str(tmp_path / "hf"),
+            "--dtype",
+            "bf16",
+            "--prefix",
+            "model.",
+            "--max-shard-size",
+            "60KB",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    files = sorted(os.listdir(tmp_path / "hf"))
+    # bf16 sizes (a 32 KiB, b 64 KiB) decide the shards: cast before the cut
+    assert INDEX in files and len([f for f in files if f.endswith(".safetensors")]) >= 2, files
+    wm = json.loads((tmp_path / "hf" / INDEX).read_text())["weight_map"]
+    assert set(wm) == {"a", "b", "n"} and set(wm.values()) == {f for f in files if f.endswith(".safetensors")}
+    got: dict = {}
+    for f in files:
+        if f.endswith(".safetensors"):
+            got.update(load_file(tmp_path / "hf" / f))
+    assert set(got) == {"a", "b", "n"}
+    assert got["a"].dtype == torch.bfloat16 and torch.equal(got["a"], sd["model"]["a"].bfloat16())
+    assert got["n"].dtype == torch.int64 and torch.equal(got["n"], sd["model"]["n"])  # ints uncast
+
+    r = CliRunner().invoke(
+        app, ["ckpt", "export", src, str(tmp_path / "m.pt"), "--format", "torch", "--prefix", "model."]
+    )
+    assert r.exit_code == 0, r.output
+    t = torch.load(tmp_path / "m.pt", weights_only=True)
+    assert set(t) == {"a", "b", "n"} and all(torch.equal(t[k], sd["model"][k]) for k in t)
+    r = CliRunner().invoke(app, ["ckpt", "export", src, str(tmp_path / "x"), "--format", "onnx"])
+    assert r.exit_code != 0 and "onnx" in r.output
+
+    seen: list[tuple[str, int]] = []
+    res = gc.export(
+        tmp_path / "ck",
+        tmp_path / "p",
+        prefix="model.",
+        max_shard_size="100KB",
+        progress=lambda e, n: seen.append((e, n)),
+    )
+    assert seen[0] == ("total", sum(v.numel() * v.element_size() for v in sd["model"].values()))
+    assert sum(n for e, n in seen if e == "read") == seen[0][1]
+    shards = [f for f in res.files if f.endswith(".safetensors")]
+    assert [n for e, n in seen if e == "shard"] == list(range(1, len(shards) + 1)) and len(shards) == 3
+
+
 def test_a_failed_export_leaves_nothing_a_loader_could_take_for_a_model(tmp_path: Path) -> None:
     """A damaged tensor in the second shard: the export fails naming it, and the first shard it
     had written is removed with the directory it created (a lone shard without its index loaded

@@ -96,12 +96,14 @@ def _kill_trainer(tmp_path: Path, when: str, where: str = "main", stop_writer: b
             if stop_writer:  # no CPU at all for it: nothing of its own can run
                 os.kill(writer, signal.SIGSTOP)
             trainer.send_signal(signal.SIGKILL)
-            t0 = time.monotonic()
             trainer.wait(30)
+            t0 = time.monotonic()  # the trainer is dead and reaped
             while not _gone(writer) and time.monotonic() < t0 + 5.0:
                 time.sleep(0.01)
             outlived = time.monotonic() - t0
         assert _gone(writer), f"the writer outlived its trainer by more than 5 s ({when}, stopped={stop_writer})"
+        # the "notices its parent's death within a second": the kernel's signal, not a poll
+        assert outlived < 1.0, f"the writer outlived its trainer by {outlived:.2f} s ({when})"
         left = [n for n in os.listdir("/dev/shm") if n.startswith(f"goodput-{trainer.pid}-")]
         assert left == [] and not os.path.exists(f"/dev/shm/{segment}")
         if when == "writing":

@@ -217,6 +217,19 @@ ck = gc.Checkpointer(d + "/r", interval=1)
 ck.restore({"w": torch.zeros(10)})
 ck.close()
 gc.open(gc.latest(d + "/r")).verify()
+# the ways in and out: safetensors export and load, a DCP import, the CLI's read-only commands
+gc.export(d + "/a", d + "/hf", prefix="")
+gc.load({"w": torch.zeros(10)}, d + "/hf", strict=False)
+gc.export(d + "/a", d + "/a.pt", format="torch")
+import torch.distributed.checkpoint as dcp
+from goodput.ckpt.compat.dcp_import import import_dcp
+dcp.save({"w": torch.ones(10), "b": b"x"}, checkpoint_id=d + "/dcp")
+import_dcp(d + "/dcp", d + "/imported")
+from typer.testing import CliRunner
+from goodput.cli.main import app
+for args in (["ls", d + "/r"], ["inspect", d + "/a"], ["verify", "--json", d + "/a"]):
+    res = CliRunner().invoke(app, ["ckpt", *args])
+    assert res.exit_code == 0, (args, res.output)
 """
 
 

@@ -108,7 +108,13 @@ def sim(
                     "arrival stream: it barely loads its cluster)"
                 )
             elif workload:
-                job_list = formats.read_workload_csv(workload)
+                # the cluster's governance checks each row where it stands (file, line, column)
+                gov = (
+                    formats.read_cluster_json(cluster).governance
+                    if cluster
+                    else syn.synthetic_cluster(nodes=1).governance
+                )
+                job_list = formats.read_workload_csv(workload, gov)
                 notes.append(f"workload {workload}: {len(job_list)} jobs")
             else:
                 if jobs < 1 or nodes < 1:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.governance import Governance, GovernanceError
+from ..core.governance import Governance, GovernanceError, SubmissionRejected
 from ..core.model import Checkpointing, Job, Pool, PoolKind, RetryPolicy
 
 
@@ -142,11 +142,14 @@ _DEFAULTS: dict[str, Any] = {
 }  # limit_s defaults to the row's duration_s
 
 
-def read_workload_csv(path: str | Path) -> list[Job]:
+def read_workload_csv(path: str | Path, governance: Governance | None = None) -> list[Job]:
     """Jobs of a workload CSV, in file order (``seq`` is the row index, the queue's last tie-break).
 
     Unknown columns are ignored so that a trace exporter may carry its own; an empty optional cell
-    takes the default, an empty required one is an error.
+    takes the default, an empty required one is an error. With ``governance`` (the cluster's
+    ``tenants`` and ``limits``) a row its operator would refuse (a priority above the tenant's
+    ``max_priority``, a ``grace_s`` or ``restart_s`` above the caps) is an error naming the file,
+    the line and the column, as a malformed cell is.
     """
     name = str(path)
     jobs: list[Job] = []
@@ -225,6 +228,11 @@ def read_workload_csv(path: str | Path) -> list[Job]:
                     eligible_s=submit,
                 )
             )
+            if governance is not None:
+                try:
+                    governance.check(jobs[-1])
+                except SubmissionRejected as e:
+                    raise WorkloadError(f"{name}:{line}: column {e.field!r}: {e.message}") from None
     return jobs
 
 

@@ -120,6 +120,31 @@ def test_jobs_no_pool_holds_are_an_error_listing_their_ids(tmp_path):
     assert any("2 jobs fit no pool" in n for n in out["notes"])
 
 
+def test_a_row_the_operator_refuses_is_named_by_file_line_and_column(tmp_path):
+    """The cluster's governance checks each CSV row where it stands, as a malformed cell is."""
+    w, c = _files(tmp_path)
+    cluster = dict(CLUSTER, tenants=[{"name": "a", "max_priority": 3}], limits={"max_grace_s": 100})
+    c.write_text(json.dumps(cluster))
+    cases = [
+        ("high", "priority", "above tenant 'a''s max_priority 3"),  # line 4 asks for priority 5
+        ("low-a", "grace_s", "above the cluster's max_grace_s 100"),  # line 2: grace 120
+    ]
+    for jid, column, why in cases:
+        rows = CSV.splitlines()
+        line = next(i for i, r in enumerate(rows, 1) if r.startswith(jid + ","))
+        if column == "priority":  # keep only the row under test out of bounds
+            rows = [r.replace(",120,0,ignored", ",30,0,ignored") for r in rows]
+        w.write_text("\n".join(rows) + "\n")
+        res = runner.invoke(app, ["sched", "sim", "--workload", str(w), "--cluster", str(c), "--policy", "goodput"])
+        text = " ".join(res.output.split())
+        assert res.exit_code != 0 and f"{w}:{line}: column {column!r}" in text and why in text, text
+    # without a cluster file the defaults of limits apply (max_grace_s 600)
+    w.write_text(CSV.replace(",120,0,ignored", ",1e9,0,ignored"))
+    res = runner.invoke(app, ["sched", "sim", "--workload", str(w), "--policy", "goodput"])
+    text = " ".join(res.output.split())
+    assert res.exit_code != 0 and f"{w}:2: column 'grace_s'" in text and "max_grace_s 600" in text, text
+
+
 def test_the_synthetic_workloads_misfits_are_listed_not_fatal():
     """Its gangs are capped at --nodes (16), the on-demand pool has 12: those are left out, by id."""
     res = runner.invoke(app, ["sched", "sim", "--jobs", "400", "--nodes", "16", "--policy", "goodput", "--json"])

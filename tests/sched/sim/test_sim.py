@@ -360,3 +360,29 @@ def test_horizon_stops_the_run_early() -> None:
     assert sum(r.jobs.values()) < len(JOBS) or r.jobs.get("finished", 0) < len(JOBS)
     assert r.check.ok
     assert math.isfinite(r.percentile(0.99))
+
+
+@pytest.mark.parametrize("name", [n for n, p in POLICIES.items() if p.weigh_wait])
+def test_churn_is_bounded_over_a_whole_run(runs, name: str) -> None:
+    """Issue 23's churn figures over a whole simulation, read from the event log: no priority or
+    quota victim younger than ``min_run_s`` in its run, none evicted for them more than
+    ``max_preemptions`` times, at most ``MAX_VICTIMS`` a decision, at most 2 on average."""
+    from goodput.sched.core.preemption import MAX_VICTIMS
+
+    lim = CLUSTER.governance.limits
+    r = runs[name]
+    started: dict[tuple[str, int], float] = {}
+    evicted: collections.Counter[str] = collections.Counter()
+    decisions: collections.Counter[tuple[float, str]] = collections.Counter()
+    for e in r.events:
+        if e["event"] == "started":
+            started[(e["job"], e["epoch"])] = e["t"]
+        elif e["event"] == "preempt_requested" and e["reason"] in ("priority", "quota"):
+            age = e["t"] - started[(e["job"], e["epoch"])]
+            assert age >= lim.min_run_s - EPS, (e, age)
+            evicted[e["job"]] += 1
+            decisions[(e["t"], e["preemptor"])] += 1
+    assert decisions, f"{name}: no priority or quota preemption: the test proved nothing"
+    assert max(evicted.values()) <= lim.max_preemptions
+    assert max(decisions.values()) <= MAX_VICTIMS
+    assert sum(decisions.values()) / len(decisions) <= 2

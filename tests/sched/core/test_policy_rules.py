@@ -125,6 +125,28 @@ def _renamed(jobs: list[Job], seed: int) -> tuple[list[Job], dict[str, str], dic
     return [replace(j, id=jmap[j.id], tenant=tmap[j.tenant]) for j in jobs], jmap, tmap
 
 
+def _same_schedule(a, b, jmap: dict[str, str], tmap: dict[str, str]) -> None:  # noqa: ANN001
+    """Run ``b`` (renamed by ``jmap``/``tmap``) logged the same records as ``a``, name for name."""
+    back = {v: k for k, v in jmap.items()}
+    backt = {v: k for k, v in tmap.items()}
+
+    def norm(rec: dict, undo: dict[str, str], undot: dict[str, str]) -> dict:
+        out = {}
+        for k, v in rec.items():
+            if k == "candidates":
+                continue  # the logged list's order among equal prices is not the schedule
+            if k in ("job", "preemptor", "victim_of") and isinstance(v, str):
+                v = undo.get(v, v)
+            if k == "tenant":
+                v = undot.get(v, v)
+            out[k] = v
+        return out
+
+    assert len(a.events) == len(b.events)
+    assert [norm(r, {}, {}) for r in a.events] == [norm(r, back, backt) for r in b.events]
+    assert a.check.ok and b.check.ok
+
+
 def test_a_head_that_arrives_on_a_full_cluster_gets_its_reservation_at_once() -> None:
     """X's 3-node gang is the first job of its priority when it arrives (X holds the least usage),
     and every node is busy. It is the head as much as it would be with a node free: its reservation
@@ -162,24 +184,7 @@ def test_renaming_every_tenant_and_job_gives_the_same_schedule(seed: int) -> Non
     a = simulate(jobs, cluster, POLICIES["goodput"])
     renamed, jmap, tmap = _renamed(jobs, seed)
     b = simulate(renamed, cluster, POLICIES["goodput"])
-    back = {v: k for k, v in jmap.items()}
-    backt = {v: k for k, v in tmap.items()}
-
-    def norm(rec: dict, undo: dict[str, str], undot: dict[str, str]) -> dict:
-        out = {}
-        for k, v in rec.items():
-            if k == "candidates":
-                continue  # the logged list's order among equal prices is not the schedule
-            if k in ("job", "preemptor", "victim_of") and isinstance(v, str):
-                v = undo.get(v, v)
-            if k == "tenant":
-                v = undot.get(v, v)
-            out[k] = v
-        return out
-
-    assert len(a.events) == len(b.events)
-    assert [norm(r, {}, {}) for r in a.events] == [norm(r, back, backt) for r in b.events]
-    assert a.check.ok and b.check.ok
+    _same_schedule(a, b, jmap, tmap)
 
 
 def test_renaming_holds_with_spot_failures_reclaims_and_governed_tenants() -> None:
@@ -207,26 +212,10 @@ def test_renaming_holds_with_spot_failures_reclaims_and_governed_tenants() -> No
         return simulate(js, replace(base, governance=gov), POLICIES["goodput"], extra_events=extra)
 
     a, b = run(jobs, {}), run(renamed, tmap)
-    back = {v: k for k, v in jmap.items()}
-    backt = {v: k for k, v in tmap.items()}
-
-    def norm(rec: dict, undo: dict[str, str], undot: dict[str, str]) -> dict:
-        out = {}
-        for k, v in rec.items():
-            if k == "candidates":
-                continue
-            if k in ("job", "preemptor", "victim_of") and isinstance(v, str):
-                v = undo.get(v, v)
-            if k == "tenant":
-                v = undot.get(v, v)
-            out[k] = v
-        return out
-
     reasons = {r.get("reason") for r in a.events if r["event"] == "preempt_requested"}
     assert {"reclaim", "priority"} <= reasons, reasons  # spot reclaims and priority preemptions ran
     assert any(r["event"] == "node_lost" for r in a.events)
-    assert [norm(r, {}, {}) for r in a.events] == [norm(r, back, backt) for r in b.events]
-    assert a.check.ok and b.check.ok
+    _same_schedule(a, b, jmap, tmap)
 
 
 # ------------------------------------------------------------------------------------------------ 2. time limits

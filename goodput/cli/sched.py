@@ -96,6 +96,7 @@ def sim(
     def build(seed: int, failures: str = failures):  # noqa: ANN202
         notes: list[str] = []
         try:
+            cluster_file = formats.read_cluster_json(cluster) if cluster else None
             if philly:
                 job_list, cl, replay = traces.read_philly(
                     philly, gpus=gpus, start=philly_from, days=philly_days, seed=seed
@@ -109,11 +110,7 @@ def sim(
                 )
             elif workload:
                 # the cluster's governance checks each row where it stands (file, line, column)
-                gov = (
-                    formats.read_cluster_json(cluster).governance
-                    if cluster
-                    else syn.synthetic_cluster(nodes=1).governance
-                )
+                gov = cluster_file.governance if cluster_file is not None else syn.synthetic_cluster(nodes=1).governance
                 job_list = formats.read_workload_csv(workload, gov)
                 notes.append(f"workload {workload}: {len(job_list)} jobs")
             else:
@@ -121,8 +118,8 @@ def sim(
                     _fail("--jobs and --nodes must be positive")
                 job_list = syn.synthetic(jobs, nodes=nodes, seed=seed)
                 notes.append(f"synthetic workload: {jobs} jobs calibrated to Acme (Seren, Kalos), seed {seed}")
-            if cluster:
-                cl = formats.read_cluster_json(cluster)
+            if cluster_file is not None:
+                cl = cluster_file
                 notes.append(f"cluster {cluster}: {cl.gpus} GPUs, {len(cl.events)} listed events")
             elif not alibaba and not philly:
                 cl = syn.synthetic_cluster(nodes=nodes)

@@ -75,13 +75,14 @@ def test_a_skipped_due_save_is_made_up_at_the_first_step_the_write_allows(
     """Every few steps due (not every step, so the make-up save is a step the cadence would not
     have saved): after a skip, the first call that finds the writer idle saves, due or not, so
     the newest commit never falls more than one interval and one write behind."""
-    monkeypatch.setenv(SLOW_WRITE_ENV, "0.3")  # a write spans several 0.05 s steps
+    # a write spans about 16 steps of 0.05 s, several intervals even if the loop runs slow
+    monkeypatch.setenv(SLOW_WRITE_ENV, "0.8")
     ck = gc.Checkpointer(tmp_path, interval=interval, keep=None, mode="thread")
     events: list = []
     ck.add_listener(events.append, skipped=True)
     state = {"w": torch.zeros(16)}
     saved, idle_and_owed = [], []
-    for step in range(1, 41):
+    for step in range(1, 61):
         state["w"].fill_(step)
         # read before the call: a write never restarts by itself, so an idle writer seen here is
         # idle when maybe_save looks, and a save owed then must happen at this step
@@ -91,7 +92,7 @@ def test_a_skipped_due_save_is_made_up_at_the_first_step_the_write_allows(
         if ck.maybe_save(step, state) is not None:
             saved.append(step)
         time.sleep(0.05)
-    ck.close(41, state)
+    ck.close(61, state)
     skipped = [e for e in events if e.kind == "skipped"]
     commits = [e for e in events if e.kind == "commit"]
     assert skipped, "the write never outlasted an interval: the test proved nothing"
@@ -102,9 +103,9 @@ def test_a_skipped_due_save_is_made_up_at_the_first_step_the_write_allows(
         before = [e.step for e in skipped if e.step < s]
         assert before and not [d for d in saved if before[-1] < d < s], (s, before, saved)
     assert {e.step for e in skipped} | {s for s in saved if s % interval == 0} == set(
-        range(interval, 41, interval)
+        range(interval, 61, interval)
     )  # every due step: saved or reported
-    assert [e.step for e in commits] == saved + [41]
+    assert [e.step for e in commits] == saved + [61]
     for e in skipped:  # the age and step of the newest commit at the skip, as the commits say
         # (a commit whose event is stamped within 10 ms of the skip may land on either side)
         older = [c for c in commits if c.time <= e.time + 0.01]
@@ -115,7 +116,7 @@ def test_a_skipped_due_save_is_made_up_at_the_first_step_the_write_allows(
         match = [c for c in could if c.step == e.newest_step]
         assert match, (e, [c.step for c in could])
         assert e.age_s == pytest.approx(e.time - match[0].time, abs=0.05)
-    assert gc.latest(tmp_path).name == "step_000000041"
+    assert gc.latest(tmp_path).name == "step_000000061"
 
 
 def test_close_with_the_final_step_raises_when_it_fails(tmp_path: Path) -> None:
@@ -228,8 +229,8 @@ import_dcp(d + "/dcp", d + "/imported")
 from typer.testing import CliRunner
 from goodput.cli.main import app
 for args in (["ls", d + "/r"], ["inspect", d + "/a"], ["verify", "--json", d + "/a"]):
-    res = CliRunner().invoke(app, ["ckpt", *args])
-    assert res.exit_code == 0, (args, res.output)
+    res = CliRunner().invoke(app, ["ckpt", *args])  # its stderr is the runner's buffer
+    assert res.exit_code == 0 and "ResourceWarning" not in res.output, (args, res.output)
 """
 
 

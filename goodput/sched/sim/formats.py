@@ -174,13 +174,13 @@ def read_workload_csv(path: str | Path, governance: Governance | None = None) ->
         known = [(c, where[c]) for c in COLUMNS if c in where]
         width = len(header)
         while True:
+            line = reader.line_num + 1  # where the record starts: a quoted cell may span lines
             try:
                 row = next(reader)
             except StopIteration:
                 break
             except csv.Error as e:
                 raise WorkloadError(f"{name}:{reader.line_num}: not CSV ({e})") from None
-            line = reader.line_num
             if not any(cell.strip() for cell in row):
                 continue
             if len(row) > width and any(cell.strip() for cell in row[width:]):

@@ -359,6 +359,13 @@ def test_the_export_command_casts_writes_torch_and_counts_its_progress(tmp_path:
     sd = {"model": {"a": torch.randn(256, 64), "b": torch.randn(512, 64), "n": torch.arange(7)}}
     gc.save(sd, tmp_path / "ck", step=1)
     src = str(tmp_path / "ck")
+    # bf16 sizes decide the shards (cast before the cut): a, b and n are 98,360 bytes in bf16, one
+    # shard of 100 KB; in fp32 they would be three
+    r = CliRunner().invoke(
+        app, ["ckpt", "export", src, str(tmp_path / "one"), "--dtype", "bf16", "--prefix", "model.", "--max-shard-size", "100KB"]
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert sorted(os.listdir(tmp_path / "one")) == ["model.safetensors"]
     r = CliRunner().invoke(
         app,
         [
@@ -376,7 +383,6 @@ def test_the_export_command_casts_writes_torch_and_counts_its_progress(tmp_path:
     )
     assert r.exit_code == 0, r.output
     files = sorted(os.listdir(tmp_path / "hf"))
-    # bf16 sizes (a 32 KiB, b 64 KiB) decide the shards: cast before the cut
     assert INDEX in files and len([f for f in files if f.endswith(".safetensors")]) >= 2, files
     wm = json.loads((tmp_path / "hf" / INDEX).read_text())["weight_map"]
     assert set(wm) == {"a", "b", "n"} and set(wm.values()) == {f for f in files if f.endswith(".safetensors")}

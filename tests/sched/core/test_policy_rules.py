@@ -189,8 +189,8 @@ def test_renaming_every_tenant_and_job_gives_the_same_schedule(seed: int) -> Non
 
 def test_renaming_holds_with_spot_failures_reclaims_and_governed_tenants() -> None:
     """The same bijection where names could leak in most: tenants the cluster file names (weights,
-    quotas that borrow and reclaim, priority caps; renamed with their jobs), a spot pool with
-    reclaims, node failures at the Llama 3 rate. The schedule is the same, name for name."""
+    quotas that borrow and are reclaimed; renamed with their jobs), a spot pool with reclaims, node
+    failures at the Llama 3 rate. The schedule is the same, name for name."""
     from goodput.sched.sim.compare import horizon_of, poisson_reclaims
     from goodput.sched.sim.interruptions import llama3_failures
 
@@ -213,7 +213,7 @@ def test_renaming_holds_with_spot_failures_reclaims_and_governed_tenants() -> No
 
     a, b = run(jobs, {}), run(renamed, tmap)
     reasons = {r.get("reason") for r in a.events if r["event"] == "preempt_requested"}
-    assert {"reclaim", "priority"} <= reasons, reasons  # spot reclaims and priority preemptions ran
+    assert {"reclaim", "priority", "quota"} <= reasons, reasons  # each kind of eviction ran
     assert any(r["event"] == "node_lost" for r in a.events)
     _same_schedule(a, b, jmap, tmap)
 

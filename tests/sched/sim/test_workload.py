@@ -180,6 +180,32 @@ def test_error_message_shape(tmp_path):
         formats.read_workload_csv(p)
 
 
+def test_a_record_spanning_lines_is_named_by_its_first_line(tmp_path):
+    """A quoted cell (an exporter's own column) may span lines: the error names the line where
+    the record starts, not where the reader stopped; and the records after it keep their lines."""
+    p = write(tmp_path, f'{HEADER},note\nj0,t,0,1,1,0,1,"two\nlines"\nz,t,0,x,1,0,1,"a\nb\nc"\n')
+    with pytest.raises(formats.WorkloadError, match=r"jobs\.csv:4: column 'nodes'"):
+        formats.read_workload_csv(p)
+    p = write(tmp_path, f'{HEADER},note\nj0,t,0,1,1,0,1,"two\nlines"\nj0,t,0,1,1,0,1,x\n')
+    with pytest.raises(formats.WorkloadError, match=r":4: column 'id': duplicate id 'j0' \(first on line 2\)"):
+        formats.read_workload_csv(p)
+
+
+def test_a_row_its_cluster_refuses_is_named_by_line_and_column(tmp_path):
+    from goodput.sched.core.governance import Governance
+
+    gov = Governance.from_obj([{"name": "t", "max_priority": 1}], {"max_restart_s": 100})
+    ok = f"{HEADER},restart_s\nj0,t,0,1,1,1,1,100\n"
+    assert [j.id for j in formats.read_workload_csv(write(tmp_path, ok), gov)] == ["j0"]
+    p = write(tmp_path, ok + "j1,t,0,1,1,2,1,0\n")
+    with pytest.raises(formats.WorkloadError, match=r"jobs\.csv:3: column 'priority': job 'j1': priority 2"):
+        formats.read_workload_csv(p, gov)
+    p = write(tmp_path, ok + "j1,t,0,1,1,0,1,101\n")
+    with pytest.raises(formats.WorkloadError, match=r"jobs\.csv:3: column 'restart_s': .*max_restart_s 100"):
+        formats.read_workload_csv(p, gov)
+    assert len(formats.read_workload_csv(p)) == 2  # without governance: read as before
+
+
 @pytest.mark.parametrize("col", formats.REQUIRED_COLUMNS)
 def test_missing_column(tmp_path, col):
     cols = [c for c in HEADER.split(",") if c != col]

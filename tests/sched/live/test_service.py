@@ -582,3 +582,31 @@ def test_a_job_that_yields_unasked_fails_once_its_budget_is_spent_and_says_why(s
     assert code == 201, ans
     j = s.wait_job(ans["id"], tok, lambda j: j["state"] == "failed")
     assert j["fail_reason"] == "unasked_yields" and j["unasked_yields"] == 2 and j["failures"] == 0, j
+
+
+def test_a_run_past_its_time_limit_is_stopped_and_fails_with_reason_time_limit(server, tmp_path) -> None:
+    """Issue 23's time limit on a real job: at ``limit_s`` + ``over_time_limit_s`` the run is asked
+    to checkpoint and stop (its grace fits its write), it does, and the job ends ``failed`` with
+    ``fail_reason`` time_limit, as Slurm's TIMEOUT; its committed checkpoint stays and is newer than
+    any the cadence made before the limit."""
+    s = server(limits={"over_time_limit_s": 1})
+    tok = s.token("alice")
+    s.start()
+    root = tmp_path / "t"
+    # 50,000 steps of 0.02 s: far longer than its 4 s limit
+    cmd = [*JOB, "--steps", "50000", "--step-s", "0.02", "--interval", "1000000"]  # no cadence save
+    code, ans = s.post("/jobs", _spec(root, 50_000, limit_s=4, grace_s=30, command=cmd), tok)
+    assert code == 201, ans
+    t0 = time.monotonic()
+    j = s.wait_job(ans["id"], tok, lambda j: j["state"] in ("failed", "finished", "cancelled"), timeout=120)
+    assert j["state"] == "failed" and j["fail_reason"] == "time_limit", j
+    assert time.monotonic() - t0 < 60  # stopped at its limit, not run to its end (1,000 s of steps)
+    code, events = s.get("/events", tok)
+    recs = [json.loads(x) for x in events.splitlines() if json.loads(x).get("job") == ans["id"]]
+    (ask,) = [r for r in recs if r["event"] == "preempt_requested"]
+    assert ask["reason"] == "time_limit" and ask["preemptor"] is None and ask["checkpoint"] is True, ask
+    (failed,) = [r for r in recs if r["event"] == "failed"]
+    assert failed["reason"] == "time_limit", failed
+    # the stop's checkpoint committed (the cadence alone would have made none in 4 s) and is kept
+    assert j["checkpoint"]["committed_s"] > 0, j["checkpoint"]
+    assert [p.name for p in root.iterdir() if p.name.startswith("step_")], sorted(os.listdir(root))

@@ -6,6 +6,7 @@ to be imported at run time, so a lazy import that closes a circle is caught too.
 from __future__ import annotations
 
 import ast
+import graphlib
 from pathlib import Path
 
 import pytest
@@ -67,41 +68,15 @@ def _graph(root: str) -> dict[str, set[str]]:
 
 
 def _cycles(graph: dict[str, set[str]], root: str) -> list[list[str]]:
-    """Strongly connected groups of more than one module inside ``root`` (Tarjan). A package's
-    ``__init__`` that only re-exports its children is left out: importing a child runs it first,
-    which is no loop of the code's own."""
+    """The modules of an import loop inside ``root`` (graphlib names the first it meets), sorted;
+    [] when there is none. The package's own ``__init__`` is left out: it hands its children's
+    names on, and importing a child runs it first, which is no loop of the code's own."""
     inside = {m: {d for d in deps if d in graph and d != root} for m, deps in graph.items() if m != root}
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in sorted(inside[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            group = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                group.append(w)
-                if w == v:
-                    break
-            if len(group) > 1:
-                found.append(sorted(group))
-
-    for v in sorted(inside):
-        if v not in index:
-            visit(v)
-    return found
+    try:
+        graphlib.TopologicalSorter(inside).prepare()
+    except graphlib.CycleError as e:
+        return [sorted(set(e.args[1]))]
+    return []
 
 
 @pytest.mark.parametrize("root", ["goodput.ckpt", "goodput.plan", "goodput.sched.core"])

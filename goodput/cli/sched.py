@@ -76,6 +76,7 @@ def sim(
     ),
 ) -> None:
     """Compare policies on one workload and one cluster: goodput, lost GPU-hours, waits, cost, violations."""
+    from goodput.sched.core.governance import Governance
     from goodput.sched.sim import formats, interruptions, traces
     from goodput.sched.sim import synthetic as syn
     from goodput.sched.sim.compare import compare, horizon_of, ours, poisson_reclaims, resolve
@@ -110,7 +111,7 @@ def sim(
                 )
             elif workload:
                 # the cluster's governance checks each row where it stands (file, line, column)
-                gov = cluster_file.governance if cluster_file is not None else syn.synthetic_cluster(nodes=1).governance
+                gov = cluster_file.governance if cluster_file is not None else Governance()  # the defaults
                 job_list = formats.read_workload_csv(workload, gov)
                 notes.append(f"workload {workload}: {len(job_list)} jobs")
             else:

@@ -16,8 +16,6 @@ import stat
 import threading
 from pathlib import Path
 
-import numpy as np
-
 from .base import Entry, Sink, Source, Storage
 
 ALIGN = 4096  # O_DIRECT's unit here; the format's page alignment (format.ALIGN) is the same
@@ -202,91 +200,20 @@ class PosixFile(Sink):
             self._bounce.close()
 
 
-DIRECT_READ_MIN = 1 << 20  # smaller reads go through the page cache: a page or two each side cost more
-
-
 class PosixSource(Source):
-    """A data file read by ranges. A large read whose buffer sits at the same position within
-    its page as the file offset (what the writer arranges for chunks of torch tensors, see
-    docs/FORMAT.md) reads its whole pages with O_DIRECT straight into the buffer, unless they
-    are in the page cache already: a cold read through the cache costs a copy and, on a VM that
-    hands freed memory back to its host, the faults of fresh cache pages."""
-
     def __init__(self, fd: int, name: str):
         self.fd = fd
         self.name = name
         self.size = os.fstat(fd).st_size
-        self._direct: int | None = None  # the same file opened with O_DIRECT, once needed
-        self._direct_refused = not hasattr(os, "O_DIRECT") or not hasattr(os, "RWF_NOWAIT")
-        self._lock = threading.Lock()
 
     def read_into(self, buf: memoryview, offset: int, what: str | None = None) -> None:
         assert self.fd is not None
-        what = what or self.name
-        n = len(buf)
-        if n >= DIRECT_READ_MIN and not self._direct_refused:
-            mv = memoryview(buf).cast("B")
-            head = (-offset) % ALIGN
-            whole = (n - head) - (n - head) % ALIGN
-            if whole and _address(mv) % ALIGN == offset % ALIGN and not self._cached(offset + head):
-                dfd = self._direct_fd()
-                if dfd is not None:
-                    if head:
-                        pread_into(self.fd, mv[:head], offset, what)
-                    got = self._read_direct(dfd, mv[head : head + whole], offset + head)
-                    # the rest (a ragged end, or what the direct read did not get) through the cache,
-                    # which names the file on an error
-                    pread_into(self.fd, mv[head + got :], offset + head + got, what)
-                    return
-        pread_into(self.fd, buf, offset, what)
-
-    def _read_direct(self, dfd: int, mv: memoryview, offset: int) -> int:
-        """Bytes read into ``mv`` (whole pages) from ``offset`` by O_DIRECT; stops early at the
-        end of the file or on any error, leaving the rest to the plain read."""
-        done = 0
-        try:
-            while done < len(mv):
-                n = os.preadv(dfd, [mv[done:]], offset + done)
-                if n <= 0 or n % ALIGN:
-                    return done + max(n, 0) - max(n, 0) % ALIGN
-                done += n
-        except OSError as e:
-            if e.errno == errno.EINVAL:  # a file system that takes the open but not the read
-                self._direct_refused = True
-        return done
-
-    def _cached(self, offset: int) -> bool:
-        """Whether the page at ``offset`` is in the page cache (a read that must not wait)."""
-        probe = bytearray(1)
-        try:
-            return os.preadv(self.fd, [probe], offset, os.RWF_NOWAIT) > 0
-        except BlockingIOError:
-            return False
-        except OSError:  # RWF_NOWAIT unsupported here: read through the cache, as always
-            self._direct_refused = True
-            return True
-
-    def _direct_fd(self) -> int | None:
-        with self._lock:
-            if self._direct is None and not self._direct_refused and self.fd is not None:
-                try:  # through /proc: the very file already opened, not whatever the name now is
-                    self._direct = os.open(f"/proc/self/fd/{self.fd}", os.O_RDONLY | os.O_DIRECT)
-                except OSError:
-                    self._direct_refused = True
-            return self._direct
+        pread_into(self.fd, buf, offset, what or self.name)
 
     def close(self) -> None:
-        with self._lock:
-            if self._direct is not None:
-                os.close(self._direct)
-                self._direct = None
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
-
-
-def _address(mv: memoryview) -> int:
-    return int(np.frombuffer(mv, np.uint8).ctypes.data) if len(mv) else 0
 
 
 class PosixStorage(Storage):

@@ -1,4 +1,4 @@
-"""Writes one rank's data file: raw chunk bytes, each chunk from its own page, then the block-checksum table.
+"""Writes one rank's data file: raw chunk bytes on page boundaries, then the block-checksum table.
 
 Checksums are computed while writing: the bytes are cut into segments; a background thread
 writes segment i while this thread computes the block checksums of segment i (both release the
@@ -91,19 +91,6 @@ def copy_block_crcs(src: memoryview, dst: memoryview, block: int, out: list[int]
         time.sleep(0)
 
 
-PHASE_MIN_BYTES = 1 << 20  # below this a piece is copied whole: one page-aligned copy is cheap
-
-
-def _phase(data: np.ndarray, direct: bool) -> int:
-    """Where ``data`` starts within its memory page, when writing it from that position in the
-    file saves copying it: O_DIRECT needs memory and file offset aligned alike, and torch's
-    allocator places every CPU tensor 64 bytes into a page, so a page-aligned chunk would go
-    through the bounce buffers whole (the copy cost a quarter of a two-rank save's time)."""
-    if not direct or len(data) < PHASE_MIN_BYTES:
-        return 0
-    return int(data.ctypes.data % ALIGN)
-
-
 def write_data_file(
     storage: Storage, directory: str, name: str, pieces: list[Piece], block_bytes: int, direct: bool = False
 ) -> FileResult:
@@ -128,7 +115,6 @@ def _write(
     out = storage.create(Path(directory), name, direct)
     direct = bool(getattr(out, "direct", False))  # the storage may have refused it, or have no such mode
     bounces: list[np.ndarray] = []
-    page: np.ndarray | None = None
     k = 0
     records: list[ChunkRecord] = []
     crcs: list[int] = []
@@ -140,51 +126,30 @@ def _write(
                     pending.result()
                     pending = None
                 out.align(ALIGN)
+                start = out.pos
                 mv = memoryview(p.data).cast("B")
                 block0 = len(crcs)
                 # segments are whole blocks (and pages), so checksums and direct writes stay aligned
                 seg = max(block_bytes, SEGMENT - SEGMENT % max(block_bytes, ALIGN))
-                phase = _phase(p.data, direct)
-                if phase:
-                    # the chunk starts where its bytes sit in their page, so everything past the
-                    # first page goes straight from memory: the head page is the only copy
-                    head = ALIGN - phase
-                    if page is None:
-                        page = np.frombuffer(mmap.mmap(-1, ALIGN), np.uint8)
-                    page[:phase] = 0
-                    page[phase:] = np.frombuffer(mv[:head], np.uint8)
-                    start = out.pos + phase
-                    out.write(memoryview(page))
-                    done = 0  # bytes of the chunk whose block checksums are in crcs
-                    for s in range(head, len(mv), seg):
+                for s in range(0, len(mv), seg):
+                    part = mv[s : s + seg]
+                    if direct and (
+                        np.frombuffer(part, np.uint8).ctypes.data % ALIGN or len(part) % ALIGN and s + seg < len(mv)
+                    ):
+                        if not bounces:
+                            bounces = [np.frombuffer(mmap.mmap(-1, seg), np.uint8) for _ in range(2)]
+                        b = bounces[k % 2]  # the write in flight uses the other one
+                        k += 1
+                        src = memoryview(b[: len(part)])
+                        copy_block_crcs(part, src, block_bytes, crcs)  # while the last segment is written
                         if pending is not None:
                             pending.result()
-                        pending = pool.submit(out.write, mv[s : s + seg])
-                        upto = s + seg - (s + seg) % block_bytes if s + seg < len(mv) else len(mv)
-                        block_crcs(mv[done:upto], block_bytes, crcs)  # while this segment is written
-                        done = upto
-                    block_crcs(mv[done:], block_bytes, crcs)
-                else:
-                    start = out.pos
-                    for s in range(0, len(mv), seg):
-                        part = mv[s : s + seg]
-                        if direct and (
-                            np.frombuffer(part, np.uint8).ctypes.data % ALIGN or len(part) % ALIGN and s + seg < len(mv)
-                        ):
-                            if not bounces:
-                                bounces = [np.frombuffer(mmap.mmap(-1, seg), np.uint8) for _ in range(2)]
-                            b = bounces[k % 2]  # the write in flight uses the other one
-                            k += 1
-                            src = memoryview(b[: len(part)])
-                            copy_block_crcs(part, src, block_bytes, crcs)  # while the last segment is written
-                            if pending is not None:
-                                pending.result()
-                            pending = pool.submit(out.write, src)
-                        else:
-                            if pending is not None:
-                                pending.result()
-                            pending = pool.submit(out.write, part)
-                            block_crcs(part, block_bytes, crcs)  # while this segment is written
+                        pending = pool.submit(out.write, src)
+                    else:
+                        if pending is not None:
+                            pending.result()
+                        pending = pool.submit(out.write, part)
+                        block_crcs(part, block_bytes, crcs)  # while this segment is written
                 mine = np.asarray(crcs[block0:], dtype="<u4")
                 crc = combine_blocks(mine, block_bytes, len(mv))  # no second pass over the bytes
                 table_crc = crc32c.crc32c(mine.tobytes())

@@ -27,6 +27,7 @@ from . import events as ev
 from .capacity import Capacity
 from .executor import Clock, Executor
 from .governance import Governance
+from .ids import check_id
 from .model import INFRA_REASONS, TERMINAL, Health, Job, JobState, Pool
 from .policy import Policy
 from .preemption import Preemption
@@ -107,6 +108,11 @@ class Scheduler(Preemption):
 
     def submit(self, job: Job) -> Job:
         """Queue a new job; a spec that cannot be valid is refused naming the job and the field."""
+        for what, v in (("id", job.id), ("tenant", job.tenant)):
+            try:
+                check_id(v)
+            except ValueError as e:
+                raise SchedulerError(f"job {job.id!r}: {what}: {e}") from None
         if job.id in self.jobs:
             raise SchedulerError(f"job {job.id!r} already exists")
         for name in ("nodes", "gpus_per_node"):

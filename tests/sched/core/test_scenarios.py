@@ -1015,6 +1015,36 @@ def test_a_fractional_gang_is_refused() -> None:
     assert "bad-job" not in b.s.jobs and b.s.log.records == []
 
 
+@pytest.mark.parametrize(
+    ("job_id", "tenant", "why"),
+    [
+        (" a ", "a", "id: ' a ' has surrounding spaces"),
+        ("a b", "a", "id: 'a b': characters ' ' are not allowed"),
+        ("-rf", "a", "id: '-rf': wrong length or first character"),
+        ("", "a", "id: expected an id"),
+        ("x" * 129, "a", "wrong length"),
+        ("j", "t\u00e9", "tenant: 't\u00e9': characters '\u00e9' are not allowed"),
+        ("j", "a\ud800", "tenant: "),  # a lone surrogate
+        ("j", "", "tenant: expected an id"),
+    ],
+)
+def test_submit_refuses_ids_outside_the_one_documented_set(job_id: str, tenant: str, why: str) -> None:
+    """The core checks what every reader checks (docs/SCHED.md "Ids"): a caller of Scheduler.submit
+    cannot make ' a ' beside 'a' either."""
+    b = Bench(nodes=2)
+    with pytest.raises(SchedulerError) as err:
+        b.s.submit(Job(job_id, tenant, 0, 1, 8, 0.0))
+    assert why in str(err.value) and "[A-Za-z0-9._:@-]" in str(err.value)
+    assert b.s.jobs == {} and b.s.log.records == []
+
+
+def test_ids_at_the_edges_of_the_set_are_taken() -> None:
+    b = Bench(nodes=2)
+    for job_id in ("a", "0" * 128, "user@host:run.7-x_y", "svc.0123abcd"):
+        b.s.submit(Job(job_id, "team_a.b@c:d-e", 0, 1, 8, 0.0))
+    assert len(b.s.jobs) == 4
+
+
 def test_submit_refuses_duplicates_and_used_records() -> None:
     b = Bench(nodes=2)
     b.submit("j")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import pickle
+import random
 import time
 from pathlib import Path
 
@@ -75,8 +76,12 @@ def test_a_skipped_due_save_is_made_up_at_the_first_step_the_write_allows(
     """Every few steps due (not every step, so the make-up save is a step the cadence would not
     have saved): after a skip, the first call that finds the writer idle saves, due or not, so
     the newest commit never falls more than one interval and one write behind."""
-    # a write spans about 16 steps of 0.05 s, several intervals even if the loop runs slow
+    # a write spans about 15 steps, several intervals even if the loop runs slow; the steps take
+    # uneven times, so that the step a write ends at does not fall on the cadence every time
+    # (steps of one length made each write span a whole number of intervals once: nothing off
+    # the cadence was left to make up)
     monkeypatch.setenv(SLOW_WRITE_ENV, "0.8")
+    pace = random.Random(interval)
     ck = gc.Checkpointer(tmp_path, interval=interval, keep=None, mode="thread")
     events: list = []
     ck.add_listener(events.append, skipped=True)
@@ -91,7 +96,7 @@ def test_a_skipped_due_save_is_made_up_at_the_first_step_the_write_allows(
             idle_and_owed.append(step)
         if ck.maybe_save(step, state) is not None:
             saved.append(step)
-        time.sleep(0.05)
+        time.sleep(pace.uniform(0.02, 0.09))
     ck.close(61, state)
     skipped = [e for e in events if e.kind == "skipped"]
     commits = [e for e in events if e.kind == "commit"]

@@ -59,3 +59,27 @@ def test_write_data_file_from_unaligned_source(tmp_path: Path, direct: bool) -> 
         blocks = table[rec.block0 : rec.block0 + -(-rec.length // 4096)]
         assert blocks.tolist() == _reference(r.tobytes(), 4096)
         assert combine_blocks(blocks, 4096, rec.length) == rec.crc32c
+
+
+def test_bounce_buffers_are_kept_for_the_next_save_within_the_cap(tmp_path: Path) -> None:
+    """The O_DIRECT bounce buffers go back to the process's pool when a file is written (fresh
+    ones fault in every page; docs/BENCHMARKS.md run 17) and come out again for the next one;
+    the pool never holds more than its cap, and a buffer of another size is never handed out."""
+    pool = writer.BouncePool(3 << 20)
+    a = pool.take(1 << 20)
+    b = pool.take(1 << 20)
+    assert len(a) == 1 << 20 and a.ctypes.data % 4096 == 0
+    pool.give([a, b, pool.take(1 << 20), pool.take(1 << 20)])
+    assert pool.held_bytes() == 3 << 20  # the fourth is dropped
+    assert pool.take(2 << 20) is not a and len(pool.take(2 << 20)) == 2 << 20
+    assert pool.take(1 << 20) is not None and pool.held_bytes() == 2 << 20
+
+    raw = np.random.default_rng(1).integers(0, 256, (40 << 20) + 64, dtype=np.uint8)[64:]  # not page-aligned
+    pieces = [writer.Piece("t", Region((0,), (len(raw),)), raw)]
+    before = writer.BOUNCES.held_bytes()
+    for i in range(2):
+        writer.write_data_file(POSIX, str(tmp_path), f"d{i}.bin", pieces, 4096, direct=True)
+        assert (tmp_path / f"d{i}.bin").read_bytes()[: len(raw)] == raw.tobytes()
+    if writer.BOUNCES.held_bytes() == before == 0:
+        pytest.skip("this file system refuses O_DIRECT: no bounce buffers")
+    assert before <= writer.BOUNCES.held_bytes() <= writer.BOUNCES.keep_bytes

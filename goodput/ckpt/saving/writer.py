@@ -94,12 +94,11 @@ def copy_block_crcs(src: memoryview, dst: memoryview, block: int, out: list[int]
 
 class BouncePool:
     """Page-aligned O_DIRECT bounce buffers kept from one save for the next. A fresh anonymous
-    mapping costs a page fault a page when first touched, and on a VM that hands freed memory
-    back to its host each fault is slow: two ranks saving 512 MiB each at once, with two fresh
-    32 MiB buffers a file, took 0.65-0.90 s, reusing them 0.54-0.68 s, as fast as writing from
-    page-aligned memory with no copy (0.44-0.63 s; docs/BENCHMARKS.md, run 17). A process keeps
-    at most ``keep_bytes`` of them (a rank writing two files uses 128 MiB); the first save of a
-    process pays the faults."""
+    mapping faults in every page when first touched, and where freed memory goes back to a VM's
+    host each fault is slow: fresh buffers cost a third of a two-rank save, reused ones make the
+    copy as cheap as writing page-aligned memory directly (docs/BENCHMARKS.md, run 18). A process
+    keeps at most ``keep_bytes`` of them (a rank writing two files uses 128 MiB); the first save
+    of a process pays the faults."""
 
     def __init__(self, keep_bytes: int):
         self.keep_bytes = keep_bytes

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.governance import Governance, GovernanceError, SubmissionRejected
-from ..core.ids import ID_CHARS, ID_MAX, ID_RE, ID_RULE, check_id  # noqa: F401 - the CSV's id rule, one set with the core
+from ..core.ids import check_id
 from ..core.model import Checkpointing, Job, Pool, PoolKind, RetryPolicy
 
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.ids import check_id
 from ..core.model import Job, Pool, PoolKind
-from .formats import Cluster, WorkloadError, _as_float, _as_int, check_id
+from .formats import Cluster, WorkloadError, _as_float, _as_int
 from .synthetic import _PRIO_GANG, _PRIO_SMALL, ON_DEMAND_PRICE, _draw_unrecorded, _jobs, _pick
 
 # ---------------------------------------------------------------------------------------------

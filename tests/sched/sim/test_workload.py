@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from goodput.plan.failures import LLAMA3_DAYS, LLAMA3_GPUS, LLAMA3_UNEXPECTED
+from goodput.sched.core.ids import ID_RE
 from goodput.sched.core.model import Checkpointing, Job, Pool, PoolKind, RetryPolicy
 from goodput.sched.sim import formats, interruptions, synthetic, traces
 
@@ -89,7 +90,7 @@ def test_round_trip_synthetic(tmp_path):
         assert next(csv.reader(f)) == list(formats.COLUMNS)
 
 
-_text = st.from_regex(formats.ID_RE, fullmatch=True)  # ids and tenants: the documented character set
+_text = st.from_regex(ID_RE, fullmatch=True)  # ids and tenants: the documented character set
 _nonneg = st.floats(0, 1e9, allow_nan=False, allow_infinity=False)
 _pos = st.floats(1e-6, 1e9, allow_nan=False, allow_infinity=False)
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import queue
 import threading
@@ -58,10 +59,11 @@ from ..storage.location import checkpoint_path, display
 from .background import abort_job, run_job
 from .peers import Peers
 from .saver import check_block_bytes, prepare
-from .staging import CopyFirst, StagingPool, copier, layout, split_lazy, sweep_dead_segments
+from .staging import CopyFirst, StagingPool, copier, layout, split_lazy, sweep_dead_segments, unguarded
 from .writer_process import WriterProcess
 
 STAGING = ("eager", "lazy")
+log = logging.getLogger("goodput.ckpt")
 
 
 @dataclass
@@ -80,6 +82,7 @@ class SaveTimings:
     lazy_s: float = 0.0  # lazy: the copy that ran behind the training loop
     lazy_bytes: int = 0  # lazy: the bytes it copied
     wait_s: float = 0.0  # lazy: what protected optimizer steps (wait_staged) waited for it
+    eager_because: str | None = None  # lazy asked for, every leaf copied at the call: why
 
 
 class _LazyCopy:
@@ -254,7 +257,10 @@ class AsyncSaver:
         try:
             self._ensure_buffer(size)
             now, ready, versions = prep.leaves, None, None
-            if self.staging == "lazy":
+            why = unguarded() if self.staging == "lazy" else None
+            if why is not None:
+                log.warning("lazy save of %s copies at the call: %s", display(path), why)
+            elif self.staging == "lazy":
                 now, later, versions = split_lazy(prep.leaves)
                 ready = _cuda_ready(later)
             self.pool.stage(now, slots, sync=not later)  # the lazy copy waits for queued CUDA copies
@@ -264,6 +270,7 @@ class AsyncSaver:
             raise SaveError(f"asynchronous save to {display(path)!r}: {msg}") from e
         t2 = time.perf_counter()
         timings = SaveTimings(step, plan_s=t1 - t0, stage_s=t2 - t1, stall_s=t2 - t0, staging=self.staging)
+        timings.eager_because = why
         timings.lazy_bytes = sum(slots[lf.ident].nbytes for lf in later)
         handle = AsyncSave(path, step, prep.save_id, timings=timings)
         handle._retire = self.retire

@@ -205,6 +205,18 @@ def split_lazy(leaves: list[TensorLeaf]) -> tuple[list[TensorLeaf], list[TensorL
     return now, later, versions
 
 
+def unguarded() -> str | None:
+    """Why the copy-first guard could not see a change on this thread after the save returns, or
+    None when it can. Where it cannot, a lazy save copies every leaf before returning (eager),
+    since a change it cannot see would tear the checkpoint."""
+    if not torch._C._is_torch_function_enabled():
+        return "torch functions are disabled on this thread (torch._C.DisableTorchFunction)"
+    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    if compiling is not None and compiling():
+        return "the save is being traced by torch.compile"
+    return None
+
+
 IN_PLACE_DUNDERS = frozenset(
     {"__setitem__", "__set__", "__iadd__", "__isub__", "__imul__", "__idiv__", "__itruediv__", "__ifloordiv__",
      "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__"}

@@ -331,3 +331,28 @@ def test_the_training_thread_lent_to_the_copy_never_waits_for_itself(tmp_path: P
         saver.inflight = None  # never handed to the writer: nothing for close() to wait for
         saver.retire()
         saver.close()
+
+
+def test_a_lazy_save_where_the_guard_cannot_see_copies_at_the_call(tmp_path: Path, caplog) -> None:  # noqa: ANN001
+    """With torch functions disabled on the saving thread the copy-first guard sees nothing that
+    follows, so the lazy save copies every leaf before it returns and says why (a log line and
+    ``timings.eager_because``): a change made at once, inside the same block, never reaches it."""
+    w = torch.randn(N)
+    before = w.clone()
+    saver = gc.AsyncSaver(mode="thread", staging="lazy", direct=False)
+    gate = saver._lazy_gate = threading.Event()  # a lazy copy would be held back until the change
+    try:
+        with caplog.at_level("WARNING", logger="goodput.ckpt"), torch._C.DisableTorchFunction():
+            h = saver.save({"w": w}, tmp_path / "c")
+            w.add_(1.0)
+        gate.set()
+        h.result(timeout=120)
+    finally:
+        gate.set()
+        saver.close()
+    assert h.timings.eager_because is not None and "DisableTorchFunction" in h.timings.eager_because
+    assert h.timings.lazy_bytes == 0 and saver._modes == []
+    assert "copies at the call" in caplog.text
+    got = {"w": torch.zeros(N)}
+    gc.load(got, tmp_path / "c")
+    assert torch.equal(got["w"], before)

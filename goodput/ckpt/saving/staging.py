@@ -29,6 +29,9 @@ the save naming the tensor; never a torn commit.
   what it was not given: every leaf still copying). A change fails the save. The copy waits for
   the watched calls still running before it lets the write start, so a kernel that bumps the
   counter only when it returns, after the copy's own check, is still seen.
+- collectives: ``torch.distributed``'s collectives write in C++, seen by neither the mode nor the
+  counter; wrappers (:func:`guard_collectives`, put on by the first lazy save) make one that
+  would write memory still being copied wait for the copy first, on the saving thread.
 - detect and fail: torch's version counter, which every in-place operation bumps when it returns
   and which views and ``detach()`` share, is read at the request and after each leaf's copy: a
   leaf changed by another thread fails the save, naming it. Against another thread this races
@@ -236,6 +239,84 @@ MUTATING_KWARGS = ("inplace", "max_norm")
 OPAQUE_NAMES = frozenset({"backward", "grad", "_engine_run_backward"})
 
 
+# torch.distributed's collectives write their tensors in C++: no torch function sees the call and
+# no version counter moves. Copy-first covers them by name (the argument each one writes: a
+# position and a keyword), through wrappers put on ``torch.distributed`` by the first lazy save.
+C10D_WRITES: dict[str, tuple[int, str]] = {
+    "all_reduce": (0, "tensor"),
+    "all_reduce_coalesced": (0, "tensors"),
+    "broadcast": (0, "tensor"),
+    "reduce": (0, "tensor"),
+    "all_gather": (0, "tensor_list"),
+    "all_gather_into_tensor": (0, "output_tensor"),
+    "_all_gather_base": (0, "output_tensor"),
+    "all_gather_coalesced": (0, "output_tensor_lists"),
+    "reduce_scatter": (0, "output"),
+    "reduce_scatter_tensor": (0, "output"),
+    "_reduce_scatter_base": (0, "output"),
+    "all_to_all": (0, "output_tensor_list"),
+    "all_to_all_single": (0, "output"),
+    "scatter": (0, "tensor"),
+    "gather": (1, "gather_list"),
+    "recv": (0, "tensor"),
+    # irecv stays unwrapped: P2POp accepts only the function object torch.distributed defines
+    "batch_isend_irecv": (0, "p2p_op_list"),  # the receiving ops' tensors
+    "_broadcast_coalesced": (1, "tensors"),  # DDP's buffer broadcast
+}
+_c10d_lock = threading.Lock()
+_c10d_guarded = False
+
+
+def _written_by_c10d(name: str, args: tuple, kwargs: dict) -> list:
+    pos, key = C10D_WRITES[name]
+    arg = args[pos] if len(args) > pos else kwargs.get(key)
+    if name == "batch_isend_irecv":
+        recv = getattr(torch.distributed, "irecv", None)
+        return [op.tensor for op in arg or () if getattr(op, "op", None) is recv]
+    return _tensors(arg, [])
+
+
+def _c10d_wrapper(name: str, fn: Any) -> Any:
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        if torch._C._len_torch_function_stack():
+            me = threading.get_ident()
+            modes = [torch._C._get_function_stack_at(i) for i in range(torch._C._len_torch_function_stack())]
+            for m in modes:
+                if isinstance(m, CopyFirst) and m.thread == me:
+                    m.before_write(_written_by_c10d(name, args, kwargs))
+        return fn(*args, **kwargs)
+
+    guarded.__name__ = getattr(fn, "__name__", name)
+    guarded.__qualname__ = getattr(fn, "__qualname__", name)
+    guarded.__doc__ = getattr(fn, "__doc__", None)
+    guarded.__wrapped__ = fn  # type: ignore[attr-defined]
+    guarded._goodput_copy_first = True  # type: ignore[attr-defined]
+    return guarded
+
+
+def guard_collectives() -> None:
+    """Put copy-first in front of ``torch.distributed``'s collectives that write a tensor (once a
+    process; a call that no lazy copy concerns costs a look at the mode stack). Code that bound a
+    collective's name before (``from torch.distributed import all_reduce``) calls it unguarded."""
+    global _c10d_guarded
+    if not torch.distributed.is_available():
+        return
+    with _c10d_lock:
+        if _c10d_guarded:
+            return
+        import torch.distributed.distributed_c10d as c10d
+
+        for name in C10D_WRITES:
+            fn = getattr(torch.distributed, name, None)
+            if fn is None or getattr(fn, "_goodput_copy_first", False):
+                continue
+            wrapped = _c10d_wrapper(name, fn)
+            setattr(torch.distributed, name, wrapped)
+            if getattr(c10d, name, None) is fn:
+                setattr(c10d, name, wrapped)
+        _c10d_guarded = True
+
+
 def storage_key(t: Any) -> int | None:
     """The address of the memory ``t``'s data lives in (a DTensor's: its local tensor's), or None."""
     t = getattr(t, "_local_tensor", t)
@@ -393,6 +474,15 @@ class CopyFirst(TorchFunctionMode):
         finally:
             self._after(watch)
 
+    def before_write(self, tensors: list) -> None:
+        """A call torch functions do not see is about to write ``tensors`` (a collective): wait
+        for the copy first when one of them shares memory with a leaf still being copied."""
+        if self._done.is_set() or self._closed:
+            return
+        if any(storage_key(t) in self._open for t in tensors):
+            self.waited += 1
+            self._wait()
+
     def _after(self, watch: list) -> None:
         with self._cv:
             if any(w is watch for w in self._watching):  # else judged by caught_up already
@@ -431,6 +521,7 @@ class CopyFirst(TorchFunctionMode):
         """Put this mode under the caller's modes: a mode the caller entered before the save and
         leaves after it must still be the one its ``__exit__`` pops (torch's
         ``set_default_device`` moves its mode to the bottom the same way)."""
+        guard_collectives()
         above = [torch._C._pop_torch_function_stack() for _ in range(torch._C._len_torch_function_stack())]
         above.reverse()  # bottom first
         # the default device's context (set_default_device) must stay at the bottom: its exit

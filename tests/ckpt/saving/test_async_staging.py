@@ -374,3 +374,36 @@ def test_a_change_on_any_rank_aborts_the_save_everywhere(tmp_path: Path, bad: in
         assert f"{name} was changed in place" in m and "|| next: the previous asynchronous save failed" in m, m
     assert not (tmp_path / "ck" / MANIFEST).exists()
     assert not list((tmp_path / "ck").glob("data-*"))
+
+
+def _lazy_then_collective(rank: int, world: int, root: str) -> list[float]:
+    """A lazy save, then at once an in-place collective on the saved tensor (local SGD's
+    parameter average, DDP's buffer broadcast): torch.distributed writes it in C++, with no
+    torch function and no version bump. The copy is held back until the collective could have
+    run, so without copy-first for collectives the checkpoint would hold the averaged values."""
+    import torch.distributed as dist
+
+    n = 1 << 18
+    saver = gc.AsyncSaver(mode="thread", staging="lazy")
+    w = torch.full((n,), float(rank + 1))
+    b = torch.full((n,), float(rank + 1))
+    saver._lazy_gate = threading.Event()
+    threading.Timer(0.5, saver._lazy_gate.set).start()  # the copy runs after the collectives, unless they wait
+    shards = {k: gc.LocalShard(t, (world * n,), (rank * n,)) for k, t in (("w", w), ("b", b))}
+    h = saver.save(shards, root, step=1)
+    dist.all_reduce(w)
+    dist.broadcast(b, src=1)
+    h.result(timeout=120)
+    saver._lazy_gate = None
+    saver.close()
+    return [float(w[0]), float(b[0])]
+
+
+def test_an_in_place_collective_after_a_lazy_save_waits_for_the_copy(tmp_path: Path) -> None:
+    after = run_ranks(_lazy_then_collective, 2, str(tmp_path / "ck"))
+    assert after == [[3.0, 2.0], [3.0, 2.0]]  # the collectives did run, after the copy
+    n = 1 << 18
+    got = {"w": torch.zeros(2 * n), "b": torch.zeros(2 * n)}
+    gc.load(got, tmp_path / "ck")
+    at_the_call = torch.cat([torch.full((n,), 1.0), torch.full((n,), 2.0)])
+    assert torch.equal(got["w"], at_the_call) and torch.equal(got["b"], at_the_call)

@@ -6,7 +6,9 @@ The cluster JSON's ``"tenants"`` and ``"limits"`` (docs/SCHED.md, "Governance") 
 caps (a ``grace_s`` of 1e9 would hold a preemptor for ever; a ``restart_s`` of a day would make a
 job never a victim): :meth:`Governance.check` refuses such a submission naming the field, and the
 scheduler enforces the rest (quotas, time limits, the preemption budget, fair share on decayed
-usage). A tenant the file does not name gets weight 1, no quota and no priority cap.
+usage). A tenant the file does not name gets weight 1, no quota and ``limits.max_priority`` as its
+priority cap. A key the file's ``tenants`` or ``limits`` does not know is an error, not ignored: a
+misspelt cap that silently caps nothing is what an operator would least expect.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .ids import check_id
 from .model import Job
 
 
@@ -59,6 +62,8 @@ class Limits:
     max_queued_per_tenant: int = 100_000
     # bytes a run's log may hold (the live service's local executor): past it the log keeps its newest half
     max_log_bytes: int = 64 << 20
+    # the priority cap of a tenant without one of its own (every tenant the file does not name); None: any
+    max_priority: int | None = None
 
     def decay(self, dt: float) -> float:
         """The factor usage keeps over ``dt`` seconds."""
@@ -85,7 +90,9 @@ class TenantSpec:
 
 _DEFAULT_TENANT_CACHE: dict[str, TenantSpec] = {}
 
-_LIMIT_KEYS: dict[str, str] = {  # key -> "num" (finite >= 0), "pos" (finite > 0), "int" (int >= 0), "count" (>= 1)
+_LIMIT_KEYS: dict[
+    str, str
+] = {  # key -> "num" (finite >= 0), "pos" (finite > 0), "int" (int >= 0), "count" (>= 1), "prio" (any int)
     "max_grace_s": "num",
     "max_restart_s": "num",
     "min_run_s": "num",
@@ -98,7 +105,18 @@ _LIMIT_KEYS: dict[str, str] = {  # key -> "num" (finite >= 0), "pos" (finite > 0
     "max_unasked_yields": "int",
     "max_queued_per_tenant": "count",
     "max_log_bytes": "count",
+    "max_priority": "prio",
 }
+_TENANT_KEYS = ("name", "weight", "quota_gpus", "max_priority", "user", "ckpt_prefix")
+
+
+def _unknown(obj: dict, known: Any, at: str) -> None:
+    extra = sorted(str(k) for k in obj if k not in known)
+    if extra:
+        raise GovernanceError(
+            f"{at}.{extra[0]}",
+            f"unknown key (known: {', '.join(known)}): a misspelt limit would limit nothing",
+        )
 
 
 def _num(v: Any, at: str, *, positive: bool = False) -> float:
@@ -127,7 +145,8 @@ class Governance:
     limits: Limits = field(default_factory=Limits)
 
     def tenant(self, name: str) -> TenantSpec:
-        """The tenant's spec; one the operator did not name gets weight 1, no quota, no priority cap."""
+        """The tenant's spec; one the operator did not name gets weight 1, no quota and the limits'
+        priority cap."""
         spec = self.tenants.get(name)
         if spec is not None:
             return spec
@@ -142,8 +161,9 @@ class Governance:
     def from_obj(cls, tenants_obj: Any, limits_obj: Any) -> Governance:
         """Parse and validate the cluster JSON's ``tenants`` and ``limits`` values (None: absent).
 
-        Unknown keys are ignored, as everywhere in the cluster file; a bad value raises
-        :class:`GovernanceError` naming its key path."""
+        A bad value or a key these objects do not know raises :class:`GovernanceError` naming its
+        key path; a tenant's name follows the id rule (:data:`~goodput.sched.core.ids.ID_RULE`),
+        since a name no job can carry leaves the real tenant uncapped."""
         tenants: dict[str, TenantSpec] = {}
         if tenants_obj is not None:
             if not isinstance(tenants_obj, list):
@@ -153,9 +173,14 @@ class Governance:
                 at = f"tenants[{i}]"
                 if not isinstance(t, dict):
                     raise GovernanceError(at, f"expected an object, got {type(t).__name__}")
+                _unknown(t, _TENANT_KEYS, at)
                 name = _opt_str(t.get("name"), f"{at}.name")
                 if name is None:
                     raise GovernanceError(f"{at}.name", "required key is missing")
+                try:
+                    check_id(name)
+                except ValueError as e:
+                    raise GovernanceError(f"{at}.name", f"not a tenant name a job can carry: {e}") from None
                 if name in seen:
                     raise GovernanceError(f"{at}.name", f"duplicate tenant {name!r} (also tenants[{seen[name]}])")
                 seen[name] = i
@@ -174,12 +199,15 @@ class Governance:
         if limits_obj is not None:
             if not isinstance(limits_obj, dict):
                 raise GovernanceError("limits", f"expected an object, got {type(limits_obj).__name__}")
+            _unknown(limits_obj, tuple(_LIMIT_KEYS), "limits")
             for key, kind in _LIMIT_KEYS.items():
                 v = limits_obj.get(key)
                 if v is None:
                     continue
                 at = f"limits.{key}"
-                if kind in ("int", "count"):
+                if kind == "prio":
+                    values[key] = _int(v, at, None)
+                elif kind in ("int", "count"):
                     values[key] = _int(v, at, 1 if kind == "count" else 0)
                 else:
                     values[key] = _num(v, at, positive=kind == "pos")
@@ -195,7 +223,7 @@ class Governance:
                 if v is not None:
                     d[key] = v
             tenants.append(d)
-        limits = {key: getattr(self.limits, key) for key in _LIMIT_KEYS}
+        limits = {key: getattr(self.limits, key) for key in _LIMIT_KEYS if getattr(self.limits, key) is not None}
         return tenants, limits
 
     def check(self, job: Job) -> None:
@@ -221,6 +249,16 @@ class Governance:
                 "priority",
                 f"job {job.id!r}: priority {job.priority} is above tenant {job.tenant!r}'s max_priority "
                 f"{spec.max_priority}",
+            )
+        if (
+            spec.max_priority is None
+            and self.limits.max_priority is not None
+            and job.priority > self.limits.max_priority
+        ):
+            raise SubmissionRejected(
+                "priority",
+                f"job {job.id!r}: priority {job.priority} is above the cluster's limits.max_priority "
+                f"{self.limits.max_priority} (tenant {job.tenant!r} has no max_priority of its own)",
             )
         lim = self.limits
         if job.ckpt.grace_s > lim.max_grace_s:

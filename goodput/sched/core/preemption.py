@@ -29,7 +29,7 @@ class Preemption(Reservations):
         ``time_limit``."""
         if job.limit_s <= 0 or now < job.started_s + job.run_limit_s + self.gov.limits.over_time_limit_s:
             return
-        grace = min(job.ckpt.grace_s, self.gov.limits.max_grace_s)
+        grace = self._grace(job)
         ask = self.policy.ask_checkpoint and job.ckpt.fits_grace(grace)
         self._preempt(job, "time_limit", "", now + grace, checkpoint=ask, candidates=None)
         self._dirty = True
@@ -245,7 +245,7 @@ class Preemption(Reservations):
         if self.policy.release == "decision":
             for c in victims:
                 self._preempt(
-                    self.jobs[c.job], reason, job.id, now + self.jobs[c.job].ckpt.grace_s, c.checkpoint, logged
+                    self.jobs[c.job], reason, job.id, now + self._grace(self.jobs[c.job]), c.checkpoint, logged
                 )
                 self._release(self.jobs[c.job])
             self._start(job, pool, tuple(sorted(target, key=self.cap.index.__getitem__)))
@@ -259,7 +259,7 @@ class Preemption(Reservations):
         self._claimants[job.id] = None
         self._touch(job)
         for c in victims:
-            self._preempt(self.jobs[c.job], reason, job.id, now + self.jobs[c.job].ckpt.grace_s, c.checkpoint, logged)
+            self._preempt(self.jobs[c.job], reason, job.id, now + self._grace(self.jobs[c.job]), c.checkpoint, logged)
         self._try_claim(job)
         return True
         return False

@@ -143,7 +143,7 @@ class Reservations(Claims):
         nxt = next(ends, None)
         while ok < n and (nxt is not None or k < len(claim_ends)):
             if nxt is not None and (k >= len(claim_ends) or nxt[0] <= claim_ends[k][0]):
-                end, jid = nxt
+                end, _, jid = nxt
                 nxt = next(ends, None)
                 other = self.jobs[jid]
                 for name in other.placement:

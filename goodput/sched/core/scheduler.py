@@ -407,7 +407,7 @@ class Scheduler(Preemption):
             self._emit(ev.CANCELLED, job=job.id)
             self._dirty = True  # its claim or the reservation it was the head of may have held others off
         elif job.state is JobState.RUNNING:
-            self._preempt(job, "cancel", "", self.clock.now() + job.ckpt.grace_s, checkpoint=False, candidates=None)
+            self._preempt(job, "cancel", "", self.clock.now() + self._grace(job), checkpoint=False, candidates=None)
         else:
             job.victim_of = "cancel"
             job.preempt_reason = "cancel"
@@ -419,7 +419,7 @@ class Scheduler(Preemption):
         """Fire the timers that are due: hard deadlines kill, backoffs end."""
         now = self.clock.now()
         while self._timers and self._timers[0][0] <= now:
-            _, kind, jid, epoch = heapq.heappop(self._timers)
+            _, kind, _, jid, epoch = heapq.heappop(self._timers)
             job = self.jobs.get(jid)
             if job is None or job.epoch != epoch:
                 continue
@@ -450,7 +450,7 @@ class Scheduler(Preemption):
 
     def next_timer(self) -> float:
         while self._timers:
-            t, kind, jid, epoch = self._timers[0]
+            t, kind, _, jid, epoch = self._timers[0]
             job = self.jobs.get(jid)
             live = (
                 job is not None

@@ -80,7 +80,7 @@ class SchedulerState:
         self.store = store
         self._seq = 0
         self._classes: dict[str, Class] = {}
-        self._ends: dict[str, SortedList] = {p: SortedList() for p in self.cap.pools}
+        self._ends: dict[str, SortedList] = {p: SortedList() for p in self.cap.pools}  # (end, seq, id)
         self._end_of: dict[str, tuple[str, float]] = {}
         self._running: dict[str, dict[int, dict[str, None]]] = {p: {} for p in self.cap.pools}
         self._held: dict[str, dict[int, int]] = {p: {} for p in self.cap.pools}
@@ -88,7 +88,8 @@ class SchedulerState:
         self._leaving: dict[str, int] = {}  # tenant -> GPUs of its jobs asked to leave, not yet gone
         self._order = VictimOrder(self.policy.victims)  # running jobs as victim searches draw them
         self._priorities: set[int] = set()  # every job priority seen: the thresholds of cap.reachable
-        self._timers: list[tuple[float, str, str, int]] = []
+        # (when, what, seq, id, epoch): equal instants fire in submission order, never by name
+        self._timers: list[tuple[float, str, int, str, int]] = []
         self._dirty = True
         self._touched_jobs: dict[str, Job] = {}
         self._touched_nodes: set[str] = set()
@@ -252,7 +253,18 @@ class SchedulerState:
         lim = self.gov.limits
         if not math.isfinite(lim.over_time_limit_s) or job.limit_s <= 0:
             return 0.0
-        return lim.over_time_limit_s + min(job.ckpt.grace_s, lim.max_grace_s)
+        return lim.over_time_limit_s + self._grace(job)
+
+    def _grace(self, job: Job) -> float:
+        """The notice this job gets: its declared grace within the cluster's cap, which binds a job
+        accepted before the operator lowered it too (a queued grace of a day must not hold a
+        preemptor for a day once the cap says 60 s)."""
+        return min(job.ckpt.grace_s, self.gov.limits.max_grace_s)
+
+    def _restart(self, job: Job) -> float:
+        """The resume cost priced for this job: its declaration within the cluster's cap (a
+        declared day would make it never the cheapest victim)."""
+        return min(job.ckpt.restart_s, self.gov.limits.max_restart_s)
 
     def _enqueue(self, job: Job) -> None:
         limit = self._hold(job)
@@ -309,15 +321,15 @@ class SchedulerState:
     def _set_end(self, job: Job, end: float) -> None:
         old = self._end_of.pop(job.id, None)
         if old is not None:
-            self._ends[old[0]].discard((old[1], job.id))
+            self._ends[old[0]].discard((old[1], job.seq, job.id))
         if end is not None:
-            self._ends[job.pool].add((end, job.id))
+            self._ends[job.pool].add((end, job.seq, job.id))
             self._end_of[job.id] = (job.pool, end)
 
     def _drop_end(self, job: Job) -> None:
         old = self._end_of.pop(job.id, None)
         if old is not None:
-            self._ends[old[0]].discard((old[1], job.id))
+            self._ends[old[0]].discard((old[1], job.seq, job.id))
 
     def _tenant(self, name: str) -> Tenant:
         t = self.tenants.get(name)
@@ -328,7 +340,7 @@ class SchedulerState:
         return t
 
     def _timer(self, t: float, kind: str, job: Job) -> None:
-        heapq.heappush(self._timers, (t, kind, job.id, job.epoch))
+        heapq.heappush(self._timers, (t, kind, job.seq, job.id, job.epoch))
 
     # ------------------------------------------------------------------ inputs
 
@@ -367,26 +379,25 @@ class SchedulerState:
         return max(0.0, now - since)
 
     def _sunk_restart(self, job: Job, now: float) -> float:
-        restart = job.ckpt.restart_s if job.epoch > 1 else 0.0
+        restart = self._restart(job) if job.epoch > 1 else 0.0
         return max(0.0, min(now - job.started_s, restart))
 
     def _asks_checkpoint(self, job: Job) -> bool:
         """Is this victim asked to checkpoint first (its grace period fits its stall and write)?"""
         c = job.ckpt
-        return self.policy.ask_checkpoint and c.interval_s > 0 and c.stall_s + c.write_s <= c.grace_s
+        return self.policy.ask_checkpoint and c.interval_s > 0 and c.stall_s + c.write_s <= self._grace(job)
 
     def _drain(self, job: Job, ask: bool) -> float:
         c = job.ckpt
-        return c.stall_s + c.write_s if ask else min(STOP_S, c.grace_s)
+        return c.stall_s + c.write_s if ask else min(STOP_S, self._grace(job))
 
     def _price(self, job: Job, now: float) -> Candidate:
         """The victim's expected loss if it were asked to leave now, at its own grace period."""
-        c = job.ckpt
         ask = self._asks_checkpoint(job)
         lost = self._sunk_restart(job, now) if ask else self._uncommitted(job, now)
         drain = self._drain(job, ask)
         return Candidate(
-            job.id, job.priority, job.started_s, job.gpus, self._per_node(job), lost, drain, c.restart_s, ask
+            job.id, job.priority, job.started_s, job.gpus, self._per_node(job), lost, drain, self._restart(job), ask
         )
 
     def _order_add(self, job: Job) -> None:
@@ -394,9 +405,9 @@ class SchedulerState:
         last commit (or start), or constant once the restart a checkpointing victim pays is sunk
         (see :class:`VictimOrder`; the same prices as :meth:`_price`)."""
         ask = self._asks_checkpoint(job)
-        fixed = job.ckpt.restart_s + self._drain(job, ask)
+        fixed = self._restart(job) + self._drain(job, ask)
         if ask:
-            sunk = job.ckpt.restart_s if job.epoch > 1 else 0.0
+            sunk = self._restart(job) if job.epoch > 1 else 0.0
             linear = fixed - job.started_s if sunk > 0 else None
             const: float | None = fixed + sunk
         else:

@@ -67,6 +67,12 @@ def test_unknown_tenants_get_the_defaults_and_absent_keys_mean_defaults(tmp_path
         (None, {"usage_half_life_s": 0}, "limits.usage_half_life_s"),
         (None, {"unkillable_s": float("inf")}, "limits.unkillable_s"),
         (None, [1], "limits"),
+        # a name no job can carry, or a misspelt key, would leave the real tenant uncapped
+        ([{"name": "alice\u200b", "max_priority": 1}], None, "tenants[0].name"),
+        ([{"name": "a b"}], None, "tenants[0].name"),
+        ([{"name": "a", "maxpriority": 1}], None, "tenants[0].maxpriority"),
+        (None, {"maxgrace_s": 60}, "limits.maxgrace_s"),
+        (None, {"max_priority": 1.5}, "limits.max_priority"),
     ],
 )
 def test_a_bad_value_names_its_key_path(tenants, limits, field, tmp_path):
@@ -112,3 +118,19 @@ def test_the_scheduler_refuses_a_submission_outside_the_limits(kw, field):
     assert "j" not in s.jobs and len(s.log) == 0  # nothing recorded for a refused job
     s.submit(_job(priority=5, grace_s=600.0, restart_s=1800.0))  # at the caps: accepted
     s.submit(_job(id="k", tenant="bob", priority=1000))  # no cap for a tenant the operator did not name
+
+
+def test_limits_max_priority_caps_every_tenant_without_a_cap_of_its_own():
+    """A tenant the file does not name (a token added later) used to submit at any priority."""
+    limits = dict(ISSUE_EXAMPLE["limits"], max_priority=2)
+    gov = Governance.from_obj(ISSUE_EXAMPLE["tenants"] + [{"name": "carol"}], limits)
+    s = Scheduler(
+        [Pool("od", PoolKind.ON_DEMAND, 2, 8)], clock=ManualClock(), executor=RecordingExecutor(), governance=gov
+    )
+    for tenant in ("mallory", "carol"):
+        with pytest.raises(SubmissionRejected, match="limits.max_priority 2") as e:
+            s.submit(_job(id=f"x-{tenant}", tenant=tenant, priority=1000))
+        assert e.value.field == "priority"
+        s.submit(_job(id=f"ok-{tenant}", tenant=tenant, priority=2))
+    s.submit(_job(id="a5", priority=5))  # alice's own cap (5) is hers, above the default
+    assert Governance.from_obj(*gov.to_obj()) == gov

@@ -218,6 +218,71 @@ def test_renaming_holds_with_spot_failures_reclaims_and_governed_tenants() -> No
     _same_schedule(a, b, jmap, tmap)
 
 
+def test_equal_declared_ends_are_replayed_in_submission_order_not_by_id() -> None:
+    """Two running jobs end at the same declared instant on two nodes: which node the head
+    reserves (and so where a later long job may backfill) followed their ids (the pool's ends
+    were kept as (end, id)); swapping the two ids moved the reservation and the backfill."""
+    from goodput.sched.sim.formats import Cluster
+
+    def run(first: str, second: str) -> list[tuple]:
+        jobs = [
+            Job(first, "t", 0, 1, 6, 0.0, duration_s=1000.0, limit_s=1000.0),
+            Job(second, "t", 0, 1, 6, 0.0, duration_s=1000.0, limit_s=1000.0),
+            Job("head", "t", 0, 1, 8, 0.0, duration_s=100.0, limit_s=100.0),
+            Job("long", "t", 0, 1, 2, 10.0, duration_s=5000.0, limit_s=5000.0),
+        ]
+        res = simulate(jobs, Cluster(pools=[Pool("od", PoolKind.ON_DEMAND, 2, 8, 1.0)]), POLICIES["goodput"])
+        assert res.check.ok
+        names = {first: "A", second: "B"}
+        return [
+            (r["t"], r["event"], names.get(r["job"], r["job"]), tuple(r["nodes"]))
+            for r in res.events
+            if r["event"] in ("started", "reserved")
+        ]
+
+    assert run("a", "b") == run("b", "a")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_renaming_holds_where_submit_times_and_limits_tie(seed: int) -> None:
+    """The bijection where ties are everywhere: a handful of submit instants and limits, jobs
+    running past their limits, ids and tenants at the edges of the id set. Ties break by
+    submission order, never by a name (the running jobs' ends, the timers)."""
+    from goodput.sched.sim.formats import Cluster
+
+    rng = random.Random(seed)
+    ck = Checkpointing(interval_s=100.0, write_s=5.0, stall_s=1.0, restart_s=20.0, grace_s=30.0)
+    jobs = []
+    for i in range(60):
+        lim = rng.choice([300.0, 600.0, 900.0])
+        jobs.append(
+            Job(
+                f"j{i:03d}",
+                rng.choice("abcd"),
+                rng.choice([0, 0, 5]),
+                rng.choice([1, 1, 2]),
+                rng.choice([4, 8]),
+                rng.choice([0.0, 0.0, 700.0, 1400.0]),
+                duration_s=lim * rng.choice([0.5, 1.0, 3.0]),
+                limit_s=lim,
+                ckpt=rng.choice([ck, NO_CKPT]),
+            )
+        )
+    edge = ["0", "9", "A", "Z", "a", "z", "0-", "0.", "0:", "0@", "a-b", "Z@z", "9.9", "zz:zz", "a" * 128]
+    new_ids = list(dict.fromkeys(edge + [f"{rng.choice('0aZ')}{rng.getrandbits(24):x}" for _ in jobs]))[: len(jobs)]
+    rng.shuffle(new_ids)
+    new_t = ["zz", "0", "A@b", "m.n"]
+    rng.shuffle(new_t)
+    jmap = {j.id: n for j, n in zip(jobs, new_ids)}
+    tmap = dict(zip("abcd", new_t))
+    renamed = [replace(j, id=jmap[j.id], tenant=tmap[j.tenant]) for j in jobs]
+    gov = Governance.from_obj(None, {"min_run_s": 0, "max_preemptions": 3})
+    cluster = Cluster(pools=[Pool("od", PoolKind.ON_DEMAND, 4, 8, 4.0)], governance=gov)
+    a = simulate(jobs, cluster, POLICIES["goodput"])
+    b = simulate(renamed, cluster, POLICIES["goodput"])
+    _same_schedule(a, b, jmap, tmap)
+
+
 # ------------------------------------------------------------------------------------------------ 2. time limits
 
 
@@ -417,6 +482,42 @@ def test_a_tenant_under_its_quota_reclaims_borrowed_gpus_by_preemption() -> None
     s.submit(job("g1", tenant="g", prio=0, submit_s=100.0))
     s.tick()
     assert len(recs(s, "preempt_requested")) == 2
+
+
+def test_caps_lowered_by_the_operator_bind_jobs_accepted_before(tmp_path) -> None:  # noqa: ANN001
+    """A job accepted under a cap of a day keeps its declared grace and restart in the store; the
+    operator lowers the caps and restarts the scheduler on the same store. A priority preemption
+    (and a cancel) gives it the new cap's notice, not its own day, and prices its restart at the
+    cap: a new submission above the caps is refused as before."""
+    from goodput.sched.core.governance import SubmissionRejected
+    from goodput.sched.live.store import open_store
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    pools = [Pool("od", PoolKind.ON_DEMAND, 2, 8, 1.0)]
+    old = Governance.from_obj(None, {"max_grace_s": 86400, "max_restart_s": 86400, "min_run_s": 0})
+    new = Governance.from_obj(None, {"max_grace_s": 60, "max_restart_s": 100, "min_run_s": 0})
+    clock = ManualClock(0.0)
+    st = open_store(url)
+    s = Scheduler(pools, clock=clock, executor=RecordingExecutor(), store=st, governance=old)
+    s.save_all()
+    hog = Checkpointing(grace_s=86400.0, restart_s=86400.0)
+    s.submit(Job("hog", "m", 0, 1, 8, 0.0, duration_s=1e6, limit_s=1e6, ckpt=hog))
+    s.submit(Job("hog2", "m", 0, 1, 8, 0.0, duration_s=1e6, limit_s=1e6, ckpt=hog))
+    s.tick()
+    st.close()
+    clock.t = 100.0
+    st = open_store(url)
+    s = Scheduler.restore(st, pools, clock=clock, executor=RecordingExecutor(), governance=new)
+    s.submit(Job("urgent", "a", 9, 1, 8, 100.0, duration_s=100.0, limit_s=100.0))
+    s.tick()
+    p = recs(s, "preempt_requested")[-1]
+    assert p["reason"] == "priority" and p["deadline_s"] == 160.0
+    assert s._price(s.jobs["hog2"], 100.0).restart_s == 100.0
+    s.cancel("hog2")
+    assert recs(s, "preempt_requested", "hog2")[-1]["deadline_s"] == 160.0
+    with pytest.raises(SubmissionRejected, match="grace_s"):
+        s.submit(Job("again", "m", 0, 1, 8, 100.0, duration_s=10.0, limit_s=10.0, ckpt=hog))
+    st.close()
 
 
 # ------------------------------------------------------------------------------------------------ 5. reasons

@@ -247,8 +247,8 @@ def export(
     ``dst``, shards of at most ``max_shard_size`` (bytes, or ``"5GB"``, ``"500MiB"``); memory
     holds one shard's tensors at a time. ``format="torch"``: one ``torch.save`` file ``dst`` of
     ``{name: tensor}``, refused when the tensors exceed ``max_shard_size`` (it is built in memory).
-    ``prefix``: only tensors whose names start with it, written without it (``"model."`` takes
-    the model out of ``{"model": ..., "optim": ...}``). ``dtype``: floating tensors cast to
+    ``prefix``: only tensors under that dotted path, written without it (``"model."`` or
+    ``"model"`` takes the model out of ``{"model": ..., "optim": ...}``, not ``model_ema``). ``dtype``: floating tensors cast to
     ``"bf16"``, ``"fp16"`` or ``"fp32"``; others are written as saved.
     """
     t0 = time.perf_counter()
@@ -268,6 +268,8 @@ def export(
     src_p, dst_p = Path(src), Path(dst)
     if display(src_p).rstrip("/") == display(dst_p).rstrip("/"):
         raise ExportError(f"the destination {display(dst_p)!r} is the checkpoint itself; choose another")
+    if prefix and not prefix.endswith("."):
+        prefix += "."  # a dotted path: "model" must not take "model_ema.*" or write ".weight"
     ck = Checkpoint(src_p)
     items, blobs, values = _select(ck, prefix, cast)
     skipped: dict[str, str] = {}

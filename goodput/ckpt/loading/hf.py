@@ -120,13 +120,39 @@ def _open_file(path: str, what: str) -> int:
     return fd
 
 
+def _inside(fd: int, path: str, directory: Path, what: str) -> None:
+    """Refuse a file a link led outside the directory, or outside the Hub cache's ``blobs/`` for
+    a ``snapshots/<rev>/`` directory: a downloaded directory whose link names ``/etc/shadow``
+    or another user's model must not be read as this model. The file checked is the one opened
+    (its descriptor's path), not a second look up of the name."""
+    real_dir = os.path.realpath(directory)
+    roots = [real_dir]
+    if os.path.basename(os.path.dirname(real_dir)) == "snapshots":
+        roots.append(os.path.join(os.path.dirname(os.path.dirname(real_dir)), "blobs"))
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        real = os.path.realpath(path)
+    if not any(os.path.commonpath([real, r]) == r for r in roots):
+        raise CheckpointError(
+            f"{what} {path!r} is a link to {real!r}, outside the directory "
+            f"(links are followed only within it, or to the Hub cache's blobs/); refusing to read it"
+        )
+
+
 class _LinkFollowingStorage(PosixStorage):
     """POSIX reads that follow links inside a Hugging Face directory (goodput's own checkpoints
     never follow one)."""
 
     def open(self, directory: Path, name: str, what: str, size: int | None = None) -> Source:
         path = os.path.join(directory, name)
-        return PosixSource(_open_file(path, what), path)
+        fd = _open_file(path, what)
+        try:
+            _inside(fd, path, directory, what)
+        except BaseException:
+            os.close(fd)
+            raise
+        return PosixSource(fd, path)
 
     def get(self, directory: Path, name: str, what: str, limit: int) -> bytes:
         src = self.open(directory, name, what)

@@ -143,6 +143,13 @@ def chunk_block_crcs(files: Files, md: Metadata, ch: int, stats: ReadStats) -> n
             f"block checksum table of {md.describe_chunk(ch)} does not match the metadata "
             f"(file {f.name!r} is corrupt or from another checkpoint)"
         )
+    # the metadata's whole-chunk CRC is the fold of the blocks' (one call, no data read): a load
+    # checks it as verify does, so the two never disagree on one checkpoint
+    if combine_blocks(buf, md.block_bytes, int(md.cols["length"][ch])) != int(md.cols["crc32c"][ch]):
+        raise CheckpointError(
+            f"the metadata's crc32c of {md.describe_chunk(ch)} does not match its block checksums "
+            f"(in file {f.name!r}): the metadata is damaged, or the file is from another checkpoint"
+        )
     return buf
 
 

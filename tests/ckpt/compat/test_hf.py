@@ -129,6 +129,41 @@ def test_export_single_file_dtype_cast_and_torch_format(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path / "hf")) == sorted(res.files) and "model.safetensors" not in res.files
 
 
+def test_a_prefix_is_a_dotted_path(tmp_path: Path) -> None:
+    """``--prefix model`` wrote ``.w`` (and took ``model_ema`` too): it means ``model.``."""
+    sd = {"model": {"w": torch.randn(4, 4)}, "model_ema": {"w": torch.randn(4, 4)}}
+    gc.save(sd, tmp_path / "ck")
+    gc.export(tmp_path / "ck", tmp_path / "hf", prefix="model")
+    got = load_file(tmp_path / "hf" / "model.safetensors")
+    assert set(got) == {"w"} and torch.equal(got["w"], sd["model"]["w"])
+
+
+def test_links_are_followed_into_the_hub_cache_blobs_and_nowhere_else(tmp_path: Path) -> None:
+    """The Hub's cache is ``snapshots/<rev>/`` links to ``../../blobs/<sha>``: that loads. A
+    downloaded directory whose file is a link elsewhere (another user's model, ``/etc/...``) was
+    read as this model; it is refused naming the link and its target."""
+    w = torch.randn(8, 8)
+    repo = tmp_path / "models--org--m"
+    (repo / "blobs").mkdir(parents=True)
+    save_file({"w": w}, repo / "blobs" / "abc123")
+    snap = repo / "snapshots" / "rev1"
+    snap.mkdir(parents=True)
+    os.symlink("../../blobs/abc123", snap / "model.safetensors")
+    got = {"w": torch.zeros(8, 8)}
+    gc.load(got, snap)
+    assert torch.equal(got["w"], w)
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    save_file({"w": torch.randn(8, 8)}, tmp_path / "secret.safetensors")
+    os.symlink(tmp_path / "secret.safetensors", elsewhere / "model.safetensors")
+    with pytest.raises(gc.CheckpointError, match=r"is a link to .*secret\.safetensors'?, outside the directory"):
+        gc.load({"w": torch.zeros(8, 8)}, elsewhere)
+    os.symlink("../../../secret.safetensors", snap / "model-2.safetensors")  # out of the snapshot's repo
+    with pytest.raises(gc.CheckpointError, match="outside the directory"):
+        gc.load({"w": torch.zeros(8, 8)}, snap)
+
+
 def test_plan_shards_bounds_each_shard() -> None:
     from goodput.ckpt.compat.exporter import _Item
 

@@ -304,3 +304,15 @@ def test_values_nested_past_the_recursion_limit_are_refused(tmp_path: Path) -> N
         sys.setrecursionlimit(old)
     with pytest.raises(CheckpointError, match="nested too deeply|malformed metadata header|recursion"):
         gc.open(tmp_path)
+
+
+def test_a_chunk_crc_that_disagrees_with_its_blocks_fails_load_and_verify_alike(tmp_path: Path) -> None:
+    """The metadata's whole-chunk crc32c changed (and the manifest re-sealed): a load used to
+    succeed while verify called the intact data corrupt; both now name the metadata."""
+    make(tmp_path)
+    tamper(tmp_path, lambda md: md.cols["crc32c"].__setitem__(0, (int(md.cols["crc32c"][0]) + 1) % 2**32))
+    msg = r"the metadata's crc32c of .*tensor 'a'.* does not match its block checksums"
+    with pytest.raises(CheckpointError, match=msg):
+        gc.load(targets(), tmp_path)
+    with pytest.raises(CheckpointError, match=msg):
+        gc.verify(tmp_path)

@@ -29,9 +29,11 @@ starts from a clean environment (``python -I``): nothing of a tenant's reaches t
 keeps the service's privileges.
 
 Exit statuses reported to the scheduler: 0 → ``finished``; 75 (``goodput.ckpt.PREEMPTED_EXIT``) →
-``preempted``; the group killed by us → ``killed``; any other status, a command killed by a signal
-we did not send included (the OOM killer's SIGKILL) → ``failed`` (its signal in the status file and
-the job's log); a group that vanished without a status file and without our kill (its slot was lost:
+``preempted``; the group killed by us, or a command (and every worker it left) dead of the notice
+signal we sent it after we sent it (a job with no handler for SIGTERM obeying a stop) → ``killed``;
+any other status, a command killed by a signal we did not send included (the OOM killer's SIGKILL,
+a SIGTERM it sent itself before any notice) → ``failed`` (its signal in the status file and the
+job's log); a group that vanished without a status file and without our kill (its slot was lost:
 something outside killed the supervisor too) → ``lost``, which the core accounts as an
 infrastructure loss (``running --lost--> pending``).
 """
@@ -152,6 +154,10 @@ class Run:
     status_file: str
     notice_file: str
     killed: bool = False  # we sent SIGKILL: its exit is "killed", never a lost slot
+    # the notice signals we sent it (numbers) and when the first one went (time.time()): a command that
+    # dies of one of them after that obeyed our stop ("killed"), not a failure of its own
+    signalled: list[int] = field(default_factory=list)
+    notified_t: float = 0.0
     workdir: str = ""  # its working directory (owned by the user it runs as)
     uid: int = -1  # the user it runs as (-1: as the service)
     popen: subprocess.Popen | None = field(default=None, repr=False, compare=False)
@@ -531,12 +537,13 @@ class LocalExecutor:
         no status written at all (the supervisor went too: the slot, not the job)."""
         rc: int | None = None
         dropped = None
+        st: dict = {}
         try:
             st = json.loads(Path(run.status_file).read_text(encoding="utf-8"))
             rc = int(st["rc"])
             dropped = st.get("log_dropped_bytes")
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            rc = None
+            rc, st = None, {}
         if rc is None and run.popen is not None and run.popen.returncode not in (None, -signal.SIGKILL):
             rc = run.popen.returncode  # the supervisor itself failed
         detail: dict = {"rc": rc}
@@ -553,6 +560,8 @@ class LocalExecutor:
             return "preempted", detail
         if rc < 0 and run.killed:
             return "killed", detail
+        if _obeyed(run, rc, st):
+            return "killed", detail  # it died of our notice: a stop obeyed, as a kill at the deadline is
         return "failed", detail
 
     def _descendants(self, run: Run) -> list:
@@ -576,6 +585,8 @@ class LocalExecutor:
         """
         import psutil
 
+        if run.pgid <= 0:  # a start that failed (no process): killpg(0) would signal the service's own group
+            return
         outside = []
         for p in self._descendants(run):
             try:
@@ -583,10 +594,17 @@ class LocalExecutor:
                     outside.append(p)
             except (ProcessLookupError, PermissionError):
                 pass
+        group_sig = launcher_sig if launcher_sig is not None and outside else sig
+        # recorded before it is sent (and kept on disk for a restarted service): a command that dies of
+        # it is then read as having obeyed, not failed (_obeyed)
+        sent = {int(group_sig), *([int(sig)] if outside else [])}
+        if not sent <= set(run.signalled) or not run.notified_t:
+            run.signalled = sorted(sent | set(run.signalled))
+            run.notified_t = run.notified_t or time.time()
+            self._save(run)
         for p in outside:  # the workers first: the launcher may die of its signal and orphan them
             with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
                 p.send_signal(sig)
-        group_sig = launcher_sig if launcher_sig is not None and outside else sig
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(run.pgid, group_sig)
 
@@ -594,6 +612,8 @@ class LocalExecutor:
         import psutil
 
         run.killed = True
+        if run.pgid <= 0:  # a start that failed (no process): killpg(0) would kill the service's own group
+            return
         self._save(run)
         for _ in range(2):  # workers first (the supervisor, a subreaper, holds any orphan meanwhile)
             for p in self._descendants(run):
@@ -630,6 +650,25 @@ class LocalExecutor:
             Path(run.status_file).with_suffix(".spec").unlink()
         if run.workdir and Path(run.workdir).parent == self.work_dir:  # its token goes with it
             shutil.rmtree(run.workdir, ignore_errors=True)
+
+
+def _obeyed(run: Run, rc: int, st: dict) -> bool:
+    """Whether a run that ended with ``rc`` (its status file ``st``) died of a notice we sent it, after
+    we sent it: the command killed by that signal (``-n``, or ``128 + n`` from a shell that relays its
+    child's death), every worker it left either checkpointed (75), done (0) or dead of such a signal
+    too. A signal we did not send (the OOM killer's, one the job sent itself before any notice: its
+    status written before our first notice went) is the job's own failure, as is any other exit."""
+    sent = {int(s) for s in run.signalled if isinstance(s, int) and not isinstance(s, bool)}
+    if not sent or not run.notified_t:
+        return False
+    deaths = {-s for s in sent} | {128 + s for s in sent}
+    t = st.get("t")
+    if rc not in deaths or not isinstance(t, (int, float)) or isinstance(t, bool) or t < run.notified_t:
+        return False
+    orphans = st.get("orphans", [])
+    if not isinstance(orphans, list):
+        return False
+    return all(isinstance(o, int) and (o in (0, PREEMPTED_EXIT) or o in deaths) for o in orphans)
 
 
 def _node_index(name: str) -> int:

@@ -163,9 +163,14 @@ def _seconds(default: float, *, gt: float | None = None, ge: float | None = None
 
 
 class JobSpec(BaseModel):
-    """POST /jobs: the workload file's names where they overlap (docs/SCHED.md)."""
+    """POST /jobs: the workload file's names where they overlap (docs/SCHED.md).
 
-    model_config = ConfigDict(extra="forbid")  # a misspelt field is a 422 naming it, not silently dropped
+    Strict: a number is a JSON number (an integer for the integer fields; a float field takes an
+    integer too), a flag a JSON boolean, a string a JSON string; anything else is a 422 naming the
+    field. Lax pydantic would read ``"3"`` or ``true`` as 3 or 1, a priority or grace no one meant."""
+
+    # a misspelt field is a 422 naming it, not silently dropped; a value of another JSON type too
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: str = Field("job", pattern=NAME.pattern)
     command: list[Arg] = Field(min_length=1, max_length=MAX_ARGS)
@@ -188,9 +193,9 @@ class JobSpec(BaseModel):
 
 
 class ResizeSpec(BaseModel):
-    """POST /jobs/{id}/resize: the new gang shape of a pending job."""
+    """POST /jobs/{id}/resize: the new gang shape of a pending job (strict, as :class:`JobSpec`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     nodes: int = Field(ge=1, le=4096)
     gpus_per_node: int | None = Field(None, ge=1, le=64)
@@ -927,6 +932,7 @@ class Service:
             "restarts": max(0, job.epoch - 1),
             "preemptions": job.preemptions,
             "infra_losses": job.infra_losses,
+            "leave_crashes": job.leave_crashes,  # non-zero exits while asked to leave (the infrastructure budget)
             "failures": job.failures,
             "unasked_yields": job.unasked_yields,
             "fail_reason": job.fail_reason or None,

@@ -21,7 +21,9 @@ given nothing to decide (SchedMD's advice for an external scheduler):
   commits and exits 75. **kill** is ``scancel``.
 - **Exits** are read from one ``squeue --json`` per pass (no per-job polling): a job is gone when
   Slurm says it ended (never while ``COMPLETING``), so the nodes go back to the core only once
-  Slurm has them free. ``COMPLETED`` → finished; exit 75 → preempted; cancelled by us → killed;
+  Slurm has them free. ``COMPLETED`` → finished; exit 75 → preempted; cancelled by us, or dead of
+  the notice signal we sent (the batch step's ``128 + n``, or the signal itself) → killed (a stop
+  obeyed: requeued at once, as a kill at the deadline);
   ``NODE_FAIL``, ``BOOT_FAIL``, Slurm's own ``PREEMPTED`` or a cancel not ours → lost (an
   infrastructure loss); other exits → failed. A job Slurm no longer lists (older than
   ``MinJobAge``) is read from the status file its batch step wrote, or is lost.
@@ -370,8 +372,29 @@ def parse_sacct(d: dict[str, Any]) -> dict[int, tuple[str, Any]]:
     return out
 
 
-def status_of(state: str, raw_exit: Any, *, killed: bool) -> str:
-    """``Scheduler.report_exit``'s word for a Slurm job that ended in ``state``."""
+def _signal_numbers(names: Any) -> set[int]:
+    """The numbers of the signals named (``"TERM"``, ``"USR1"``: as ``scancel --signal`` takes them)."""
+    out: set[int] = set()
+    for n in names or ():
+        with contextlib.suppress(KeyError, TypeError, AttributeError):
+            out.add(int(signal.Signals["SIG" + str(n).upper().removeprefix("SIG")]))
+    return out
+
+
+def obeyed(rc: int | None, sig: int | None, signalled: Any) -> bool:
+    """Whether a run that ended with ``rc`` (or of signal ``sig``) died of a notice we sent it
+    (``signalled``: the names we gave ``scancel --signal``): the batch step reports a gang killed by
+    TERM as 143 (``128 + n``, :mod:`goodput.sched.live.slurm_launch`), Slurm a step killed by it as
+    the signal. A stop obeyed, as a kill at the deadline is; a signal we did not send is a failure."""
+    sent = _signal_numbers(signalled)
+    if not sent:
+        return False
+    return (sig is not None and sig in sent) or (rc is not None and rc - 128 in sent)
+
+
+def status_of(state: str, raw_exit: Any, *, killed: bool, signalled: Any = ()) -> str:
+    """``Scheduler.report_exit``'s word for a Slurm job that ended in ``state``; ``signalled``: the
+    notices we sent it (a job that dies of one obeyed our stop: ``killed``, not ``failed``)."""
     rc, sig = exit_code(raw_exit)
     if state == "COMPLETED" and rc == 0:
         return "finished"
@@ -381,7 +404,7 @@ def status_of(state: str, raw_exit: Any, *, killed: bool) -> str:
         return "killed" if killed else "lost"
     if rc == PREEMPTED_EXIT and not sig:
         return "preempted"
-    if killed:
+    if killed or obeyed(rc, sig, signalled):
         return "killed"
     return "failed"
 
@@ -402,6 +425,9 @@ class SlurmRun:
     released: bool = False
     killed: bool = False  # we cancelled it: CANCELLED reads as killed, not lost
     notified: str = ""  # a notice asked while Slurm still had it pending: sent once it runs
+    # the notices sent (scancel --signal names), recorded before each is sent: a job that dies of one
+    # obeyed our stop ("killed"), it did not fail
+    signalled: list[str] = field(default_factory=list)
     submitted: float = 0.0
     stuck: bool = False  # released, but Slurm would not start it where goodput placed it: cancelled, lost
     released_at: float = 0.0
@@ -736,7 +762,11 @@ class SlurmExecutor:
                         run.notified = ""
                         self.table.save(run)
                     continue
-                st = "lost" if run.stuck else status_of(state, j.get("exit_code"), killed=run.killed)
+                st = (
+                    "lost"
+                    if run.stuck
+                    else status_of(state, j.get("exit_code"), killed=run.killed, signalled=run.signalled)
+                )
                 done.append((run, st, _exit_detail(run, state, j.get("exit_code"))))
             self._cancel_strays(view)
             if forgotten:  # accounting where it is kept (one sacct for all of them), else the status files
@@ -744,7 +774,8 @@ class SlurmExecutor:
                 for run in forgotten:
                     a = acct.get(run.slurm_id)
                     if a is not None and a[0] not in LIVE:
-                        done.append((run, status_of(a[0], a[1], killed=run.killed), _exit_detail(run, a[0], a[1])))
+                        st = status_of(a[0], a[1], killed=run.killed, signalled=run.signalled)
+                        done.append((run, st, _exit_detail(run, a[0], a[1])))
                     else:
                         st, rc = self._status_file(run)
                         done.append((run, st, {"rc": rc, "slurm_id": run.slurm_id}))
@@ -937,7 +968,11 @@ class SlurmExecutor:
         self.table.save(run)
 
     def _signal(self, run: SlurmRun, sig: str) -> bool:
-        """``sig`` to the run's batch step; False if Slurm refused (the core's deadline still kills it)."""
+        """``sig`` to the run's batch step; False if Slurm refused (the core's deadline still kills it).
+        Recorded (and stored) before it is sent, so that a job dying of it reads as having obeyed."""
+        if sig not in run.signalled:
+            run.signalled.append(sig)
+            self.table.save(run)
         try:
             self.slurm.run(["scancel", "--batch", f"--signal={sig}", str(run.slurm_id)])
         except SlurmError as e:
@@ -1008,7 +1043,7 @@ class SlurmExecutor:
             return "finished", rc
         if rc == PREEMPTED_EXIT:
             return "preempted", rc
-        return ("killed" if run.killed else "failed"), rc
+        return ("killed" if run.killed or obeyed(rc, None, run.signalled) else "failed"), rc
 
     def _stuck(self, run: SlurmRun, j: dict[str, Any], now: float) -> bool:
         """Released long ago and still pending: Slurm will not run it on the nodes goodput chose (a node

@@ -78,8 +78,10 @@ def _write_status(rc: int, path: str | None = None) -> None:
 def batch(cmd: list[str]) -> int:
     early: list[int] = []
     child: list[subprocess.Popen] = []
+    received: list[int] = []  # every notice this step got: a node dead of one of them did not fail
 
     def forward(signum: int, _frame: object) -> None:
+        received.append(signum)
         if child:
             with contextlib.suppress(ProcessLookupError):
                 child[0].send_signal(signum)
@@ -123,7 +125,7 @@ def batch(cmd: list[str]) -> int:
     status = env.get(ENV_STATUS_FILE)
     if status and nodes.isdigit():
         words = [_read_node_status(_node_status_path(status, i)) for i in range(int(nodes))]
-        rc = gang_status(words, srun_rc)
+        rc = gang_status(words, srun_rc, tuple(dict.fromkeys(received)))
         if rc != srun_rc:
             print(f"goodput.sched.live.slurm_launch: the nodes' statuses {words} make the job's {rc} "
                   f"(srun's: {srun_rc})", file=sys.stderr, flush=True)  # fmt: skip
@@ -139,26 +141,36 @@ def task_status(command_rc: int, workers: list[int], notice: tuple[int, ...] = (
     was preempted when at least one worker left with 75 and every other one either did too or died of
     the notice itself (``notice``: the signals this task received; a process with no handler for it had
     nothing to save, a helper the launcher started), whatever the launcher's own status. A worker that
-    exited 1-74, died of another signal, or was killed for outliving the grace makes the node's status
-    the launcher's. Processes that were not workers (see :func:`task`) are not read at all."""
+    exited non-zero otherwise (1-74, another signal, killed for outliving the grace) makes the node's
+    status that worker's (``128 + n`` for a signal): a launcher dead of the notice must not hide a
+    worker's crash, since the executor reads a death by its own notice as a stop obeyed. Processes
+    that were not workers (see :func:`task`) are not read at all."""
     if command_rc < 0:
         command_rc = 128 - command_rc
-    if command_rc in (0, PREEMPTED_EXIT) or PREEMPTED_EXIT not in workers:
+    if command_rc in (0, PREEMPTED_EXIT) or not workers:
         return command_rc
-    if all(c == PREEMPTED_EXIT or (c < 0 and -c in notice) for c in workers):
+    own = [c for c in workers if c not in (0, PREEMPTED_EXIT) and not (c < 0 and -c in notice)]
+    if own:
+        return 128 - own[0] if own[0] < 0 else own[0]
+    if PREEMPTED_EXIT in workers:
         return PREEMPTED_EXIT
     return command_rc
 
 
-def gang_status(statuses: list[int | None], srun_rc: int) -> int:
+def gang_status(statuses: list[int | None], srun_rc: int, notice: tuple[int, ...] = ()) -> int:
     """The gang's status from each node's (None: that node's task wrote none) and srun's. srun returns
     the highest task status, so a node at 75 hides another at 1-74 (a crash while leaving). Here 75
     needs every node's word: any node with another non-zero status gives that status (the highest
-    such); else 75 if any node left with 75 (a node that finished while another was preempted resumes
-    from the commit: never wrong); else srun's own. A missing word with srun at 75 is a failure (1):
-    a node that may have crashed is not reported as preempted."""
+    such, a node's own failure before a death by the notice the batch step received, ``notice``:
+    a node dead of the notice must not hide another's crash, as the executor reads the notice's
+    ``128 + n`` as a stop obeyed); else 75 if any node left with 75 (a node that finished while
+    another was preempted resumes from the commit: never wrong); else srun's own. A missing word with
+    srun at 75 is a failure (1): a node that may have crashed is not reported as preempted."""
     known = [s for s in statuses if s is not None]
     bad = [s for s in known if s not in (0, PREEMPTED_EXIT)]
+    own = [s for s in bad if s - 128 not in notice]
+    if own:
+        return max(own)
     if bad:
         return max(bad)
     if len(known) < len(statuses):

@@ -185,3 +185,118 @@ def test_a_supervisor_whose_run_was_never_recorded_does_not_run_the_command(tmp_
     assert not ran and st["rc"] == 127 and st["unrecorded"] is True, st
     ran, st = supervise("late", 0.3)  # the record comes while the supervisor waits
     assert ran and st["rc"] == 0, st
+
+
+def _wait_file(path: Path, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, path
+        time.sleep(0.05)
+
+
+def test_a_command_dead_of_our_notice_obeyed_it_and_one_dead_of_a_signal_we_did_not_send_failed(tmp_path):
+    """A plain command (no handler) dies of the stop notice we sent it: a stop obeyed, ``killed`` as a
+    kill at the deadline would be, not ``failed``. A command that dies of a signal we did not send
+    (SIGTERM it sent itself before any notice; SIGTERM after a SIGUSR1 notice) is still ``failed``."""
+    import signal
+
+    exits = Exits()
+    ex = _executor(tmp_path, exits)
+    ready = "open(os.environ['GOODPUT_CKPT_ROOT'] + '/ready-' + os.environ['GOODPUT_JOB_ID'], 'w').close()\n"
+    plain = _job("plain.00000001", ["sleep", "1000"], tmp_path)
+    usr1 = _job("usr1.00000001", [PY, "-c", f"import os, time\n{ready}time.sleep(60)\n"], tmp_path)
+    self_term = _job(
+        "self.00000001",
+        [PY, "-c", "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n"],
+        tmp_path,
+    )
+    # it handles our SIGUSR1 by dying of a SIGTERM of its own: not the signal we sent
+    other = _job(
+        "other.00000001",
+        [PY, "-c", f"import os, signal, time\nsignal.signal(signal.SIGUSR1, lambda *a: os.kill(os.getpid(), signal.SIGTERM))\n{ready}time.sleep(60)\n"],
+        tmp_path,
+    )  # fmt: skip
+    ex.start(plain, ("local-00000",), 0.0)
+    ex.start(usr1, ("local-00000",), 0.0)
+    ex.start(self_term, ("local-00001",), 0.0)
+    ex.start(other, ("local-00001",), 0.0)
+    for j in (usr1, other):
+        _wait_file(tmp_path / f"ready-{j.id}")
+    time.sleep(0.3)  # sleep is exec'd by then
+    for j in (plain, usr1, other):
+        j.state = JobState.PREEMPTING
+    ex.notify(plain, checkpoint=False, deadline_s=30.0)  # SIGTERM: sleep dies of it at once
+    ex.notify(usr1, checkpoint=True, deadline_s=30.0)  # SIGUSR1, no handler: dies of it
+    ex.notify(other, checkpoint=True, deadline_s=30.0)
+    exits.wait(4)
+    ex.close()
+    assert sorted(exits.seen) == [
+        ("other.00000001", 1, "failed"),
+        ("plain.00000001", 1, "killed"),
+        ("self.00000001", 1, "failed"),
+        ("usr1.00000001", 1, "killed"),
+    ]
+    assert ex.last_exit["plain.00000001"]["signal"] == "SIGTERM"  # the cause stays visible
+    assert ex.last_exit["self.00000001"] == {"epoch": 1, "status": "failed", "rc": -signal.SIGTERM, "signal": "SIGTERM"}
+    assert ex.last_exit["other.00000001"]["status"] == "failed"
+
+
+def test_a_death_before_our_notice_failed_and_a_restarted_executor_still_knows_what_it_sent(tmp_path):
+    """The status file says when the command died: one dead of SIGTERM before our first notice went
+    did not obey it (failed). What was sent is in the run's record: a restarted service reads a death
+    by our notice as obeyed too."""
+    import signal
+
+    exits = Exits()
+    ex = LocalExecutor(tmp_path / "state", on_exit=exits.on_exit, poll_s=0.05)  # polled by hand
+    early = _job("early.00000001", [PY, "-c", "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n"], tmp_path)
+    plain = _job("plain.00000001", ["sleep", "1000"], tmp_path)
+    ex.start(early, ("local-00000",), 0.0)
+    ex.start(plain, ("local-00001",), 0.0)
+    early_status = Path(ex.runs[early.id].status_file)
+    _wait_file(early_status)  # dead of its own SIGTERM, status written...
+    time.sleep(0.3)
+    for j in (early, plain):
+        j.state = JobState.PREEMPTING
+    ex.notify(early, checkpoint=False, deadline_s=30.0)  # ...then asked to leave (its group is gone)
+    ex.notify(plain, checkpoint=False, deadline_s=30.0)
+    rec = json.loads((tmp_path / "state" / "runs" / f"{plain.id}.1.json").read_text())
+    assert rec["signalled"] == [int(signal.SIGTERM)] and rec["notified_t"] > 0
+    _wait_file(Path(ex.runs[plain.id].status_file))
+    # the service died before it read either exit: a new one adopts both runs from their records
+    ex2 = LocalExecutor(tmp_path / "state", on_exit=exits.on_exit, poll_s=0.05)
+    assert ex2.adopt({early.id: early, plain.id: plain}) == {early.id: "adopted", plain.id: "adopted"}
+    deadline = time.monotonic() + 15
+    while len(exits.seen) < 2:
+        ex2.poll()
+        assert time.monotonic() < deadline, exits.seen
+        time.sleep(0.05)
+    assert sorted(exits.seen) == [("early.00000001", 1, "failed"), ("plain.00000001", 1, "killed")]
+
+
+def test_a_run_whose_start_failed_is_never_signalled_as_group_zero(tmp_path):
+    """A start that failed leaves a run with no process (pgid 0): a notice or a kill for it before the
+    watcher reports it must not become killpg(0), which would signal the service's own group."""
+    import os
+    import signal
+
+    exits = Exits()
+    ex = LocalExecutor(tmp_path / "state", on_exit=exits.on_exit, poll_s=0.05)
+    j = _job("bad id!", ["true"], tmp_path)  # not a safe file name: the start fails
+    ex.start(j, ("local-00000",), 0.0)
+    assert ex.runs[j.id].pgid == 0
+    got: list[int] = []
+    old = signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
+    old_term = signal.signal(signal.SIGTERM, lambda s, f: got.append(s))
+    try:
+        j.state = JobState.PREEMPTING
+        ex.notify(j, checkpoint=True, deadline_s=1.0)
+        ex.notify(j, checkpoint=False, deadline_s=1.0)
+        ex.kill(j)  # SIGKILL to group 0 would end this test run
+        time.sleep(0.1)
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+        signal.signal(signal.SIGTERM, old_term)
+    assert got == [] and os.getpgid(0) > 0
+    ex.poll()
+    assert exits.seen == [("bad id!", 1, "failed")]  # its start failed (127), as before

@@ -68,10 +68,67 @@ def test_a_node_whose_launcher_died_of_the_signal_while_its_workers_left_with_75
 
     assert task_status(-10, [75, 75]) == 75  # torchrun killed by SIGUSR1, both workers checkpointed
     assert task_status(138, [75]) == 75
-    assert task_status(-10, [75, 1]) == 138  # a worker failed: not a preemption
+    assert task_status(-10, [75, 1]) == 1  # a worker failed: not a preemption, and its status is the node's
     assert task_status(-10, []) == 138  # nothing orphaned: the launcher's own death
     assert task_status(1, [75]) == 75 and task_status(0, []) == 0 and task_status(75, []) == 75
     assert task_status(3, []) == 3
+
+
+def test_a_job_dead_of_the_notice_we_sent_obeyed_it_and_one_dead_of_another_signal_failed():
+    """scancel --signal=TERM is our stop: a gang dead of it (the batch step's 143, or Slurm's signal
+    15) obeyed, as a kill at the deadline would have (``killed``, requeued at once, no leave crash). A
+    signal we did not send, or any other exit, stays ``failed``."""
+    from goodput.sched.live.slurm import obeyed
+
+    term = {"return_code": 143, "signal": {"signal_id": 0, "name": ""}}
+    assert status_of("FAILED", 143 << 8, killed=False, signalled=["TERM"]) == "killed"
+    assert status_of("FAILED", term, killed=False, signalled=["TERM"]) == "killed"
+    assert status_of("FAILED", 15, killed=False, signalled=["TERM"]) == "killed"  # the step died of it
+    assert status_of("FAILED", 138 << 8, killed=False, signalled=["USR1"]) == "killed"
+    assert status_of("FAILED", 143 << 8, killed=False) == "failed"  # nothing sent: its own SIGTERM
+    assert status_of("FAILED", 143 << 8, killed=False, signalled=["USR1"]) == "failed"  # not what we sent
+    assert status_of("FAILED", 1 << 8, killed=False, signalled=["TERM"]) == "failed"  # a crash while leaving
+    assert status_of("FAILED", 137 << 8, killed=False, signalled=["TERM", "USR1"]) == "failed"
+    assert status_of("FAILED", 75 << 8, killed=False, signalled=["USR1"]) == "preempted"
+    assert status_of("NODE_FAIL", 143 << 8, killed=False, signalled=["TERM"]) == "lost"
+    assert obeyed(143, None, ["SIGTERM"]) and not obeyed(143, None, ["BOGUS", 7]) and not obeyed(None, None, ["TERM"])
+
+
+def test_a_run_slurm_forgot_and_that_died_of_our_notice_reads_killed_from_its_status_file(tmp_path):
+    from goodput.sched.live.slurm import SlurmExecutor, SlurmRun
+    from goodput.sched.live.store import open_store
+
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+    ex = SlurmExecutor(tmp_path / "state", store=store, partition="p")
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "status.json").write_text('{"rc": 143}')
+    run = SlurmRun("j.00000001", 1, 5, ["n1"], "u", str(tmp_path / "r"))
+    assert ex._status_file(run) == ("failed", 143)
+    run.signalled = ["TERM"]
+    assert ex._status_file(run) == ("killed", 143)
+
+
+def test_the_notice_sent_is_stored_before_it_is_sent(tmp_path):
+    """A restarted service reads what was sent from the store: a run dead of it still obeyed."""
+    from goodput.sched.live.slurm import RunTable, SlurmError, SlurmExecutor, SlurmRun
+    from goodput.sched.live.store import open_store
+
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+    ex = SlurmExecutor(tmp_path / "state", store=store, partition="p")
+    stored: list[list[str]] = []
+
+    class Refusing:
+        def run(self, argv):  # noqa: ANN001, ANN202
+            stored.append(list(RunTable(store).load()[0].signalled))
+            raise SlurmError("slurmctld away")
+
+    ex.slurm = Refusing()
+    run = SlurmRun("j.00000001", 1, 5, ["n1"], "u", str(tmp_path), released=True)
+    ex.table.save(run)
+    assert ex._signal(run, "TERM") is False
+    assert stored == [["TERM"]]  # in the store when scancel was asked
+    assert ex._signal(run, "TERM") is False and run.signalled == ["TERM"]  # once
+    assert RunTable(store).load()[0].signalled == ["TERM"]
 
 
 def test_sacct_records_of_both_versions():

@@ -179,7 +179,9 @@ def test_a_worker_that_fails_while_leaving_is_not_a_preemption(tmp_path):
     try:
         t.wait_ready({"launcher", "worker", "worker_helper"})
         t.signal_step(signal.SIGUSR1)
-        assert t.result() == 128 + signal.SIGUSR1  # the launcher's own death: failed
+        # the crashed worker's own status (3), not the launcher's death by the notice, which the executor
+        # would read as a stop obeyed: failed
+        assert t.result() == 3
         assert not any(_alive(p) for p in t.pids().values()), t.pids()
     finally:
         t.cleanup()
@@ -192,7 +194,7 @@ def test_workers_are_waited_for_at_most_the_grace_then_killed(tmp_path):
     try:
         t.wait_ready({"launcher", "worker", "worker_helper"})
         t.signal_step(signal.SIGUSR1)
-        assert t.result() == 128 + signal.SIGUSR1
+        assert t.result() == 128 + signal.SIGKILL  # killed past the grace: failed, never a stop obeyed
         assert not any(_alive(p) for p in t.pids().values()), t.pids()
     finally:
         t.cleanup()
@@ -203,9 +205,13 @@ def test_node_and_gang_statuses():
     assert task_status(-usr1, [75]) == 75
     assert task_status(-usr1, [75, -usr1], (usr1,)) == 75  # a helper killed by the notice itself
     assert task_status(-usr1, [75, -usr1]) == 128 + usr1  # ...but only by the signal the step received
-    assert task_status(-usr1, [75, -signal.SIGKILL], (usr1,)) == 128 + usr1  # killed past the grace
-    assert task_status(-usr1, [-usr1], (usr1,)) == 128 + usr1  # nobody checkpointed
-    assert task_status(-usr1, [75, 2], (usr1,)) == 128 + usr1
+    # a worker's own failure is the node's status, not the launcher's death by the notice (which the
+    # executor reads as a stop obeyed)
+    assert task_status(-usr1, [75, -signal.SIGKILL], (usr1,)) == 128 + signal.SIGKILL  # killed past the grace
+    assert task_status(-usr1, [-usr1], (usr1,)) == 128 + usr1  # nobody checkpointed: dead of the notice
+    assert task_status(-usr1, [75, 2], (usr1,)) == 2
+    assert task_status(-usr1, [-usr1, 3], (usr1,)) == 3
+    assert task_status(-usr1, [0, -usr1], (usr1,)) == 128 + usr1
     # the gang: 75 only when no node says otherwise; srun's highest status would have said 75 here
     assert gang_status([75, 1], 75) == 1
     assert gang_status([75, 138], 138) == 138
@@ -214,6 +220,11 @@ def test_node_and_gang_statuses():
     assert gang_status([0, 0], 0) == 0
     assert gang_status([75, None], 75) == 1  # a node's word is missing: not reported preempted
     assert gang_status([None, None], 3) == 3
+    # a node dead of the notice the step received does not hide another's crash
+    term = int(signal.SIGTERM)
+    assert gang_status([143, 1], 143, (term,)) == 1
+    assert gang_status([143, 143], 143, (term,)) == 143
+    assert gang_status([143, 1], 143) == 143  # no notice received: the highest, as before
 
 
 def test_a_gang_with_one_node_at_75_and_another_at_3_failed_over_a_real_slurm(slurm, tmp_path):  # noqa: F811

@@ -25,12 +25,16 @@ flagged): ``start_under_notice`` (a start on a node whose reclaim or drain notic
 ``over_limit`` (a run longer than its ``limit_s`` + ``over_time_limit_s`` + its grace),
 ``reservation_delayed`` (a start on a reserved head's nodes by a job of no higher priority whose
 declared end is past the reserved time, or the reserved time moving later with no capacity lost and
-no higher-priority start), ``priority_inversion`` (a job started while one of higher priority that
-could use that pool was pending and fitted) and ``not_work_conserving`` (a pending job that fitted
+no higher-priority start; every head's last reservation binds until that head starts or leaves,
+whichever head was reserved since), ``priority_inversion`` (a job started while one of higher
+priority that could use that pool was pending and fitted; a ``backfill`` start is judged against
+the reservation its pass logs, and like any other where none is in force) and ``not_work_conserving`` (a pending job that fitted
 the free GPUs for longer than a pass). The last two count free GPUs as the scheduler must: bound
 GPUs are taken, nodes lost or under notice hold none, a claimant's gang is held back in its pool, a
 pending job no higher than the reserved head does not count the reserved nodes, and a job requeued
 for a failure or an infrastructure loss may sit out its backoff (:attr:`Rules.max_backoff_s`).
+A ``nodes`` or ``gpus_per_node`` that is not a whole number >= 1 is a malformed record
+(``illegal_transition``): the job is followed, never counted as pending, and such a start books nothing.
 """
 
 from __future__ import annotations
@@ -176,6 +180,7 @@ class _Job:
         "leaves_for",
         "claim_due",
         "claim_excused",
+        "shape_ok",
     )
 
     def __init__(self, jid: str, nodes: int, gpn: int) -> None:
@@ -215,6 +220,7 @@ class _Job:
         self.leaves_for = ""  # the claimant this run was asked to leave for ("" for none)
         self.claim_due = math.inf  # every victim gone: it must start on its claim by then
         self.claim_excused = False  # a node of its pool was lost or noticed: its claim may be dropped
+        self.shape_ok = True  # its submitted (or resized) shape was whole numbers >= 1: the policy checks count it
 
 
 class _Auditor:
@@ -255,7 +261,20 @@ class _Auditor:
         self.prio_count: dict[int, int] = {}
         self.claimed: dict[str, int] = {}  # pool -> nodes held back for claimants
         self.res: tuple[str, float, str, frozenset[str], int] | None = None  # job, t, pool, nodes, prio
-        self.res_excused = False  # capacity lost, or a higher priority went first, since it was set
+        # every head's latest reservation, kept until that head starts or leaves (the in-force one is
+        # ``res``): head -> (reserved_t, pool, nodes, prio, seq when set); and node -> heads reserving it
+        self.held_res: dict[str, tuple[float, str, frozenset[str], int, int]] = {}
+        self.reserved_on: dict[str, dict[str, None]] = {}
+        # what lets a reservation move later: a sequence number per event, the last capacity loss and,
+        # per priority, the last start, preemption or reservation of a job of that priority
+        self.seq = 0
+        self.cap_seq = -1
+        self.prio_seq: dict[int, int] = {}
+        # backfilled starts whose priority_inversion waits for the reservation their pass logs at its
+        # end: (job, prio, pool, t, the pool's free-node counts then, its claimed nodes then, index
+        # into pass_starts, [(group key, a member)] of higher priority that fitted, reservations aside)
+        self.deferred: list[tuple[str, int, str, float, list[int], int, int, list[tuple[tuple, str]]]] = []
+        self.pass_starts: list[tuple[tuple[str, ...], int]] = []  # starts since the first deferred one
         self.backoffs: list[tuple[float, str]] = []
         self.armed = False
         self.t_inc = -math.inf
@@ -309,7 +328,7 @@ class _Auditor:
                 if self.excess:
                     acc += self.excess * (t - last)
                 last = t
-                if self.backfilled:
+                if self.backfilled or self.deferred:
                     self.flush_backfilled()
                 if self.armed or self.backoffs or self.claim_dues:
                     self.until(t)
@@ -444,7 +463,7 @@ class _Auditor:
         """Could a gang of ``nodes`` x ``gpn`` start in ``pool`` on what is free now? Claimants'
         gangs are held back whole; ``exclude_reserved``: the reserved head's nodes are not offered."""
         arr = self.cnt.get(pool)
-        if arr is None or gpn >= len(arr):
+        if arr is None or not 0 < gpn < len(arr) or nodes < 1:
             return False
         avail = arr[gpn] - self.claimed.get(pool, 0)
         if avail < nodes:
@@ -479,7 +498,7 @@ class _Auditor:
 
     def track(self, j: _Job, t: float) -> None:
         """``j`` waits and may start now: count it among the pending jobs the checks look at."""
-        if j.gkey is not None or j.phase != _PENDING or j.claimant or j.backoff_until > t:
+        if j.gkey is not None or j.phase != _PENDING or j.claimant or j.backoff_until > t or not j.shape_ok:
             return
         pools = self.allowed(j)
         if pools is None:
@@ -521,9 +540,42 @@ class _Auditor:
                 c.claim_due = math.inf
 
     def clear_reservation(self, jid: str, t: float) -> None:
+        """``jid`` started or left: its reservation, in force or remembered, is over."""
         if self.res is not None and self.res[0] == jid:
             self.res = None
             self.mark(t)
+        if jid in self.held_res:
+            self.forget_held(jid)
+
+    def forget_held(self, jid: str) -> None:
+        old = self.held_res.pop(jid)
+        on = self.reserved_on
+        for n in old[2]:
+            heads = on.get(n)
+            if heads is not None:
+                heads.pop(jid, None)
+                if not heads:
+                    del on[n]
+
+    def bump(self, prio: int | None) -> None:
+        """Something that may move a reservation later happened: a capacity loss (``prio`` None),
+        or a start, preemption or reservation at ``prio`` (it excuses heads of lower priority)."""
+        self.seq += 1
+        if prio is None:
+            self.cap_seq = self.seq
+        else:
+            self.prio_seq[prio] = self.seq
+
+    def excused(self, held: tuple[float, str, frozenset[str], int, int], t: float) -> bool:
+        """May the head of ``held`` start later than it says? Capacity was lost, or a job of higher
+        priority started, preempted or was reserved since it was set, or a run asked to leave is
+        still there past its ``deadline_s`` (its kill not answered yet: the plan moves with the clock)."""
+        _, _, _, prio, since = held
+        if self.cap_seq > since:
+            return True
+        if any(s > since for q, s in self.prio_seq.items() if q > prio):
+            return True
+        return any(d < t - EPS for d in self.leaving.values())
 
     def until(self, t: float) -> None:
         """Everything due before a record at ``t``: backoffs that end, and passes that must have run."""
@@ -610,23 +662,101 @@ class _Auditor:
             )
 
     def check_backfill(self, start: tuple[str, frozenset[str], float, int, float], res: tuple | None) -> None:
-        """A start on the reserved head's nodes by a job of no higher priority must end, by its
-        declaration, no later than the reserved time."""
+        """A start on a reserved head's nodes by a job of no higher priority must end, by its
+        declaration, no later than the reserved time: the head's in force (``res``), and that of
+        every other head still pending whose reservation nothing has let move later since."""
         jid, nodes, end, prio, t = start
-        if res is None or res[0] == jid or prio > res[4] or res[3].isdisjoint(nodes):
-            return
-        if end > res[1] + EPS:
+        if res is not None and res[0] != jid and prio <= res[4] and end > res[1] + EPS and not res[3].isdisjoint(nodes):
             self.flag(
                 "reservation_delayed",
                 t,
                 f"job {jid}",
                 f"started on nodes reserved for job {res[0]} at t={res[1]:g} with a declared end at t={end:g}",
             )
+            return
+        # the reservations of other heads still pending bind too, until something lets them move
+        on = self.reserved_on
+        if not on:
+            return
+        for n in nodes:
+            for hid in on.get(n, ()):
+                if hid == jid or (res is not None and hid == res[0]):
+                    continue
+                held = self.held_res[hid]
+                if prio <= held[3] and end > held[0] + EPS and not self.excused(held, t):
+                    self.flag(
+                        "reservation_delayed",
+                        t,
+                        f"job {jid}",
+                        f"started on node {n}, reserved for job {hid} (still pending) at t={held[0]:g}, "
+                        f"with a declared end at t={end:g}",
+                    )
+                    return
 
     def flush_backfilled(self) -> None:
+        """The pass is over (its reservation logged, or the clock moved): judge its backfilled starts."""
         for start in self.backfilled:
             self.check_backfill(start, self.res)
         self.backfilled.clear()
+        if self.deferred:
+            self.judge_deferred()
+
+    def defer_inversion(self, j: _Job, pool: str, t: float) -> None:
+        """A ``backfill`` start: the jobs of higher priority that fitted its pool's free GPUs now,
+        reservations aside, kept with the pool's free counts to be judged once the pass's
+        reservation is known (a start with none in force is judged like any other)."""
+        cands: list[tuple[tuple, str]] = []
+        for key, members in self.groups.items():
+            if members and key[3] > j.prio and pool in key[2] and self.fits(pool, key[0], key[1], False):
+                cands.append((key, next(iter(members))))
+        if cands:
+            arr = self.cnt[pool]
+            self.deferred.append(
+                (j.id, j.prio, pool, t, list(arr), self.claimed.get(pool, 0), len(self.pass_starts), cands)
+            )
+
+    def judge_deferred(self) -> None:
+        """Each deferred start against the reservation in force now: a pending job of higher priority
+        no higher than the head's was not offered the reserved nodes (as they were at that start:
+        the starts logged since give their GPUs back); any other that fitted is an inversion."""
+        res = self.res
+        cap, bound, eff, lost, notice = self.cap, self.bound, self.eff, self.lost, self.notice
+        rnodes = [n for n in res[3] if n in eff] if res is not None else []
+        added = dict.fromkeys(rnodes, 0)
+        head = self.jobs.get(res[0]) if res is not None else None
+        starts = self.pass_starts
+        k = len(starts)
+        for jid, prio, pool, t, arr, claimed, idx, cands in reversed(self.deferred):
+            while k > idx:
+                k -= 1
+                names, g = starts[k]
+                for n in names:
+                    if n in added:
+                        added[n] += g
+            for key, member in cands:
+                gpn, nodes, _, kprio = key
+                who = member
+                if res is not None and res[2] == pool and kprio <= res[4]:
+                    taken = 0
+                    for n in rnodes:
+                        free = 0 if n in lost or n in notice else cap[n] - bound[n] + added[n]
+                        if free >= gpn and self.node_pool.get(n) == pool:
+                            taken += 1
+                    if arr[gpn] - claimed - taken < nodes:
+                        if head is None or head.gkey != key:
+                            continue
+                        who = head.id  # the head itself is offered its reserved nodes
+                how = "no reservation in force" if res is None else f"around job {res[0]}'s reservation"
+                self.flag(
+                    "priority_inversion",
+                    t,
+                    f"job {jid}",
+                    f"started (backfill, {how}) at priority {prio} in pool {pool} while job {who} "
+                    f"({nodes} x {gpn} GPUs, priority {kprio}) was pending and fitted there",
+                )
+                break
+        self.deferred.clear()
+        self.pass_starts.clear()
 
     def on_notice(self, rec: dict[str, Any], t: float) -> None:
         """A reclaim or drain notice: no start may use the node until it is lost or back up."""
@@ -635,7 +765,7 @@ class _Auditor:
             self.notice.add(node)
             if node in self.eff:
                 self.refresh(node)
-        self.res_excused = True  # capacity is going: a reservation may move later
+        self.bump(None)  # capacity is going: a reservation may move later
         self.excuse_claims(node)
 
     def on_reserved(self, rec: dict[str, Any], t: float) -> None:
@@ -644,31 +774,51 @@ class _Auditor:
         jid = rec["job"]
         j = self.jobs.get(jid)
         rt = float(rec["reserved_t"])
-        res = self.res
-        if (
-            res is not None
-            and res[0] == jid
-            and rt > res[1] + EPS
-            and not self.res_excused
-            # a leaving run past its deadline (its kill not answered yet) holds its GPUs longer than
-            # the plan reckoned with: the plan moves with the clock until its exit comes
-            and not any(d < t - EPS for d in self.leaving.values())
-        ):
-            self.flag("reservation_delayed", t, f"job {jid}", f"reserved start moved later, t={res[1]:g} -> t={rt:g}")
-        pool = rec.get("pool") or (self.node_pool.get(rec["nodes"][0], "") if rec["nodes"] else "")
-        self.res = (jid, rt, str(pool), frozenset(rec["nodes"]), j.prio if j is not None else 0)
-        self.res_excused = False
+        held = self.held_res.get(jid)
+        # compared with the head's own last reservation, however many other heads were reserved since
+        if held is not None and rt > held[0] + EPS and not self.excused(held, t):
+            self.flag("reservation_delayed", t, f"job {jid}", f"reserved start moved later, t={held[0]:g} -> t={rt:g}")
+        pool = str(rec.get("pool") or (self.node_pool.get(rec["nodes"][0], "") if rec["nodes"] else ""))
+        nodes = frozenset(rec["nodes"])
+        prio = j.prio if j is not None else 0
+        self.res = (jid, rt, pool, nodes, prio)
+        if held is not None:
+            self.forget_held(jid)
+        if j is not None and j.phase == _PENDING:
+            self.held_res[jid] = (rt, pool, nodes, prio, self.seq)
+            on = self.reserved_on
+            for n in nodes:
+                on.setdefault(n, {})[jid] = None
+        self.bump(prio)  # a head of lower priority may wait longer behind this one
         self.flush_backfilled()  # the pass's backfilled starts, against the reservation it made
         self.mark(t)
 
     # -- job events ----------------------------------------------------------------------------
+
+    def shape(self, rec: dict[str, Any], t: float, who: str, event: str) -> tuple[int, int]:
+        """A record's gang shape; a field that is not a whole number >= 1 is flagged (malformed) and
+        reads as 0, which no start matches and the policy checks never count."""
+        out = []
+        for key in ("nodes", "gpus_per_node"):
+            v = _count(rec[key])
+            if v == 0:
+                self.flag(
+                    "illegal_transition",
+                    t,
+                    who,
+                    f"malformed {event} record: {key} {rec[key]!r} (expected a whole number >= 1)",
+                )
+            out.append(v)
+        return out[0], out[1]
 
     def on_submitted(self, rec: dict[str, Any], t: float) -> None:
         jid = rec["job"]
         if jid in self.jobs:
             self.flag("illegal_transition", t, f"job {jid}", "submitted twice")
             return
-        j = self.jobs[jid] = _Job(jid, int(rec["nodes"]), int(rec["gpus_per_node"]))
+        nodes, gpn = self.shape(rec, t, f"job {jid}", "submitted")
+        j = self.jobs[jid] = _Job(jid, nodes, gpn)
+        j.shape_ok = nodes > 0 and gpn > 0
         j.prio = int(rec.get("priority", 0))
         lim = rec.get("limit_s")
         j.limit_s = float(lim) if _num(lim) and lim > 0 else 0.0
@@ -689,7 +839,9 @@ class _Auditor:
         self.untrack(j)
         self.withdraw_claim(j, t)  # a resize withdraws a claim; its victims stay where they are
         self.clear_reservation(j.id, t)
-        j.nodes, j.gpn = int(rec["nodes"]), int(rec["gpus_per_node"])
+        nodes, gpn = self.shape(rec, t, f"job {j.id}", "resized")
+        j.nodes, j.gpn = nodes, gpn
+        j.shape_ok = nodes > 0 and gpn > 0
         j.pools_seen = None
         if isinstance(rec.get("pools"), list):
             j.sub_pools = tuple(sorted(str(p) for p in rec["pools"]))
@@ -701,9 +853,16 @@ class _Auditor:
             return
         epoch = int(rec["epoch"])
         names = tuple(rec["nodes"])
-        gpn = int(rec["gpus_per_node"])
+        gpn = _count(rec["gpus_per_node"])
         resume = float(rec["resume_from_s"])
         who = f"job {j.id}"
+        if not gpn:  # followed, but it books nothing: a GPU count below 1 may not offset another job's
+            self.flag(
+                "illegal_transition",
+                t,
+                who,
+                f"malformed started record: gpus_per_node {rec['gpus_per_node']!r} (expected a whole number >= 1)",
+            )
         # at most one illegal_transition per start: the causes below are one mistake seen twice
         if j.phase != _PENDING:
             self.flag("illegal_transition", t, who, f"started while {_PHASE_NAMES[j.phase]} (epoch {j.epoch})")
@@ -720,7 +879,11 @@ class _Auditor:
         if j.held:
             self.unbind(j)
         cap = self.cap
-        if len(names) != j.nodes or len(set(names)) != len(names) or gpn != j.gpn or any(n not in cap for n in names):
+        if (
+            len(set(names)) != len(names)
+            or any(n not in cap for n in names)
+            or (j.shape_ok and gpn and (len(names) != j.nodes or gpn != j.gpn))
+        ):
             self.flag(
                 "not_all_or_nothing",
                 t,
@@ -734,9 +897,13 @@ class _Auditor:
             self.flag(
                 "resume_not_committed", t, who, f"resumes from {resume:g}, last committed progress {j.committed:g}"
             )
-        known = names if all(n in cap for n in names) else tuple(n for n in names if n in cap)
+        if not gpn:
+            known: tuple[str, ...] = ()  # malformed (flagged above): nothing is booked
+        else:
+            known = names if all(n in cap for n in names) else tuple(n for n in names if n in cap)
         self.policy_on_start(j, rec, t, known, gpn, resume)
-        j.run_gpn = gpn
+        # as logged, so that its release (which books nothing back for a malformed start) compares alike
+        j.run_gpn = gpn or rec["gpus_per_node"]
         if self.bind(j, known, gpn, epoch):
             hot = [n for n in known if self.bound[n] > cap[n]]
             self.flag("overcommit", t, who, f"scheduler bound more GPUs than exist on {hot}")
@@ -773,20 +940,23 @@ class _Auditor:
                     f"job {j.id}",
                     f"started on {noticed}, whose reclaim or drain notice is out",
                 )
-        backfill = rec.get("backfill")
+        backfill = bool(rec.get("backfill"))
         res = self.res
-        if j.limit_s > 0 and (backfill or res is not None):
+        if j.limit_s > 0 and (backfill or res is not None or self.reserved_on):
             start = (j.id, frozenset(known), t + max(0.0, j.limit_s - resume), j.prio, t)
             if backfill:  # the pass's reservation is logged at the pass's end: checked against it then
                 self.backfilled.append(start)
             else:
                 self.check_backfill(start, res)
-        if res is not None and res[0] != j.id and j.prio > res[4]:
-            self.res_excused = True  # a higher priority goes first: the head may wait longer
+        self.bump(j.prio)  # a higher priority goes first: a head of lower priority may wait longer
         if j.claimant:  # it starts on what it claimed: its own victims' nodes
             self.withdraw_claim(j, t)
         elif backfill:
-            pass  # backfill's own rule (reservation_delayed) judges it: a long job was held off on purpose
+            # backfill's rule: judged against the reservation its pass logs at the pass's end (a job
+            # of higher priority no higher than the head's is not offered the reserved nodes); with
+            # no reservation in force, like any other start
+            if self.prio_count and max(self.prio_count) > j.prio:
+                self.defer_inversion(j, pool, t)
         elif self.prio_count and max(self.prio_count) > j.prio:
             got = self.fitting(pool, j.prio)
             if got is not None:
@@ -798,8 +968,9 @@ class _Auditor:
                     f"started at priority {j.prio} in pool {pool} while job {hid} ({hn} x {hg} GPUs, priority {hp}) "
                     "was pending and fitted there",
                 )
-        if res is not None and res[0] == j.id:
-            self.clear_reservation(j.id, t)
+        self.clear_reservation(j.id, t)
+        if self.deferred:
+            self.pass_starts.append((known, gpn))
         j.start_t = t
         j.resume = resume
         j.run_pool = pool
@@ -847,9 +1018,8 @@ class _Auditor:
             p.victims[j.id] = None
             p.claim_due = math.inf
             j.leaves_for = p.id
-        res = self.res
-        if res is not None and p is not None and p.prio > res[4]:
-            self.res_excused = True
+        if p is not None:
+            self.bump(p.prio)  # a higher priority goes first: a head of lower priority may wait longer
 
     def on_checkpoint_committed(self, rec: dict[str, Any], t: float) -> None:
         jid = rec["job"]
@@ -1033,7 +1203,7 @@ class _Auditor:
         self.notice.discard(node)
         if node in self.eff:
             self.refresh(node)
-        self.res_excused = True
+        self.bump(None)
         self.excuse_claims(node)
         jobs = self.jobs
         for jid in self.on_node.get(node, ()):
@@ -1051,6 +1221,13 @@ class _Auditor:
 def _num(v: Any) -> bool:
     """A finite number as JSON carries one (a bool is not)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _count(v: Any) -> int:
+    """A count of nodes or GPUs as JSON carries one (an int, or a whole float) when >= 1, else 0."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v != int(v) or v < 1:
+        return 0
+    return int(v)
 
 
 def _who(rec: dict[str, Any]) -> str:

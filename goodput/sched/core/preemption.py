@@ -275,19 +275,26 @@ class Preemption(Reservations):
 
         ``quota``: a reclaim for a tenant under its quota: one tier of every priority (a quota is a
         guarantee, Kueue's reclaimWithinCohort: Any), only jobs of other tenants that borrow, never
-        so many of one tenant's that it falls below its own quota."""
+        so many of one tenant's that it falls below its own quota. A priority preemption keeps the
+        same floor for every other tenant with a quota: it may take what such a tenant borrows, not
+        what it is guaranteed (that tenant would reclaim it at once from someone else: a cascade
+        of two evictions where one of the preemptor's own jobs, or a borrower's, was the victim)."""
         prio, g = job.priority, job.gpus_per_node
         running = self._running[pool]
         tiers = sorted(p for p in running if quota or p < prio)
         if not tiers:
             return None
-        room: dict[str, int] = {}  # quota: GPUs each tenant may still lose and stay at its quota
+        # GPUs each tenant may still lose and stay at its quota; a reclaim takes only from tenants
+        # here, a priority preemption from any tenant not here as well (no quota: nothing to keep)
+        room: dict[str, int] = {}
         if quota:
             tiers = tiers[-1:]
-            for t in self.tenants.values():
-                held = self._quota_held(t)
-                if t.name != job.tenant and held > t.quota_gpus:
-                    room[t.name] = held - t.quota_gpus
+        for t in self.tenants.values():
+            if t.name == job.tenant or not (quota or t.quota_gpus > 0):
+                continue
+            held = self._quota_held(t)
+            if held > t.quota_gpus or not quota:
+                room[t.name] = max(0, held - t.quota_gpus)
         nodes, jobs = self.cap.nodes, self.jobs
         bad = self.cap.held_back(pool) | excluded
         free: dict[str, int] = {}
@@ -302,6 +309,7 @@ class Preemption(Reservations):
                     if (
                         other.state is JobState.RUNNING
                         and (other.tenant in room if quota else other.priority < prio)
+                        and room.get(other.tenant, gpus) >= gpus
                         and not (bad and not bad.isdisjoint(other.placement))
                     ):
                         got += gpus
@@ -314,7 +322,7 @@ class Preemption(Reservations):
                 v = jobs[jid]
                 if bad and not bad.isdisjoint(v.placement):
                     continue
-                if quota:
+                if quota or v.tenant in left:
                     if left.get(v.tenant, 0) < v.gpus:
                         continue
                     left[v.tenant] -= v.gpus

@@ -534,6 +534,7 @@ class Scheduler(Preemption):
                         break
                 head = None
             level = self.queue.tenants(prio)
+
             open_heads: dict[str, list[tuple[tuple[float, int, str], Class]]] = {}
             shares = self._shares(level, now)
             heap = [(shares[t], self._tenant_first(t, prio, level), t) for t in level]
@@ -544,12 +545,18 @@ class Scheduler(Preemption):
                 heads = open_heads.get(tn)
                 if heads is None:
                     heads = []
+                    shut: list[tuple[tuple[float, int, str], Class]] = []  # blocked: a reclaim may still go
                     for cls in level.get(tn, ()):
-                        if cls in blocked or (prio, cls) in held_off_classes:
-                            continue
                         h = self.queue.head((prio, tn, cls))
-                        if h is not None:
-                            heads.append((h, cls))
+                        if h is None:
+                            continue
+                        if cls in blocked or (prio, cls) in held_off_classes:
+                            if cls in blocked and reclaimable:
+                                shut.append((h, cls))
+                            continue
+                        heads.append((h, cls))
+                    for _, cls in sorted(shut):  # queue order, never the set's
+                        started += self._reclaim_blocked(prio, tn, cls, now, reservation, quota_blocked)
                     heapq.heapify(heads)
                     open_heads[tn] = heads
                 best = None
@@ -561,6 +568,8 @@ class Scheduler(Preemption):
                         or (prio, tn, cls) in held_off
                         or (prio, cls) in held_off_classes
                     ):
+                        if cls in blocked and reclaimable:
+                            started += self._reclaim_blocked(prio, tn, cls, now, reservation, quota_blocked)
                         heapq.heappop(heads)
                         continue
                     cur = self.queue.head((prio, tn, cls))
@@ -639,6 +648,29 @@ class Scheduler(Preemption):
             return reservation
         self._set_pass_reservation(r)
         return r
+
+    def _reclaim_blocked(
+        self,
+        prio: int,
+        tn: str,
+        cls: Class,
+        now: float,
+        reservation: Reservation | None,
+        tried: set[tuple[str, Class]],
+    ) -> int:
+        """A class the reservation blocks is still a tenant's guarantee: a tenant under its quota
+        whose job there fits no free GPUs takes borrowed ones back (once a pass a class), or a
+        borrower's head of the same shape would keep it out for ever."""
+        if (tn, cls) in tried:
+            return 0
+        tried.add((tn, cls))
+        h = self.queue.head((prio, tn, cls))
+        if h is None:
+            return 0
+        job = self.jobs[h[2]]
+        if self._reclaim_for(job, cls, now, reservation):
+            return int(job.state is JobState.RUNNING)
+        return 0
 
     def _reclaimable(self) -> bool:
         """Does some tenant hold less than its quota while another borrows beyond its own?"""

@@ -484,6 +484,55 @@ def test_a_tenant_under_its_quota_reclaims_borrowed_gpus_by_preemption() -> None
     assert len(recs(s, "preempt_requested")) == 2
 
 
+def _leave(s: Scheduler) -> None:
+    for j in list(s.jobs.values()):
+        if j.state is JobState.PREEMPTING:
+            s.report_exit(j.id, j.epoch, "killed")
+
+
+def test_a_tenant_under_its_quota_reclaims_even_behind_a_borrowers_held_head_of_its_shape() -> None:
+    """A borrows both nodes and its third 8-GPU job is the held head; B (quota 8) submits an
+    8-GPU job of the same shape and priority. The reservation blocked the class for every
+    tenant, so B never reached its reclaim: B held 0 for ever (no limits) or until one of A's
+    jobs ended by itself (hostile review)."""
+    gov = Governance(tenants={"A": TenantSpec("A", quota_gpus=8), "B": TenantSpec("B", quota_gpus=8)},
+                     limits=Limits(min_run_s=0.0))  # fmt: skip
+    s, clock = make(nodes=2, gov=gov)
+    for i in range(3):
+        s.submit(job(f"a{i}", tenant="A", limit=3600.0))
+    s.tick()
+    assert s.reservation is not None and s.reservation.job == "a2"
+    s.submit(job("b0", tenant="B", limit=3600.0, submit_s=700.0))
+    at(s, clock, 700)
+    ps = recs(s, "preempt_requested")
+    assert [(p["reason"], p["preemptor"]) for p in ps] == [("quota", "b0")]
+    clock.t = 710.0
+    _leave(s)
+    at(s, clock, 710)
+    assert s.jobs["b0"].state is JobState.RUNNING
+    assert check(s.log.records, {n: 8 for n in N[:2]}).ok
+
+
+def test_a_priority_preemption_takes_no_tenant_below_its_quota() -> None:
+    """A and B each hold exactly their quota; A's priority-5 job evicted B's job, and B then
+    reclaimed A's other job: two evictions where A's own job was the one to go."""
+    gov = Governance(tenants={"A": TenantSpec("A", quota_gpus=8), "B": TenantSpec("B", quota_gpus=8)},
+                     limits=Limits(min_run_s=0.0))  # fmt: skip
+    s, clock = make(nodes=2, gov=gov)
+    s.submit(job("a1", tenant="A", limit=50_000.0))
+    s.tick()
+    s.submit(job("b1", tenant="B", limit=50_000.0, submit_s=100.0))
+    at(s, clock, 100)  # b1 started later: by price alone it is the cheaper victim
+    s.submit(job("aH", tenant="A", prio=5, limit=100.0, submit_s=1000.0))
+    for t in range(1000, 1100, 10):
+        clock.t = float(t)
+        _leave(s)
+        at(s, clock, t)
+    ps = recs(s, "preempt_requested")
+    assert [(p["job"], p["reason"]) for p in ps] == [("a1", "priority")]
+    assert s.jobs["b1"].state is JobState.RUNNING and s.jobs["aH"].state is JobState.RUNNING
+
+
 def test_caps_lowered_by_the_operator_bind_jobs_accepted_before(tmp_path) -> None:  # noqa: ANN001
     """A job accepted under a cap of a day keeps its declared grace and restart in the store; the
     operator lowers the caps and restarts the scheduler on the same store. A priority preemption

@@ -8,7 +8,8 @@ disturbed:
 - ``useful_per_capacity``: useful GPU-seconds done inside the *window* ÷ the GPU-seconds the
   cluster had in it (nodes lost or reclaimed count for nothing while gone). The window runs from
   0 to the last arrival, the same for every policy of a comparison: a policy that pushes work past
-  it has done less in it. Useful is the progress that a later commit (or the finish) kept, placed
+  it has done less in it. A batch (every job at 0) runs it to the end of its longest job had that
+  started at once. Useful is the progress that a later commit (or the finish) kept, placed
   in time as the simulated job made it (after its restart, minus checkpoint stalls, once its GPUs
   were physically free).
 - ``lost_gpu_hours_total`` and ``lost_gpu_hours_by_cause``: preemption, failures, restart,
@@ -103,6 +104,13 @@ def log_metrics(
     ledger's allocated GPU-seconds per tenant (else the log's held GPU-seconds are used)."""
     specs = {j.id: j for j in jobs}
     w_end = max((j.submit_s for j in jobs), default=0.0) if window_end_s is None else window_end_s
+    what = "0 to the last arrival, the same for every policy; work done after it is not counted here"
+    if window_end_s is None and w_end <= 0.0:
+        # a batch (every job at 0) has no arrival stream to measure over: the window runs to the
+        # earliest instant its longest job could end, still the same for every policy (it read 0
+        # capacity and 0.0 for every policy)
+        w_end = max((j.submit_s + j.duration_s for j in jobs), default=0.0)
+        what = "a batch (every job arrives at 0): 0 to the end of its longest job had it started at once"
     cap = {str(k): int(v) for k, v in capacity.items()}
     used = dict.fromkeys(cap, 0)
     total_cap = sum(cap.values())
@@ -250,7 +258,7 @@ def log_metrics(
         "window": {
             "start_s": 0.0,
             "end_s": w_end,
-            "what": "0 to the last arrival, the same for every policy; work done after it is not counted here",
+            "what": what,
             "useful_gpu_hours": useful_in / 3600.0,
             "capacity_gpu_hours": cap_gpu_s / 3600.0,
         },

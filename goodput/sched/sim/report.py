@@ -60,7 +60,9 @@ def _window_line(results: Sequence[PolicyResult]) -> str:
         return ""
     ends = ", ".join(f"{r.name} {_dur(r.metrics['window'].get('run_end_s', 0.0))}" for r in results)
     return (
-        f"window of useful/capacity: 0 to {_dur(w['end_s'])} (the last arrival, every policy alike); "
+        f"window of useful/capacity: 0 to {_dur(w['end_s'])} "
+        f"({'a batch: its longest job' if w.get('what', '').startswith('a batch') else 'the last arrival'}, "
+        "every policy alike); "
         f"the other columns run to each policy's last job end ({ends})"
     )
 

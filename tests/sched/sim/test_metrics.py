@@ -129,3 +129,17 @@ def test_window_over_the_whole_run_is_the_ledger(runs, name: str) -> None:
     half = log_metrics(r.events, jobs, cluster.capacity(), window_end_s=r.horizon_s / 2)
     assert 0 < half["window"]["useful_gpu_hours"] < m["window"]["useful_gpu_hours"]
     assert 0 < half["useful_per_capacity"] <= 1.0
+
+
+def test_a_batch_at_time_zero_is_measured_to_its_longest_job() -> None:
+    """Every job at t=0: the window to the last arrival was empty, capacity 0 and every policy's
+    useful / capacity 0.0 (hostile review). By hand: two 8-GPU hours on one 8-GPU node, the
+    window is the first hour, and the first job fills it."""
+    from goodput.sched.core.model import Pool, PoolKind
+
+    jobs = [Job(j, "t", 0, 1, 8, 0.0, duration_s=3600.0) for j in ("a", "b")]
+    cluster = formats.Cluster(pools=[Pool("od", PoolKind.ON_DEMAND, 1, 8, 1.0)])
+    m = log_metrics(simulate(jobs, cluster, POLICIES["goodput"]).events, jobs, cluster.capacity())
+    assert m["window"]["end_s"] == 3600.0 and m["window"]["what"].startswith("a batch")
+    assert m["useful_per_capacity"] == pytest.approx(1.0)
+    assert m["window"]["capacity_gpu_hours"] == pytest.approx(8.0)

@@ -132,6 +132,7 @@ class AsyncSave(Future):
         if self._retire is not None:
             self._retire()
 
+    @torch.compiler.disable  # the copy is goodput's, never traced into a compiled step (a graph break)
     def wait_staged(self) -> None:
         """Wait until this save's copy is complete, helping with it meanwhile (the waiting thread
         has nothing better to do); the wait counts as stall in :attr:`timings`. Never raises: a
@@ -354,6 +355,7 @@ class AsyncSaver:
         self._hooks.extend(handles)
         return handles
 
+    @torch.compiler.disable  # a compiled optimizer step must not trace the copy it waits for
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.wait_staged()
 

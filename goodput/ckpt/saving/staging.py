@@ -276,14 +276,19 @@ def _written_by_c10d(name: str, args: tuple, kwargs: dict) -> list:
     return _tensors(arg, [])
 
 
+@torch.compiler.disable
+def _copy_first_c10d(name: str, args: tuple, kwargs: dict) -> None:
+    me = threading.get_ident()
+    modes = [torch._C._get_function_stack_at(i) for i in range(torch._C._len_torch_function_stack())]
+    for m in modes:
+        if isinstance(m, CopyFirst) and m.thread == me:
+            m.before_write(_written_by_c10d(name, args, kwargs))
+
+
 def _c10d_wrapper(name: str, fn: Any) -> Any:
     def guarded(*args: Any, **kwargs: Any) -> Any:
         if torch._C._len_torch_function_stack():
-            me = threading.get_ident()
-            modes = [torch._C._get_function_stack_at(i) for i in range(torch._C._len_torch_function_stack())]
-            for m in modes:
-                if isinstance(m, CopyFirst) and m.thread == me:
-                    m.before_write(_written_by_c10d(name, args, kwargs))
+            _copy_first_c10d(name, args, kwargs)
         return fn(*args, **kwargs)
 
     guarded.__name__ = getattr(fn, "__name__", name)
@@ -444,6 +449,10 @@ class CopyFirst(TorchFunctionMode):
                 raise self._torn
 
     # -- the training thread's side
+    # Dynamo must not trace the guard: its branches follow the copy's progress on another thread, so a
+    # re-trace diverged (SpeculationLogDivergence in the user's compiled step); each torch call a
+    # compiled region makes during the copy goes through it eagerly instead (a graph break)
+    @torch.compiler.disable
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if self._done.is_set() or self._closed:

@@ -11,11 +11,21 @@ given nothing to decide (SchedMD's advice for an external scheduler):
   chose (``-N n --nodelist=...`` and ``--gres=gpu:g`` or ``--exclusive``), ``--no-requeue`` (a
   requeue is goodput's: a new run, a new Slurm job, the same goodput job), ``--signal=B:USR1@grace``
   (a partition time limit warns like a preemption), as the tenant's Unix user (``--uid``/``--gid``;
-  sbatch must then run as root). Its Slurm id is written to the service's store (table
-  ``slurm_runs``) before it can run; it is released (``scontrol release``) after the scheduling pass
-  that started it is committed (:meth:`SlurmExecutor.after_pass`). A service killed anywhere in
-  between finds either nothing, a held job it cancels (a start the store does not count), or a
-  recorded one it releases or adopts: a run never starts twice.
+  sbatch must then run as root). At once root's ``scontrol hold`` turns sbatch's hold (the user's
+  own, which the user may release) into an administrator's (``JobHeldAdmin``), which the job's user
+  cannot lift; a job that cannot be held so is cancelled (its run lost). Its Slurm id is written to
+  the service's store (table ``slurm_runs``) before it can run; it is released (``scontrol
+  release``) after the scheduling pass that started it is committed (:meth:`SlurmExecutor.after_pass`).
+  A service killed anywhere in between finds either nothing, a held job it cancels (a start the
+  store does not count), or a recorded one it releases or adopts: a run never starts twice.
+- **The job's user owns the job** and Slurm lets an owner ``scontrol update`` its pending job
+  (nodes, node count, GRES, partition, comment, excluded nodes, a dependency, a hold of its own),
+  shrink its running one, or make it requeueable and requeue it. Every poll checks each live job
+  of ours against what goodput submitted (its own record only: partition, comment, no requeue and
+  no restart, node count, required and allocated nodes as sets, GPUs per node in ``tres_per_node``
+  and none elsewhere, the allocated ``gres/gpu`` where Slurm tracks it); a job that differs is
+  cancelled and its run reported ``failed`` (the tenant's doing: counted against the job, with its
+  backoff), ``last_exit.tampered`` saying what changed.
 - **notify** is ``scancel -b --signal=USR1`` (checkpoint) or ``--signal=TERM`` (stop) to the batch
   step, which passes it to every task (:mod:`goodput.sched.live.slurm_launch`); the job's Checkpointer
   commits and exits 75. **kill** is ``scancel``.
@@ -324,6 +334,78 @@ def check_pools(given: list[Pool], found: list[Pool], partition: str) -> list[Po
     return out
 
 
+def hostnames(spec: str) -> list[str]:
+    """The names in a Slurm host list, as ``scontrol show hostnames`` expands it: ``n[1-3,5]``,
+    ``gpu-[01-02]`` (the width kept), ``a[1-2]b[3-4]`` (every combination), ``n1,n[3-4]``. A
+    ``ValueError`` for what is not one (an unclosed bracket, a reversed range, over 65,536 names)."""
+    out: list[str] = []
+    depth, start = 0, 0
+    items = []
+    for i, ch in enumerate(spec):
+        if ch == "[":
+            depth += 1
+            if depth > 1:
+                raise ValueError(f"host list {spec!r}: nested brackets")
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"host list {spec!r}: ']' without '['")
+        elif ch == "," and depth == 0:
+            items.append(spec[start:i])
+            start = i + 1
+    if depth:
+        raise ValueError(f"host list {spec!r}: unclosed '['")
+    items.append(spec[start:])
+    for item in items:
+        item = item.strip()
+        if not item:
+            continue
+        names = [""]
+        for literal, ranges in re.findall(r"([^\[\]]*)(?:\[([^\]]*)\])?", item):
+            choices = [literal]
+            if ranges:
+                choices = []
+                for r in ranges.split(","):
+                    m = re.fullmatch(r"\s*([0-9]+)(?:-([0-9]+))?\s*", r)
+                    if m is None:
+                        raise ValueError(f"host list {spec!r}: bad range {r!r}")
+                    lo, hi = m.group(1), m.group(2) if m.group(2) is not None else m.group(1)
+                    if int(hi) < int(lo) or int(hi) - int(lo) > 65536:
+                        raise ValueError(f"host list {spec!r}: bad range {r!r}")
+                    choices += [f"{literal}{k:0{len(lo)}d}" for k in range(int(lo), int(hi) + 1)]
+            names = [a + b for a in names for b in choices]
+            if len(names) + len(out) > 65536:
+                raise ValueError(f"host list {spec!r}: too many names")
+        out += names
+    return out
+
+
+def _tres_gpus(spec: str) -> int:
+    """GPUs in a TRES string as Slurm shows a job's (``tres_per_node`` and the like): ``gres:gpu:2``
+    (22.05), ``gres/gpu:2`` (23.02+), ``gres:gpu:a100:2``, ``gres/gpu`` (one); other TRES are 0."""
+    total = 0
+    for part in (spec or "").split(","):
+        fields = re.sub(r"^gres[:/]", "", part.strip()).split(":")
+        if fields[0] == "gpu":
+            total += int(fields[-1]) if len(fields) >= 2 and fields[-1].isdigit() else 1
+    return total
+
+
+def _num(v: Any) -> int | None:
+    """An integer field of Slurm's JSON: a plain int (22.05) or ``{"set": true, "number": n}``
+    (23.02+); None where it is unset or neither (then not checked)."""
+    if isinstance(v, dict):
+        v = v.get("number") if v.get("set", True) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _alloc_gpus(tres: str) -> int | None:
+    """The GPUs a job was allocated, from its ``tres_alloc_str`` (``...,gres/gpu=4``): None where
+    Slurm does not track them (``AccountingStorageTRES`` without ``gres/gpu``)."""
+    m = re.search(r"(?:^|,)gres/gpu=([0-9]+)(?:,|$)", tres or "")
+    return int(m.group(1)) if m else None
+
+
 def exit_code(raw: Any) -> tuple[int | None, int | None]:
     """(status, signal) from squeue's ``exit_code``: a wait status (22.05) or an object (23.02+)."""
     if isinstance(raw, bool):
@@ -431,6 +513,10 @@ class SlurmRun:
     submitted: float = 0.0
     stuck: bool = False  # released, but Slurm would not start it where goodput placed it: cancelled, lost
     released_at: float = 0.0
+    gpus_per_node: int = -1  # the --gres=gpu:N it was submitted with; 0: --exclusive; -1: not recorded
+    # why Slurm's record of it stopped being what goodput submitted (its owner changed it with
+    # scontrol update or requeued it): cancelled, and reported failed
+    tampered: str = ""
 
 
 class RunTable:
@@ -750,6 +836,15 @@ class SlurmExecutor:
                     forgotten.append(run)
                     continue
                 state = str(j.get("job_state", ""))
+                if state in LIVE and not run.killed and not run.tampered:
+                    why = self._tampering(run, j)
+                    if why:
+                        log.error("slurm job %d of %s (epoch %d, user %s) is no longer what goodput submitted: %s; "
+                                  "cancelled, a failure of the job", run.slurm_id, run.job, run.epoch, run.user, why)  # fmt: skip
+                        self._note(f"slurm job {run.slurm_id} of {run.job} changed in Slurm ({why}): cancelled")
+                        run.tampered = why
+                        self._cancel(run)
+                        continue
                 if state in LIVE:
                     if state == "PENDING" and run.released and not run.killed and self._stuck(run, j, view.t):
                         log.error("slurm job %d of %s stays pending (%s): cancelled, an infrastructure loss",
@@ -763,7 +858,9 @@ class SlurmExecutor:
                         self.table.save(run)
                     continue
                 st = (
-                    "lost"
+                    "failed"
+                    if run.tampered
+                    else "lost"
                     if run.stuck
                     else status_of(state, j.get("exit_code"), killed=run.killed, signalled=run.signalled)
                 )
@@ -775,11 +872,13 @@ class SlurmExecutor:
                     a = acct.get(run.slurm_id)
                     if a is not None and a[0] not in LIVE:
                         st = status_of(a[0], a[1], killed=run.killed, signalled=run.signalled)
-                        done.append((run, st, _exit_detail(run, a[0], a[1])))
+                        done.append((run, "failed" if run.tampered else st, _exit_detail(run, a[0], a[1])))
                     else:
                         st, rc = self._status_file(run)
-                        done.append((run, st, {"rc": rc, "slurm_id": run.slurm_id}))
+                        done.append((run, "failed" if run.tampered else st, {"rc": rc, "slurm_id": run.slurm_id}))
         for run, status, detail in done:
+            if run.tampered:
+                detail = {**detail, "tampered": run.tampered}
             # before the report, so that whoever sees the job requeued also sees how its run ended
             remember_exit(self.last_exit, run.job, {"epoch": run.epoch, "status": status, **detail})
             if self.on_exit is not None:
@@ -937,18 +1036,27 @@ class SlurmExecutor:
             "--no-requeue", f"--signal=B:USR1@{grace}", "--export=ALL", f"--chdir={run_dir}",
             f"--output={log_file}", "--open-mode=append",
         ]  # fmt: skip
-        if all(g > 0 for g in gpus):
-            cmd.append(f"--gres=gpu:{gpn}")
-        else:
-            cmd.append("--exclusive")
+        gres = gpn if all(g > 0 for g in gpus) else 0
+        cmd.append(f"--gres=gpu:{gres}" if gres else "--exclusive")
         if who is not None:
             cmd += [f"--uid={who.uid}", f"--gid={who.gid}"]
         out = self.slurm.run(cmd, stdin=script).strip()
         m = re.match(r"^([0-9]+)", out)
         if m is None:
             raise SlurmError(f"sbatch answered {out!r}, not a job id")
+        sid = int(m.group(1))
+        # sbatch --hold is the job user's own hold (JobHeldUser), which the user may release; root's
+        # hold is an administrator's (JobHeldAdmin), which only an operator can. Refused (the user
+        # released it in between and it started or ended, or slurmctld went away): never run.
+        try:
+            self.slurm.run(["scontrol", "hold", str(sid)])
+        except SlurmError as e:
+            self._scancel(sid)
+            raise SlurmError(f"slurm job {sid} cannot be put under goodput's hold (cancelled): {e}") from None
         user = who.user if who is not None else pwd.getpwuid(os.geteuid()).pw_name
-        run = SlurmRun(job.id, job.epoch, int(m.group(1)), list(nodes), user, str(run_dir), submitted=time.time())
+        run = SlurmRun(
+            job.id, job.epoch, sid, list(nodes), user, str(run_dir), submitted=time.time(), gpus_per_node=gres
+        )
         try:
             self.table.save(run)  # before it may run
         except Exception:
@@ -1053,6 +1161,68 @@ class SlurmExecutor:
         since = max(float(j.get("eligible_time") or 0), run.released_at or run.submitted)
         return now - since > self.stuck_s and reason not in ("Resources", "Priority", "None", "BeginTime")
 
+    def _tampering(self, run: SlurmRun, j: dict[str, Any]) -> str:
+        """What of a live Slurm job of ours is no longer what goodput submitted ("" if nothing): its owner
+        (the tenant's Unix user) may ``scontrol update`` its own pending job (nodes, node count, GRES,
+        partition, comment, dependency, excluded nodes, a hold of its own), shrink a running one, or
+        make it requeueable and requeue it; goodput's placement and "a run never starts twice" rest on
+        none of that happening. Only this job's own record is read, only this job is acted on."""
+        # a field this Slurm's record lacks is not checked: a false alarm would fail every run
+        state = str(j.get("job_state", ""))
+        if "partition" in j and str(j.get("partition", "")) != self.partition:
+            return f"partition {j.get('partition')!r}, not {self.partition!r}"
+        want = f"goodput:{self.instance}:{run.job}:{run.epoch}"
+        comment = j.get("comment")
+        if isinstance(comment, dict):  # 23.02+: {"job": ..., "administrator": ..., "system": ...}
+            comment = comment.get("job")
+        if "comment" in j and str(comment or "") != want:
+            return f"comment {str(comment)[:80]!r}, not {want!r}"
+        restarts = _num(j.get("restart_cnt"))
+        if j.get("requeue") is True or (restarts or 0) > 0:
+            return f"made requeueable or requeued (restarts {restarts})"
+        if state.startswith("REQUEUE"):
+            return f"requeued ({state})"
+        if state not in ("PENDING", "RUNNING"):
+            return ""  # ending, or one of Slurm's own transitions: read as it ends
+        given = set(run.nodes)
+        count, most = _num(j.get("node_count")), _num(j.get("max_nodes"))
+        if count not in (None, len(run.nodes)) or most not in (None, 0, len(run.nodes)):
+            return f"{count}-{most} nodes, not {len(run.nodes)}"
+        try:
+            req = set(self._hostnames(str(j.get("required_nodes") or "")))
+            got = set(self._hostnames(str(j.get("nodes") or ""))) if state == "RUNNING" else given
+            exc = set(self._hostnames(str(j.get("excluded_nodes") or "")))
+        except (ValueError, SlurmError) as e:
+            self._note(f"slurm job {run.slurm_id}: its node lists cannot be read ({e}); checked next pass")
+            return ""
+        if "required_nodes" in j and req != given:
+            return f"required nodes {sorted(req)}, not {sorted(given)}"
+        if got != given:
+            return f"running on {sorted(got)}, not {sorted(given)}"
+        if exc & given:
+            return f"its own nodes {sorted(exc & given)} excluded"
+        if run.gpus_per_node >= 0 and "tres_per_node" in j:
+            per_node = _tres_gpus(str(j.get("tres_per_node") or ""))
+            other = sum(_tres_gpus(str(j.get(k) or "")) for k in ("tres_per_job", "tres_per_socket", "tres_per_task"))
+            if per_node != run.gpus_per_node or other:
+                return f"GPUs per node {j.get('tres_per_node')!r}, not {run.gpus_per_node}"
+            alloc = _alloc_gpus(str(j.get("tres_alloc_str") or ""))
+            if state == "RUNNING" and alloc is not None and alloc != run.gpus_per_node * len(run.nodes):
+                return f"allocated {alloc} GPUs, not {run.gpus_per_node * len(run.nodes)}"
+        reason = str(j.get("state_reason") or "")
+        if state == "PENDING" and run.released and (reason == "JobHeldUser" or reason.startswith("Dependency")):
+            return f"pending on its user's {reason} after goodput released it"
+        return ""
+
+    def _hostnames(self, spec: str) -> list[str]:
+        """:func:`hostnames`; where it cannot read a list, Slurm's own ``scontrol show hostnames``."""
+        if not spec:
+            return []
+        try:
+            return hostnames(spec)
+        except ValueError:
+            return self.slurm.run(["scontrol", "show", "hostnames", spec]).split()
+
     def _current(self, job: Job) -> SlurmRun | None:
         run = self.runs.get(job.id)
         return run if run is not None and run.epoch == job.epoch else None
@@ -1133,6 +1303,7 @@ __all__ = [
     "check_pools",
     "discover",
     "exit_code",
+    "hostnames",
     "node_changes",
     "parse_sacct",
     "read_cluster_json",

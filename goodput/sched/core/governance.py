@@ -62,6 +62,11 @@ class Limits:
     max_queued_per_tenant: int = 100_000
     # bytes a run's log may hold (the live service's local executor): past it the log keeps its newest half
     max_log_bytes: int = 64 << 20
+    # ended jobs (finished, failed, cancelled) the live service keeps for their views: one that ended
+    # longer ago than this, or past this many ended jobs of its tenant (the oldest first), is removed
+    # from memory and from the store (GET answers 410 naming why); the simulator keeps every job
+    ended_retention_s: float = 7 * 86400.0
+    max_ended_per_tenant: int = 10_000
     # the priority cap of a tenant without one of its own (every tenant the file does not name); None: any
     max_priority: int | None = None
 
@@ -105,6 +110,8 @@ _LIMIT_KEYS: dict[
     "max_unasked_yields": "int",
     "max_queued_per_tenant": "count",
     "max_log_bytes": "count",
+    "ended_retention_s": "num",
+    "max_ended_per_tenant": "int",
     "max_priority": "prio",
 }
 _TENANT_KEYS = ("name", "weight", "quota_gpus", "max_priority", "user", "ckpt_prefix")

@@ -780,3 +780,34 @@ class Scheduler(Preemption):
             job.infra_losses += 1
             self._infra_requeue(job, "unkillable")
         self._touch(job)
+
+    # ------------------------------------------------------------------ retention (the live service)
+
+    def forgettable(self, job_id: str) -> bool:
+        """Whether :meth:`forget` would drop this job: it has ended and holds nothing."""
+        job = self.jobs.get(job_id)
+        return (
+            job is not None
+            and job.state in TERMINAL
+            and job_id not in self._claimants
+            and job_id not in self._end_of
+            and not job.claim
+        )
+
+    def forget(self, job_ids: Iterable[str]) -> list[str]:
+        """Drop ended jobs from memory: the live service's retention of ended jobs, which deletes their
+        rows from the store itself, first. Only a job in a terminal state that holds nothing (no
+        claim, no GPUs, no end in the plan) is dropped; any other id is skipped. Nothing is emitted or
+        committed, and no decision can change: a terminal job is in no queue, claim or index a pass
+        reads (a timer naming it is skipped when it fires). The ids dropped."""
+        out = []
+        for jid in job_ids:
+            if not self.forgettable(jid):
+                continue
+            del self.jobs[jid]
+            self._classes.pop(jid, None)
+            self._per_node_cache.pop(jid, None)
+            self._touched_jobs.pop(jid, None)
+            self.terminal -= 1
+            out.append(jid)
+        return out

@@ -42,7 +42,7 @@ import re
 import secrets
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +56,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 
 from ..core.executor import WallClock
 from ..core.governance import Governance, SubmissionRejected
-from ..core.model import Checkpointing, Health, Job, JobState, Pool
+from ..core.model import TERMINAL, Checkpointing, Health, Job, JobState, Pool
 from ..core.scheduler import Scheduler, SchedulerError
 from .local import LocalExecutor
 from .runas import RunAs, RunAsError, UserMap, configured_from, myself
@@ -75,6 +75,10 @@ MAX_ARGS = 4096  # arguments of a command
 MAX_ARG = 65536  # characters of one argument
 MAX_ENV = 64  # variables of a spec's env
 MAX_ENV_VALUE = 8192
+# bytes (UTF-8) of a spec's command and env together (each variable counted as KEY=VALUE): every
+# pending job keeps them in memory and in the store until it ends, so max_queued_per_tenant times
+# this is what a tenant's queue may hold; Linux's own execve limits are of this order
+MAX_SPEC_BYTES = 256 << 10
 MAX_PATH = 4096
 MAX_LIMIT_S = 366 * 86400.0  # a declared limit_s, and any interval
 MAX_PROGRESS_S = 1e10  # a commit report's progress_s (seconds of work)
@@ -84,6 +88,36 @@ TOKEN_REFRESH_S = 0.5  # the token cache is rebuilt from the store this often
 TOKEN_STALE_S = 5.0  # a cache not refreshed for this long is not trusted (each token is looked up)
 QUEUED_PRUNE_S = 0.2  # a tenant at max_queued_per_tenant has its ended jobs counted out at most this often
 _UNENDED = frozenset((JobState.PENDING, JobState.RUNNING, JobState.PREEMPTING))
+# retention of ended jobs (limits.ended_retention_s, limits.max_ended_per_tenant; docs/SCHED.md)
+ENDED_COMMAND_BYTES = 4096  # of an ended job's command, what its record keeps (the rest is cut, said so)
+RETIRE_BATCH = 500  # ended jobs trimmed, and pruned, per scheduling pass at most (one transaction each)
+PRUNED_REMEMBERED = 100_000  # ids of pruned jobs remembered (until a restart) so that GET answers 410
+_CUT = re.compile(r"^<goodput: [0-9]+ more bytes of this command were dropped when the job ended>$")
+
+
+def _command_bytes(command: tuple[str, ...] | list[str]) -> int:
+    return sum(len(a.encode("utf-8", "surrogatepass")) + 1 for a in command)
+
+
+def _trim_command(command: tuple[str, ...]) -> tuple[str, ...]:
+    """An ended job's command as its record keeps it: whole while it is at most ``ENDED_COMMAND_BYTES``,
+    else its first arguments (the last one cut) within that, then one argument saying how many bytes
+    were dropped (``_CUT``): a view shows what ran, and no one runs an ended job's command again."""
+    total = _command_bytes(command)
+    if total <= ENDED_COMMAND_BYTES or (command and _CUT.match(command[-1])):
+        return command
+    budget = ENDED_COMMAND_BYTES - 128  # room for the note
+    kept: list[str] = []
+    for a in command:
+        size = len(a.encode("utf-8", "surrogatepass")) + 1
+        if size > budget:
+            if budget > 1:
+                kept.append(a.encode("utf-8", "surrogatepass")[: budget - 1].decode("utf-8", "ignore"))
+            break
+        kept.append(a)
+        budget -= size
+    dropped = total - _command_bytes(kept)
+    return (*kept, f"<goodput: {dropped} more bytes of this command were dropped when the job ended>")
 
 
 class FairLock:
@@ -190,6 +224,18 @@ class JobSpec(BaseModel):
     env: dict[EnvKey, EnvValue] = Field(default_factory=dict, max_length=MAX_ENV)
     # the client's idempotency key: a retried POST with the same key (same tenant) answers the first one's id
     key: str | None = Field(None, pattern=KEY.pattern)
+
+    def oversized(self) -> tuple[str, str] | None:
+        """(field, message) when the command and env together exceed ``MAX_SPEC_BYTES``, else None."""
+        cmd = sum(len(a.encode()) + 1 for a in self.command)
+        env = sum(len(k) + len(v.encode()) + 2 for k, v in self.env.items())
+        if cmd + env <= MAX_SPEC_BYTES:
+            return None
+        field = "command" if cmd > MAX_SPEC_BYTES else "env"
+        return field, (
+            f"the command and env come to {cmd + env} bytes (each argument and KEY=VALUE counted with a NUL), "
+            f"more than the {MAX_SPEC_BYTES} a job spec may carry"
+        )
 
 
 class ResizeSpec(BaseModel):
@@ -353,6 +399,11 @@ class Service:
                 max_log_bytes=self.gov.limits.max_log_bytes,
             )
         self._private_dirs()
+        # retention of ended jobs: the store names each job it writes in an ended state (under the lock)
+        self._noticed: list[tuple[str, str]] = []
+        self._queued: dict[str, set[str]] = {}  # filled by _count_queued
+        self.pruned: OrderedDict[str, tuple[str, str]] = OrderedDict()  # job id -> (tenant, why)
+        self.store.on_ended = self._on_ended
         snap = self.store.load()
         with self.lock:
             if snap.nodes:
@@ -373,6 +424,7 @@ class Service:
                 self.restored = False
             self.adopted = self.executor.adopt(self.sched.jobs)
             self._count_queued()
+            self._index_ended()
         self.refresh_tokens()
         # (wall end, pass seconds, lock wait seconds) of recent loop iterations that ran a pass: GET /stats
         self.pass_times: deque[tuple[float, float, float]] = deque(maxlen=100_000)
@@ -507,6 +559,15 @@ class Service:
             except Exception:
                 log.exception("scheduling pass failed")
                 self._rebuild("an unexpected error in a scheduling pass")
+            if not self.degraded:
+                try:
+                    if self.retire_ended():
+                        self.wake.set()  # a backlog (a restart, a lowered limit): the next batch soon
+                except StoreUnavailable as e:  # nothing of it changed: the next pass tries again
+                    log.warning("retiring ended jobs: the store refused (retried next pass): %s", e)
+                except Exception:
+                    log.exception("retiring ended jobs failed")
+                    self._rebuild("an unexpected error retiring ended jobs")
             nxt = self.sched.next_timer() if not self.degraded else math.inf
             ran = self.sched.passes != passes
             t2 = time.perf_counter()
@@ -530,6 +591,7 @@ class Service:
             )
             self._load_facts()
             self._count_queued()
+            self._index_ended()
             reconcile = getattr(self.executor, "reconcile", None)
             if reconcile is not None:
                 killed = reconcile(self.sched.jobs)
@@ -582,8 +644,9 @@ class Service:
 
     def check_queued(self, tenant: str) -> None:
         """429 when ``tenant`` already has the cluster's ``max_queued_per_tenant`` jobs not yet ended
-        (the lock held). The count is a set of ids added at submission and pruned of ended jobs only
-        when it reaches the limit, at most every ``QUEUED_PRUNE_S``: a submission costs O(1), and a
+        (the lock held). The count is a set of ids added at submission; a job is counted out when the
+        store writes it ended (:meth:`_on_ended`), and, should one be missed, the set is pruned of ended
+        jobs when it reaches the limit, at most every ``QUEUED_PRUNE_S``: a submission costs O(1), and a
         tenant at its limit cannot make each refused request walk its whole queue."""
         limit = self.gov.limits.max_queued_per_tenant
         ids = self._queued.get(tenant)
@@ -606,6 +669,129 @@ class Service:
 
     def note_queued(self, job: Job) -> None:
         self._queued.setdefault(job.tenant, set()).add(job.id)
+
+    # -- retention of ended jobs (limits.ended_retention_s, limits.max_ended_per_tenant) ---------------
+
+    def _on_ended(self, ended: list[tuple[str, str]]) -> None:
+        """The store's report of jobs it wrote in an ended state (a scheduler step, the lock held):
+        counted out of their tenant's queued jobs at once, and noted for :meth:`retire_ended`."""
+        self._noticed.extend(ended)
+        for jid, tenant in ended:
+            queued = self._queued.get(tenant)
+            if queued is not None:
+                queued.discard(jid)
+
+    def _index_ended(self) -> None:
+        """The ended jobs, per tenant in the order they ended, and those whose environment or long
+        command is still kept (the lock held): at start and after a rebuild, from the scheduler."""
+        self._noticed.clear()
+        self._ended: dict[str, deque[tuple[float, str]]] = {}
+        self._ended_ids: set[str] = set()
+        self._to_trim: deque[str] = deque()
+        ended = [j for j in self.sched.jobs.values() if j.state in TERMINAL]
+        ended.sort(key=lambda j: (j.end_s, j.seq))
+        for j in ended:
+            self._note_ended(j)
+
+    def _note_ended(self, job: Job) -> None:
+        end = job.end_s if job.end_s >= 0 else self.sched.clock.now()
+        self._ended.setdefault(job.tenant, deque()).append((end, job.id))
+        self._ended_ids.add(job.id)
+        if job.id in self.envs or _command_bytes(job.command) > ENDED_COMMAND_BYTES:
+            self._to_trim.append(job.id)
+
+    def retire_ended(self) -> bool:
+        """One batch of the retention of ended jobs (the lock held; the loop thread, after a pass):
+        jobs that ended since the last batch lose their environment and all but ``ENDED_COMMAND_BYTES``
+        of their command (only a run needs them), and the oldest ended jobs past the tenant's
+        ``max_ended_per_tenant``, or ended longer than ``ended_retention_s`` ago, are removed from the
+        store and then from memory. At most ``RETIRE_BATCH`` of each, in one transaction: a store that
+        refuses it changes nothing. Whether more is left for the next batch."""
+        if self._noticed:
+            noticed, self._noticed[:] = list(self._noticed), []
+            for jid, _tenant in noticed:
+                job = self.sched.jobs.get(jid)
+                if job is not None and job.state in TERMINAL and jid not in self._ended_ids:
+                    self._note_ended(job)
+        lim = self.gov.limits
+        cutoff = self.sched.clock.now() - lim.ended_retention_s
+        prune: dict[str, tuple[str, str]] = {}  # job id -> (tenant, why)
+        counts: dict[str, int] = {}  # tenant -> entries of its deque to drop
+        more = False
+        for tenant, dq in self._ended.items():
+            n = 0
+            while n < len(dq) and len(prune) < RETIRE_BATCH:
+                end, jid = dq[n]
+                if len(dq) - n > lim.max_ended_per_tenant:
+                    why = f"it was one of more than max_ended_per_tenant ({lim.max_ended_per_tenant}) ended jobs"
+                elif end < cutoff:
+                    why = f"it ended more than ended_retention_s ({lim.ended_retention_s:g} s) ago"
+                else:
+                    break
+                if self.sched.forgettable(jid):  # ended and holding nothing: never a pending or running job
+                    prune[jid] = (tenant, why)
+                n += 1
+            if n:
+                counts[tenant] = n
+            more = more or len(prune) >= RETIRE_BATCH
+        trim: list[Job] = []
+        while self._to_trim and len(trim) < RETIRE_BATCH:
+            jid = self._to_trim[0]
+            job = self.sched.jobs.get(jid)
+            if job is not None and job.state in TERMINAL and jid not in prune:
+                trim.append(job)
+            self._to_trim.popleft()
+        more = more or bool(self._to_trim)
+        if not prune and not trim:
+            for tenant, n in counts.items():  # entries of jobs already gone
+                self._drop_ended(tenant, n)
+            return more
+        old = [(j, j.command) for j in trim]
+        for j in trim:
+            j.command = _trim_command(j.command)
+        try:
+            self.store.retire(trimmed=trim, pruned=list(prune))
+        except BaseException:
+            for j, cmd in old:
+                j.command = cmd
+            raise
+        for j in trim:
+            self.envs.pop(j.id, None)
+            self.last_fast_commit.pop(j.id, None)
+        for tenant, n in counts.items():
+            self._drop_ended(tenant, n)
+        gone = set(self.sched.forget(list(prune)))
+        for jid, (tenant, why) in prune.items():
+            self._forget_facts(jid, tenant)
+            if jid in gone:
+                self.pruned[jid] = (tenant, why)
+        while len(self.pruned) > PRUNED_REMEMBERED:
+            self.pruned.popitem(last=False)
+        if prune:
+            log.info("removed %d ended jobs (retention)", len(prune))
+        return more
+
+    def _drop_ended(self, tenant: str, n: int) -> None:
+        dq = self._ended[tenant]
+        for _ in range(n):
+            self._ended_ids.discard(dq.popleft()[1])
+        if not dq:
+            del self._ended[tenant]
+
+    def _forget_facts(self, jid: str, tenant: str) -> None:
+        """Drop the service's own facts about a pruned job (the store's rows went with its record)."""
+        self.envs.pop(jid, None)
+        self.last_commit.pop(jid, None)
+        self.last_fast_commit.pop(jid, None)
+        key = self.key_of.pop(jid, None)
+        if key is not None and self.keys.get((tenant, key), ("",))[0] == jid:
+            del self.keys[(tenant, key)]  # a retry with that key now submits anew
+        last_exit = getattr(self.executor, "last_exit", None)
+        if isinstance(last_exit, dict):
+            last_exit.pop(jid, None)
+        queued = self._queued.get(tenant)
+        if queued is not None:
+            queued.discard(jid)
 
     # -- executor callbacks (watcher thread) -----------------------------------------------------------
 
@@ -744,8 +930,18 @@ class Service:
         if not JOB_ID.match(job_id):
             raise HTTPException(404, f"no job {job_id!r}")
         job = self.sched.jobs.get(job_id)
+        if job is None:
+            gone = self.pruned.get(job_id)
+            if gone is not None and (caller.role == "admin" or gone[0] == caller.tenant):
+                raise HTTPException(
+                    410,
+                    f"job {job_id!r} ended and was removed: {gone[1]} (the cluster's limits.ended_retention_s "
+                    "and limits.max_ended_per_tenant bound the ended jobs kept)",
+                )
         if job is None or (caller.role != "admin" and job.tenant != caller.tenant):
-            raise HTTPException(404, f"no job {job_id!r}")
+            raise HTTPException(
+                404, f"no job {job_id!r} (an ended job is removed once past the cluster's retention of ended jobs)"
+            )
         return job
 
     # -- checkpoint roots --------------------------------------------------------------------------------
@@ -891,7 +1087,10 @@ class Service:
         if caller.role == "admin" or not isinstance(job_id, str):
             return False
         other = self.sched.jobs.get(job_id)
-        return other is not None and other.tenant != caller.tenant
+        if other is None:  # a removed ended job (or a reason such as "cancel", no job id): named only to its own
+            gone = self.pruned.get(job_id)
+            return gone[0] != caller.tenant if gone is not None else bool(JOB_ID.match(job_id))
+        return other.tenant != caller.tenant
 
     def redact(self, caller: Caller, rec: dict[str, Any]) -> dict[str, Any]:
         """An event record as the caller may see it: another tenant's job is never named."""
@@ -945,6 +1144,9 @@ class Service:
             c = caller or Caller(job.tenant, "admin")
             d["command"] = list(job.command)
             d["env"] = dict(self.envs.get(job.id, {}))
+            # retention: an ended job keeps neither its env nor more than ENDED_COMMAND_BYTES of its command
+            d["command_cut"] = bool(job.command) and _CUT.match(job.command[-1]) is not None
+            d["env_dropped"] = job.state in TERMINAL and job.id not in self.envs
             d["ckpt_root"] = job.ckpt_root
             d["checkpoint"] = {
                 "committed_s": job.committed_s,
@@ -1038,6 +1240,7 @@ def create_app(svc: Service) -> FastAPI:
         401: {"description": "no, an unknown, a revoked or an expired token"},
         403: {"description": "the token's role may not do this"},
         404: {"description": "no such job or node (or another tenant's)"},
+        410: {"description": "the job ended and was removed (the cluster's retention of ended jobs)"},
         409: {"description": "conflicts with the job's state"},
         413: {"description": "body larger than 1 MiB"},
         422: {"description": "a field is invalid (named)"},
@@ -1091,6 +1294,8 @@ def create_app(svc: Service) -> FastAPI:
     )
     def submit(spec: JobSpec, c: Caller = Depends(person)) -> JSONResponse:
         # 1. validate everything and build the job, touching nothing shared
+        if (big := spec.oversized()) is not None:
+            raise _field_error(*big)
         try:
             who = svc.users.for_tenant(c.tenant)
         except RunAsError as e:
@@ -1317,8 +1522,12 @@ def create_app(svc: Service) -> FastAPI:
         def visible(rec: dict[str, Any]) -> bool:
             if c.role == "admin":
                 return True
-            job = svc.sched.jobs.get(str(rec.get("job", "")))
-            return job is not None and job.tenant == c.tenant
+            jid = str(rec.get("job", ""))
+            job = svc.sched.jobs.get(jid)
+            if job is None:  # removed by the retention of ended jobs: its tenant, if still remembered
+                gone = svc.pruned.get(jid)
+                return gone is not None and gone[0] == c.tenant
+            return job.tenant == c.tenant
 
         async def gen() -> AsyncIterator[bytes]:
             held = False

@@ -52,9 +52,11 @@ from urllib.parse import urlsplit, urlunsplit
 import msgspec
 import msgspec.inspect as mi
 
-from goodput.sched.core.model import Job, Node, Tenant
+from goodput.sched.core.model import TERMINAL, Job, Node, Tenant
 
 SCHEMA_VERSION = 1
+WAL_KEEP_BYTES = 4 << 20  # SQLite: what a WAL is truncated to once checkpointed (journal_size_limit)
+_ENDED_STATES = frozenset(s.value for s in TERMINAL)  # a job row in one of these states has ended
 # tokens columns added after schema 1 shipped (ALTER TABLE ... ADD COLUMN on open, both dialects)
 _TOKEN_COLUMNS = (("prefix", "TEXT NOT NULL DEFAULT ''"), ("expires", "REAL"), ("revoked", "REAL"))
 _VERSION_KEY = "schema_version"
@@ -296,6 +298,9 @@ class Store:
         self._sync_cv = threading.Condition(threading.Lock())
         self._staged = threading.local()  # Store.along's rows, per thread
         self._closed = False
+        # called after each commit() with the (job id, tenant) of the job rows it wrote in an ended
+        # state (the live service's retention notices ends so, without scanning its jobs); None: nobody
+        self.on_ended: Any = None
         try:
             self._prepare()
         except BaseException:
@@ -343,6 +348,8 @@ class Store:
             "CREATE TABLE IF NOT EXISTS commits (job TEXT PRIMARY KEY, body TEXT NOT NULL)",
             "CREATE TABLE IF NOT EXISTS job_keys (tenant TEXT NOT NULL, key TEXT NOT NULL, job TEXT NOT NULL,"
             " spec TEXT NOT NULL, PRIMARY KEY (tenant, key))",
+            # Store.retire deletes a pruned job's key by its job id
+            "CREATE INDEX IF NOT EXISTS job_keys_job ON job_keys (job)",
         ]
 
     def _prepare(self) -> None:
@@ -506,6 +513,28 @@ class Store:
             staged.commits.clear()
             staged.keys.clear()
             staged.envs.clear()
+        hook = self.on_ended
+        if hook is not None:
+            ended = [(r[0], r[2]) for r in job_rows if r[1] in _ENDED_STATES]
+            if ended:
+                hook(ended)
+
+    def retire(self, *, trimmed: Iterable[Job] = (), pruned: Iterable[str] = ()) -> None:
+        """The live service's retention of ended jobs, in one transaction: the ``trimmed`` jobs'
+        records rewritten (their command already cut short) and their environment rows deleted, and
+        every row of the ``pruned`` jobs deleted (record, commit report, idempotency key, environment).
+        Events stay: the log is append-only. Nothing is reported to ``on_ended``."""
+        rows = [(j.id, _enum_value(j.state), j.tenant, _JOBS.encode(j)) for j in self._records(trimmed, Job)]
+        dels = [(str(k),) for k in pruned]
+        if not rows and not dels:
+            return
+        with self._use(), self._transaction(write=True) as cur:
+            self._upsert(cur, "jobs", ("id", "state", "tenant", "body"), rows)
+            if rows:
+                cur.executemany(self._sql("DELETE FROM job_envs WHERE job = ?"), [(r[0],) for r in rows])
+            if dels:
+                for table, key in (("jobs", "id"), ("commits", "job"), ("job_keys", "job"), ("job_envs", "job")):
+                    cur.executemany(self._sql(f"DELETE FROM {table} WHERE {key} = ?"), dels)
 
     # -- the service's facts about jobs (goodput.sched.live.service) --------------------------------------------
 
@@ -800,6 +829,9 @@ class SQLiteStore(Store):
             conn.execute(f"PRAGMA synchronous={'NORMAL' if deferred else 'FULL'}")
             if deferred:
                 conn.execute("PRAGMA wal_autocheckpoint=0")  # sync() checkpoints, outside the caller's locks
+            # a WAL that once grew large (a burst of big submissions between checkpoints) is cut back to
+            # this when it is next reset, instead of keeping its high-water mark on disk for good
+            conn.execute(f"PRAGMA journal_size_limit={WAL_KEEP_BYTES}")
             conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
         except sqlite3.DatabaseError as e:
             conn.close()
@@ -843,10 +875,18 @@ class SQLiteStore(Store):
     _ckpt_at = 0
     _ckpt_busy = False
 
+    CHECKPOINT_BYTES = 16 << 20  # or once the WAL is this big (a few commits of large job specs)
+
     def _checkpoint_maybe(self) -> None:
         """On a thread of its own: no request waits for the copy and its two fsyncs."""
-        if self._commits - self._ckpt_at < self.CHECKPOINT_EVERY or self._closed:
+        if self._closed or self._commits == self._ckpt_at:
             return
+        if self._commits - self._ckpt_at < self.CHECKPOINT_EVERY:
+            try:
+                if os.path.getsize(self.path + "-wal") < self.CHECKPOINT_BYTES:
+                    return
+            except OSError:
+                return
         with self._sync_cv:
             if self._ckpt_busy:
                 return

@@ -73,6 +73,10 @@ def test_unknown_tenants_get_the_defaults_and_absent_keys_mean_defaults(tmp_path
         ([{"name": "a", "maxpriority": 1}], None, "tenants[0].maxpriority"),
         (None, {"maxgrace_s": 60}, "limits.maxgrace_s"),
         (None, {"max_priority": 1.5}, "limits.max_priority"),
+        (None, {"ended_retention_s": -1}, "limits.ended_retention_s"),
+        (None, {"ended_retention_s": "7d"}, "limits.ended_retention_s"),
+        (None, {"max_ended_per_tenant": 1.5}, "limits.max_ended_per_tenant"),
+        (None, {"max_ended_per_tenant": -1}, "limits.max_ended_per_tenant"),
     ],
 )
 def test_a_bad_value_names_its_key_path(tenants, limits, field, tmp_path):
@@ -85,6 +89,21 @@ def test_a_bad_value_names_its_key_path(tenants, limits, field, tmp_path):
     with pytest.raises(formats.WorkloadError) as e2:
         formats.read_cluster_json(p)
     assert str(e2.value).startswith(f"{p}: {field}: ")
+
+
+def test_the_retention_limits_parse_with_their_defaults(tmp_path):
+    """ended_retention_s and max_ended_per_tenant (the live service's retention of ended jobs): a
+    week and 10,000 by default; 0 is allowed (ended jobs removed at once) and round-trips."""
+    assert (Limits().ended_retention_s, Limits().max_ended_per_tenant) == (604800.0, 10_000)
+    g = Governance.from_obj(None, {"ended_retention_s": 3600, "max_ended_per_tenant": 0})
+    assert (g.limits.ended_retention_s, g.limits.max_ended_per_tenant) == (3600.0, 0)
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps({**ISSUE_EXAMPLE, "limits": {"ended_retention_s": 60, "max_ended_per_tenant": 5}}))
+    c = formats.read_cluster_json(p)
+    assert (c.governance.limits.ended_retention_s, c.governance.limits.max_ended_per_tenant) == (60.0, 5)
+    q = tmp_path / "d.json"
+    formats.write_cluster_json(c, q)
+    assert formats.read_cluster_json(q) == c
 
 
 def _job(**kw) -> Job:

@@ -41,12 +41,13 @@ infrastructure loss (``running --lost--> pending``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
+import queue
 import re
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -58,6 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.model import Job
+from .reaping import kill_descendants as _kill_descendants
 from .reaping import reap_orphans as _reap_orphans
 from .reaping import subreaper as _subreaper
 from .runas import RunAs
@@ -67,6 +69,14 @@ log = logging.getLogger("goodput.sched.live.local")
 PREEMPTED_EXIT = 75  # goodput.ckpt.PREEMPTED_EXIT, repeated so the executor never imports torch
 DEFAULT_MAX_LOG_BYTES = 64 << 20  # the cluster's limits.max_log_bytes when it gives none
 RECORD_WAIT_S = 30.0  # a supervisor whose run the service has not recorded by then does not run it
+# a kill asks the supervisor (this signal, to it alone) to kill and reap its whole tree; only when it
+# has not exited this long after (a process stuck in the kernel) is it SIGKILLed, as a last resort
+KILL_SIGNAL = signal.SIGUSR2
+KILL_WAIT_S = 30.0
+# a run's working directory, once reported, is renamed aside (TRASH_PREFIX...) at once and emptied
+# later by a child process as its owner (remove_tree), killed past REMOVE_TIMEOUT_S
+TRASH_PREFIX = ".trash-"
+REMOVE_TIMEOUT_S = 60.0
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 # the environment a job is started with (docs/PROTOCOL.md)
@@ -160,6 +170,7 @@ class Run:
     notified_t: float = 0.0
     workdir: str = ""  # its working directory (owned by the user it runs as)
     uid: int = -1  # the user it runs as (-1: as the service)
+    kill_t: float = 0.0  # when we asked its supervisor to kill it (time.time()); KILL_WAIT_S counts from it
     popen: subprocess.Popen | None = field(default=None, repr=False, compare=False)
 
 
@@ -248,6 +259,9 @@ class LocalExecutor:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._trash: queue.Queue[Path] = queue.Queue()  # working directories to remove (_cleaner)
+        self._cleaner: threading.Thread | None = None
+        self._last_resort: set[tuple[str, int]] = set()  # runs whose supervisor we had to SIGKILL
 
     # ------------------------------------------------------------------ the Executor protocol
 
@@ -356,9 +370,7 @@ class LocalExecutor:
         files before the directory is handed over, so no link planted by a job is ever followed."""
         path = self.work_dir / name
         if os.path.lexists(path):  # a start of this epoch that never committed, or a crash mid-start
-            shutil.rmtree(path, ignore_errors=True)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+            self._discard(path)  # renamed aside at once (its removal walks the job's files: not here)
         os.mkdir(path, 0o700)
         dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
@@ -418,6 +430,7 @@ class LocalExecutor:
         other record is a start that never committed: its group is killed, so no job runs twice.
         """
         out: dict[str, str] = {}
+        dying: list[Run] = []
         with self._lock:
             for path in sorted(self.runs_dir.glob("*.json")):
                 try:
@@ -431,11 +444,27 @@ class LocalExecutor:
                 if live and run.job not in self.runs:
                     self.runs[run.job] = run
                     out[run.job] = "adopted"
+                    if run.killed and self._alive(run):  # asked again (its kill_t counts from now on)
+                        run.kill_t = 0.0
+                        self._killpg(run)
                 else:
                     if self._alive(run):
                         self._killpg(run)
-                    self._forget(run)
+                        dying.append(run)
+                    else:
+                        self._forget(run)
                     out[run.job] = "orphan killed"
+            # forgotten once gone (their supervisors write a status file as they leave)
+            deadline, last_resort = time.monotonic() + KILL_WAIT_S, False
+            while dying:
+                dying = [r for r in dying if self._alive(r) or self._forget(r)]
+                if dying and time.monotonic() >= deadline:
+                    if last_resort:
+                        break  # left as they are, said in the log
+                    for r in dying:
+                        self._kill_supervisor(r)
+                    deadline, last_resort = time.monotonic() + 5.0, True
+                time.sleep(0.02)
         return out
 
     def reconcile(self, jobs: dict[str, Job]) -> dict[str, str]:
@@ -454,6 +483,11 @@ class LocalExecutor:
     # ------------------------------------------------------------------ the watcher
 
     def start_watcher(self) -> None:
+        with contextlib.suppress(OSError):  # what a previous service left to remove
+            for name in sorted(os.listdir(self.work_dir)):
+                if name.startswith(TRASH_PREFIX):
+                    self._trash.put(self.work_dir / name)
+                    self._start_cleaner()
         if self._thread is None:
             self._thread = threading.Thread(target=self._watch, name="goodput-local-executor", daemon=True)
             self._thread.start()
@@ -477,6 +511,9 @@ class LocalExecutor:
         store refused the step) is logged and tried again later, with backoff up to 5 s."""
         now = time.monotonic()
         with self._lock:
+            for r in self.runs.values():  # a kill whose supervisor has not left after KILL_WAIT_S
+                if r.killed and r.kill_t > 0 and time.time() - r.kill_t > KILL_WAIT_S and self._alive(r):
+                    self._kill_supervisor(r)
             done = [
                 r for r in self.runs.values() if self._retry_at.get(r.job, (0.0, 0.0))[0] <= now and not self._alive(r)
             ]
@@ -609,16 +646,44 @@ class LocalExecutor:
             os.killpg(run.pgid, group_sig)
 
     def _killpg(self, run: Run) -> None:
+        """Kill the run: every process of it SIGKILLed by its supervisor, which exits after (its status
+        then says killed), never the supervisor first. It leads the group and is the child subreaper:
+        killed first, a process of the run that escaped our snapshots (one that ``setsid()``s and keeps
+        forking, so that its pid is never the same for long) would be re-parented to init and go on,
+        with the GPUs of a slot given to someone else. Only a supervisor that has not left
+        :data:`KILL_WAIT_S` after is SIGKILLed, as a last resort (:meth:`poll`); the core's
+        ``unkillable_s`` takes the nodes out if even that brings no exit."""
         import psutil
 
         run.killed = True
         if run.pgid <= 0:  # a start that failed (no process): killpg(0) would kill the service's own group
             return
+        if not run.kill_t:
+            run.kill_t = time.time()
         self._save(run)
-        for _ in range(2):  # workers first (the supervisor, a subreaper, holds any orphan meanwhile)
-            for p in self._descendants(run):
-                with contextlib.suppress(psutil.Error):
-                    p.kill()
+        if not self._alive(run):  # no supervisor (killed from outside): whatever is left of its group
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(run.pgid, signal.SIGKILL)
+            return
+        for p in self._descendants(run):  # what we see at once; the supervisor catches the rest
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(run.pid, KILL_SIGNAL)
+
+    def _kill_supervisor(self, run: Run) -> None:
+        """The last resort of a kill: the supervisor (and its group) SIGKILLed. Whatever of the run it
+        still held is re-parented to init, so it is said loudly."""
+        key = (run.job, run.epoch)
+        if key not in self._last_resort:
+            self._last_resort.add(key)
+            log.error(
+                "job %s: its supervisor (pid %d) has not left %.0f s after it was asked to kill the run; "
+                "SIGKILLed (a process of the run that could not be killed may survive it)",
+                run.job,
+                run.pid,
+                KILL_WAIT_S,
+            )
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(run.pgid, signal.SIGKILL)
 
@@ -641,7 +706,10 @@ class LocalExecutor:
         d = {k: getattr(run, k) for k in Run.__dataclass_fields__ if k != "popen"}
         _write_atomic(self._record_path(run), d)
 
-    def _forget(self, run: Run) -> None:
+    def _forget(self, run: Run) -> bool:
+        """Remove the run's files; False (for filters). Its working directory is only renamed aside
+        here: the job's files are walked later, outside every lock (:meth:`_discard`)."""
+        self._last_resort.discard((run.job, run.epoch))
         logcut = Path(run.status_file).with_suffix(".logcut")
         for p in (self._record_path(run), Path(run.status_file), Path(run.notice_file), logcut):
             with contextlib.suppress(FileNotFoundError):
@@ -649,7 +717,175 @@ class LocalExecutor:
         with contextlib.suppress(FileNotFoundError):
             Path(run.status_file).with_suffix(".spec").unlink()
         if run.workdir and Path(run.workdir).parent == self.work_dir:  # its token goes with it
-            shutil.rmtree(run.workdir, ignore_errors=True)
+            self._discard(Path(run.workdir))
+        return False
+
+    def _discard(self, path: Path) -> None:
+        """Rename ``path`` (a working directory, an entry of the service's own ``work`` directory) aside
+        at once, and have the cleaner thread remove it: the tree is the job's, so removing it is
+        never done under a lock, nor by walking it as root with opens that may block (a FIFO
+        swapped in for a directory would hang the walk for ever, and with it the service)."""
+        trash = self.work_dir / f"{TRASH_PREFIX}{path.name}.{secrets.token_hex(6)}"
+        try:
+            os.rename(path, trash)
+        except FileNotFoundError:
+            return
+        self._trash.put(trash)
+        self._start_cleaner()
+
+    def _start_cleaner(self) -> None:
+        with self._lock:
+            if self._cleaner is None or not self._cleaner.is_alive():
+                self._cleaner = threading.Thread(target=self._clean, name="goodput-local-cleaner", daemon=True)
+                self._cleaner.start()
+
+    def _clean(self) -> None:
+        while True:
+            try:
+                path = self._trash.get(timeout=5.0)
+            except queue.Empty:
+                with self._lock:
+                    if self._trash.empty():
+                        self._cleaner = None
+                        return
+                continue
+            try:
+                remove_workdir(path)
+            except Exception:  # noqa: BLE001 - the cleaner must go on; it is logged
+                log.exception("cannot remove %s", path)
+
+
+_DIR_OPEN = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+REMOVE_MAX_DEPTH = 64  # deeper directories are moved up to the top, so that few descriptors are open
+
+
+def remove_workdir(path: Path, timeout_s: float = REMOVE_TIMEOUT_S) -> bool:
+    """Remove ``path``, an entry of the service's own directory holding a job's tree, as the user who
+    owns it: a child process (``python -m goodput.sched.live.local --remove-tree``) drops to that
+    user's ids and empties it with :func:`remove_tree` (so it removes only what that user could), and
+    is SIGKILLed past ``timeout_s``; then the empty directory is removed here. Whether it is gone."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return True
+    if not os.path.isdir(path) or os.path.islink(path):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return True
+    argv = [sys.executable, "-I", "-m", "goodput.sched.live.local", "--remove-tree", str(path)]
+    argv += [str(st.st_uid), str(st.st_gid), repr(float(timeout_s))]
+    p = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"},
+        cwd="/",
+        start_new_session=True,
+    )
+    try:
+        p.wait(timeout=timeout_s + 30.0)  # its own walk stops at timeout_s; its start may be slow
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        log.warning("removing %s took more than %.0f s: left", path, timeout_s)
+    try:
+        os.rmdir(path)  # a name in the service's own directory: nothing of the job's is followed
+    except FileNotFoundError:
+        return True
+    except OSError as e:
+        log.warning("cannot remove %s (a job's working directory): %s", path, e)
+        return False
+    return True
+
+
+def remove_tree(path: str | os.PathLike, deadline: float | None = None) -> bool:
+    """Empty the directory ``path`` (kept itself) without ever following a link or opening anything
+    but a directory: every entry is opened with ``O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK`` from the
+    descriptor of its parent, and one that is no directory (a file, a FIFO, a socket, a link) is
+    unlinked by name, never opened, so a FIFO swapped in for a directory mid-walk cannot block it and
+    a link to a file outside removes only the link. Another file system mounted inside is not entered.
+    Stops at ``deadline`` (``time.monotonic()``): whether the directory is empty."""
+    end = deadline if deadline is not None else time.monotonic() + REMOVE_TIMEOUT_S
+    try:
+        top = os.open(path, _DIR_OPEN)
+    except FileNotFoundError:
+        return True
+    try:
+        _make_ours(top)
+        dev = os.fstat(top).st_dev
+        while time.monotonic() < end:
+            if _empty(top, top, dev, 0, end):
+                return True
+        return False
+    finally:
+        os.close(top)
+
+
+def _make_ours(fd: int) -> None:
+    """As the directory's owner (not root), make sure we may list it and remove its entries."""
+    if os.geteuid() != 0:
+        with contextlib.suppress(OSError):
+            st = os.fstat(fd)
+            if st.st_uid == os.geteuid() and (st.st_mode & 0o700) != 0o700:
+                os.fchmod(fd, 0o700)
+
+
+def _open_dir(name: str, dfd: int) -> int:
+    try:
+        return os.open(name, _DIR_OPEN, dir_fd=dfd)
+    except PermissionError:  # a directory of its own made unreadable: made readable again, by a handle
+        if os.geteuid() == 0:  # that is no open of the directory itself (O_PATH), then opened
+            raise
+        h = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        try:
+            os.chmod(f"/proc/self/fd/{h}", 0o700)
+        finally:
+            os.close(h)
+        return os.open(name, _DIR_OPEN, dir_fd=dfd)
+
+
+def _empty(dfd: int, top: int, dev: int, depth: int, end: float) -> bool:
+    """One pass over the directory open as ``dfd``: whether it was found empty."""
+    names = os.listdir(dfd)
+    for name in names:
+        if time.monotonic() >= end:
+            return False
+        try:
+            fd = _open_dir(name, dfd)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            if e.errno in (errno.ENOTDIR, errno.ELOOP):  # no directory, or a link: its name, unopened
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=dfd)
+            continue
+        try:
+            st = os.fstat(fd)
+            if st.st_dev != dev:
+                continue  # a mount point: never walked (its rmdir fails)
+            _make_ours(fd)
+            if depth >= REMOVE_MAX_DEPTH:  # moved up to the top, to be walked from there
+                with contextlib.suppress(OSError):
+                    os.rename(name, f".deep-{secrets.token_hex(8)}", src_dir_fd=dfd, dst_dir_fd=top)
+                continue
+            while time.monotonic() < end and not _empty(fd, top, dev, depth + 1, end):
+                pass
+        finally:
+            os.close(fd)
+        with contextlib.suppress(OSError):  # ENOTDIR, ENOTEMPTY: something was swapped in; next pass
+            os.rmdir(name, dir_fd=dfd)
+    return not names
+
+
+def _remove_main(argv: list[str]) -> int:
+    """``--remove-tree PATH UID GID TIMEOUT_S``: drop to UID/GID (no supplementary group), then empty PATH."""
+    path, uid, gid, timeout_s = argv[0], int(argv[1]), int(argv[2]), float(argv[3])
+    if os.geteuid() == 0 and uid != 0:
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+    return 0 if remove_tree(path, time.monotonic() + timeout_s) else 1
 
 
 def _obeyed(run: Run, rc: int, st: dict) -> bool:
@@ -769,7 +1005,28 @@ def _supervise(argv: list[str]) -> int:
 
     ``--status FILE [--spec FILE] -- CMD...``: the spec (written by the executor, read and removed
     here) gives the command's environment, working directory, umask, the user it runs as and the
-    directories to make first as that user (its checkpoint root)."""
+    directories to make first as that user (its checkpoint root).
+
+    SIGUSR2 (:data:`KILL_SIGNAL`, sent by the executor's kill, to this process only) asks it to end
+    the run: every process below it is SIGKILLed, again until none is left alive
+    (:func:`goodput.sched.live.reaping.kill_descendants`), all are reaped, and the status file says
+    ``killed``. The executor never SIGKILLs this process first: it leads the group and is the child
+    subreaper, so with it gone a descendant that escaped the group (``setsid``) and every snapshot
+    (by forking on, its pid never the same for long) would be re-parented to init and run on, on GPUs
+    given to someone else."""
+    # first, before anything is forked: SIGUSR2's default action would kill us and orphan the run
+    kill_req = [False]
+    ended = [False]
+
+    def _on_kill(_signum: int, _frame: object) -> None:
+        if ended[0]:
+            return
+        kill_req[0] = True
+        left = _kill_descendants(KILL_WAIT_S / 2)
+        if left:
+            print(f"goodput.sched.live.local: processes {left} did not die of SIGKILL", file=sys.stderr, flush=True)
+
+    signal.signal(KILL_SIGNAL, _on_kill)
     spec: dict = {}
     if len(argv) >= 5 and argv[0] == "--status" and argv[2] == "--spec" and argv[4] == "--":
         try:
@@ -842,14 +1099,19 @@ def _supervise(argv: list[str]) -> int:
         )
         relay.start()
     try:
+        if kill_req[0]:  # killed before it started: it never does
+            raise _KilledEarly
         child = subprocess.Popen(cmd, **kw)
-    except (OSError, subprocess.SubprocessError) as e:
-        print(f"goodput.sched.live.local: cannot start {cmd[0]!r}: {e}", file=sys.stderr, flush=True)
-        crc = 127
+    except (OSError, subprocess.SubprocessError, _KilledEarly) as e:
+        if not isinstance(e, _KilledEarly):
+            print(f"goodput.sched.live.local: cannot start {cmd[0]!r}: {e}", file=sys.stderr, flush=True)
+        crc = -signal.SIGKILL if kill_req[0] else 127
         if pipe_w >= 0:
             os.close(pipe_w)
             pipe_w = -1
     else:
+        if kill_req[0]:  # the kill came while the child was being started: it may have missed it
+            _kill_descendants(KILL_WAIT_S / 2)
         if pipe_w >= 0:
             os.close(pipe_w)  # the child's copies are the only writers left: EOF when the run is over
             pipe_w = -1
@@ -861,17 +1123,26 @@ def _supervise(argv: list[str]) -> int:
         crc = child.wait()
         if reaper:  # the run is over only when every process of it is: slots are released after that
             orphans = _reap_orphans()
+    ended[0] = True  # a kill asked for from now on finds nothing left to kill
     rc = exit_status(crc, orphans)
+    if kill_req[0]:  # whatever the command's own status (a pid-rolling orphan's parents exit 0)
+        rc = -signal.SIGKILL
     if relay is not None:
         relay.join(timeout=10)  # every writer is gone (reaped); a process that escaped keeps it no longer
     if crc < 0:
         with contextlib.suppress(ValueError):
             print(f"goodput.sched.live.local: the command was killed by {signal.Signals(-crc).name}", file=sys.stderr)
     out = {"rc": rc, "command_rc": crc, "orphans": orphans, "t": time.time()}
+    if kill_req[0]:
+        out["killed"] = True
     if dropped[0]:
         out["log_dropped_bytes"] = dropped[0]
     _write_atomic(status, out)
     return 0
+
+
+class _KilledEarly(Exception):
+    """The run was killed before its command was started."""
 
 
 def _relay(src: int, out: int, cap: int, note_file: Path, dropped: list[int]) -> None:
@@ -880,10 +1151,11 @@ def _relay(src: int, out: int, cap: int, note_file: Path, dropped: list[int]) ->
     that says how many were dropped, and ``note_file`` (``<run>.logcut``) records the count for the
     service's view. The relay is the log's only writer besides this supervisor's own few lines, so
     the cut loses nothing it does not count. ``dropped[0]`` is the total, for the status file."""
-    from collections import deque
-
     keep = max(1, cap // 2)
-    recent: deque[bytes] = deque()  # the newest output, at least `keep` bytes of it when there is that much
+    # the newest `keep` bytes of output, a ring of fixed size: memory O(cap) however small the reads
+    # (one object per read would cost ~40 times the bytes of a job writing one byte at a time)
+    ring = bytearray(keep)
+    pos = 0  # where the next byte goes; the ring holds `held` bytes, ending just before `pos`
     held = 0
     noted = 0  # the length of the first line a cut wrote, which is no output of the run's
     try:
@@ -897,15 +1169,22 @@ def _relay(src: int, out: int, cap: int, note_file: Path, dropped: list[int]) ->
             break
         if not data:
             break
-        recent.append(data)
-        held += len(data)
-        while held - len(recent[0]) >= keep:
-            held -= len(recent.popleft())
+        n = len(data)
+        if n >= keep:
+            ring[:] = data[n - keep :]
+            pos, held = 0, keep
+        else:
+            first = min(n, keep - pos)
+            ring[pos : pos + first] = data[:first]
+            ring[: n - first] = data[first:]
+            pos, held = (pos + n) % keep, min(keep, held + n)
         try:
             if size + len(data) > cap:
                 size = os.fstat(out).st_size  # this supervisor's own lines go there too
             if size + len(data) > cap:
-                tail = b"".join(recent)[-keep:]  # kept here: the log is write-only to us
+                tail = (
+                    bytes(ring[pos:] + ring[:pos]) if held == keep else bytes(ring[:held])
+                )  # kept here: the log is write-only to us
                 dropped[0] += size - noted + len(data) - len(tail)
                 note = (
                     f"[goodput: {dropped[0]} bytes of this run's output were dropped so far (the log is kept "
@@ -934,4 +1213,6 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--remove-tree"]:
+        sys.exit(_remove_main(sys.argv[2:]))
     sys.exit(_supervise(sys.argv[1:]))

@@ -108,3 +108,97 @@ def kill_orphans(timeout_s: float = 5.0) -> list[int]:
             except (ProcessLookupError, PermissionError):
                 continue
         time.sleep(0.02)
+
+
+def _state(pid: int) -> bytes:
+    """The one-letter state of ``pid`` from ``/proc/<pid>/stat`` (b"" when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return b""
+    rest = raw[raw.rfind(b")") + 2 :]
+    return rest[:1]
+
+
+def _kids_of(pid: int) -> list[int] | None:
+    """The children of ``pid`` (every thread's), from ``/proc/<pid>/task/*/children``; None where the
+    kernel has no such file (CONFIG_PROC_CHILDREN off)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    out: list[int] = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                out.extend(int(x) for x in f.read().split())
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                continue  # the thread is gone
+            return None
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _ppids() -> dict[int, list[int]]:
+    """parent pid -> its children, from a scan of every ``/proc/<pid>/stat`` (the slow fallback)."""
+    out: dict[int, list[int]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        rest = raw[raw.rfind(b")") + 2 :].split()
+        if len(rest) >= 2 and rest[1].isdigit():
+            out.setdefault(int(rest[1]), []).append(int(name))
+    return out
+
+
+def kill_descendants(timeout_s: float = 60.0) -> list[int]:
+    """SIGKILL every live descendant of this process, again and again, until a walk of the tree finds
+    none but zombies (never reaped here: the caller's ``wait`` does that, so a pid we signal is never
+    a recycled one of our children). A process that keeps forking and exiting, or ``setsid()``s, or
+    ignores every catchable signal is caught all the same: while we live, as the child subreaper,
+    each of its generations is re-parented to us when its parent exits, and the walk (a read of our
+    ``children`` files, microseconds) runs again at once. Bounded by ``timeout_s`` (a process stuck
+    in the kernel cannot die): the pids still alive then are returned."""
+    me = os.getpid()
+    start = time.monotonic()
+    end = start + max(0.0, timeout_s)
+    while True:
+        live: list[int] = []
+        fallback = None
+        stack, seen = [me], {me}
+        while stack:
+            pid = stack.pop()
+            kids = _kids_of(pid)
+            if kids is None:  # no children files: one scan of /proc for the whole walk
+                if fallback is None:
+                    fallback = _ppids()
+                kids = fallback.get(pid, [])
+            for kid in kids:
+                if kid in seen:
+                    continue
+                seen.add(kid)
+                stack.append(kid)  # a zombie's children are live until re-parented: walk it too
+                if _state(kid) in (b"Z", b"X", b""):
+                    continue
+                live.append(kid)
+                try:
+                    os.kill(kid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    continue
+        now = time.monotonic()
+        if not live or now >= end:
+            return live
+        if now - start > 1.0:  # past the first second, what is left is dying slowly: do not spin
+            time.sleep(0.005)

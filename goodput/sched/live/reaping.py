@@ -39,11 +39,9 @@ def reap_orphans() -> list[int]:
         out.append(os.waitstatus_to_exitcode(st))
 
 
-def children() -> list[int]:
-    """The pids whose parent is this process now (zombies included), from ``/proc/<pid>/stat``: after a
-    command is reaped, its children that were still alive are exactly the ones reparented here then."""
-    me = os.getpid()
-    out = []
+def _ppids() -> dict[int, list[int]]:
+    """parent pid -> its children (zombies included), from a scan of every ``/proc/<pid>/stat``."""
+    out: dict[int, list[int]] = {}
     try:
         names = os.listdir("/proc")
     except OSError:
@@ -58,9 +56,15 @@ def children() -> list[int]:
             continue  # gone meanwhile
         # "pid (comm) state ppid ...": comm may hold spaces and parentheses; the last ')' ends it
         rest = raw[raw.rfind(b")") + 2 :].split()
-        if len(rest) >= 2 and rest[1].isdigit() and int(rest[1]) == me:
-            out.append(int(name))
-    return sorted(out)
+        if len(rest) >= 2 and rest[1].isdigit():
+            out.setdefault(int(rest[1]), []).append(int(name))
+    return out
+
+
+def children() -> list[int]:
+    """The pids whose parent is this process now (zombies included), from ``/proc/<pid>/stat``: after a
+    command is reaped, its children that were still alive are exactly the ones reparented here then."""
+    return sorted(_ppids().get(os.getpid(), []))
 
 
 def _reap_ready(into: dict[int, int]) -> None:
@@ -139,27 +143,6 @@ def _kids_of(pid: int) -> list[int] | None:
             return None
         except (OSError, ValueError):
             continue
-    return out
-
-
-def _ppids() -> dict[int, list[int]]:
-    """parent pid -> its children, from a scan of every ``/proc/<pid>/stat`` (the slow fallback)."""
-    out: dict[int, list[int]] = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return out
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                raw = f.read()
-        except OSError:
-            continue
-        rest = raw[raw.rfind(b")") + 2 :].split()
-        if len(rest) >= 2 and rest[1].isdigit():
-            out.setdefault(int(rest[1]), []).append(int(name))
     return out
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from goodput.sched.sim.checker import KINDS, CheckReport, check
+from tests.sched.sim import test_checker
 
 CAP = {"a": 8, "b": 8, "c": 4}
 POOLS = dict.fromkeys(CAP, "p")
@@ -31,20 +32,8 @@ def only(report: CheckReport, kind: str | None = None, n: int = 1) -> None:
     assert report.violations == want, (report.summary(), report.examples)
 
 
-class Log:
-    """``at`` moves the clock; each call appends one record."""
-
-    def __init__(self) -> None:
-        self.records: list[dict[str, Any]] = []
-        self.t = 0.0
-
-    def at(self, t: float) -> Log:
-        self.t = t
-        return self
-
-    def e(self, event: str, **kw: Any) -> Log:
-        self.records.append({"t": self.t, "event": event, **kw})
-        return self
+class Log(test_checker.Log):
+    """test_checker's hand-written log, with the shapes these holes need (any ``nodes``/``gpn``)."""
 
     def job(self, jid: str, *, nodes: Any = 1, gpn: Any = 8, prio: int = 0, limit: float = 0.0) -> Log:
         extra: dict[str, Any] = {"limit_s": limit} if limit else {}

@@ -293,6 +293,8 @@ def _c10d_wrapper(name: str, fn: Any) -> Any:
 
     guarded.__name__ = getattr(fn, "__name__", name)
     guarded.__qualname__ = getattr(fn, "__qualname__", name)
+    # pickled by reference as the original was (mp.spawn of a partial of it): the lookup finds the wrapper
+    guarded.__module__ = getattr(fn, "__module__", None) or "torch.distributed.distributed_c10d"
     guarded.__doc__ = getattr(fn, "__doc__", None)
     guarded.__wrapped__ = fn  # type: ignore[attr-defined]
     guarded._goodput_copy_first = True  # type: ignore[attr-defined]

@@ -171,6 +171,9 @@ class Run:
     workdir: str = ""  # its working directory (owned by the user it runs as)
     uid: int = -1  # the user it runs as (-1: as the service)
     kill_t: float = 0.0  # when we asked its supervisor to kill it (time.time()); KILL_WAIT_S counts from it
+    # its supervisor kills its own subtree on KILL_SIGNAL: False for a run adopted from a record an older
+    # goodput wrote, whose supervisor has no handler (SIGUSR2 would only kill it): killed the old way
+    kills_subtree: bool = False
     popen: subprocess.Popen | None = field(default=None, repr=False, compare=False)
 
 
@@ -359,6 +362,7 @@ class LocalExecutor:
                 notice_file=str(notice),
                 workdir=str(workdir),
                 uid=who.uid if who is not None else -1,
+                kills_subtree=True,
                 popen=p,
             )
             self.runs[job.id] = run
@@ -661,7 +665,8 @@ class LocalExecutor:
         if not run.kill_t:
             run.kill_t = time.time()
         self._save(run)
-        if not self._alive(run):  # no supervisor (killed from outside): whatever is left of its group
+        if not self._alive(run) or not run.kills_subtree:
+            # no supervisor (killed from outside), or one of an older goodput: the group, as before
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(run.pgid, signal.SIGKILL)
             return

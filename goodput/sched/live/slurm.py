@@ -1207,7 +1207,14 @@ class SlurmExecutor:
             if per_node != run.gpus_per_node or other:
                 return f"GPUs per node {j.get('tres_per_node')!r}, not {run.gpus_per_node}"
             alloc = _alloc_gpus(str(j.get("tres_alloc_str") or ""))
-            if state == "RUNNING" and alloc is not None and alloc != run.gpus_per_node * len(run.nodes):
+            # --exclusive (gpus_per_node 0, a node without GPU GRES in the gang) is given every GPU of
+            # its nodes where Slurm tracks them: no count to compare with
+            if (
+                state == "RUNNING"
+                and run.gpus_per_node > 0
+                and alloc is not None
+                and alloc != run.gpus_per_node * len(run.nodes)
+            ):
                 return f"allocated {alloc} GPUs, not {run.gpus_per_node * len(run.nodes)}"
         reason = str(j.get("state_reason") or "")
         if state == "PENDING" and run.released and (reason == "JobHeldUser" or reason.startswith("Dependency")):

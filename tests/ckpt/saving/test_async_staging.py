@@ -407,3 +407,21 @@ def test_an_in_place_collective_after_a_lazy_save_waits_for_the_copy(tmp_path: P
     gc.load(got, tmp_path / "ck")
     at_the_call = torch.cat([torch.full((n,), 1.0), torch.full((n,), 2.0)])
     assert torch.equal(got["w"], at_the_call) and torch.equal(got["b"], at_the_call)
+
+
+def test_the_guarded_collectives_still_pickle_by_reference() -> None:
+    """After the first lazy save wraps torch.distributed's collectives, ``pickle.dumps(dist.all_reduce)``
+    (a partial of it sent to mp.spawn or a pool) raised PicklingError: the wrapper named a module that
+    does not hold it (a review of the wrapper)."""
+    import functools
+    import pickle
+
+    import torch.distributed as dist
+
+    from goodput.ckpt.saving.staging import guard_collectives
+
+    guard_collectives()
+    assert getattr(dist.all_reduce, "_goodput_copy_first", False)
+    assert pickle.loads(pickle.dumps(dist.all_reduce)) is dist.all_reduce
+    p = pickle.loads(pickle.dumps(functools.partial(dist.broadcast, src=0)))
+    assert p.func is dist.broadcast

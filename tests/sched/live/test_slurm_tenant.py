@@ -71,6 +71,26 @@ def test_a_record_that_is_what_was_submitted_passes_and_each_change_is_named(tmp
     assert ex._tampering(run, {**held, "state_reason": "JobHeldAdmin"}) == ""
 
 
+def test_an_exclusive_run_given_every_gpu_of_its_nodes_is_not_tampering(tmp_path):
+    """A gang with a GPU-less node runs --exclusive (gpus_per_node 0); where Slurm tracks GPUs it
+    allocates every GPU of the node (``gres/gpu=2`` in ``tres_alloc_str``), which the check read as
+    "allocated 2 GPUs, not 0" and failed every such run (a review of the check itself). Missing
+    fields (another Slurm's record) are not checked either."""
+    from goodput.sched.live.store import open_store
+
+    ex = SlurmExecutor(tmp_path / "st", store=open_store(f"sqlite:///{tmp_path / 's.db'}"), partition="p")
+    run = SlurmRun("j.00000001", 1, 5, ["n1"], "u", "/x", released=True, gpus_per_node=0)
+    rec = {
+        "job_state": "RUNNING", "partition": "p", "comment": f"goodput:{ex.instance}:j.00000001:1",
+        "requeue": False, "restart_cnt": 0, "node_count": 1, "max_nodes": 0, "required_nodes": "n1",
+        "nodes": "n1", "excluded_nodes": "", "tres_per_node": "", "tres_alloc_str": "cpu=4,node=1,gres/gpu=2",
+    }  # fmt: skip
+    assert ex._tampering(run, rec) == ""
+    bare = {k: v for k, v in rec.items() if k not in ("partition", "comment", "required_nodes", "tres_per_node")}
+    assert ex._tampering(run, bare) == ""
+    assert ex._tampering(run, {**rec, "comment": {"job": f"goodput:{ex.instance}:j.00000001:1"}}) == ""  # 23.02+
+
+
 # ---------------------------------------------------------------------- on a real Slurm
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import pwd
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -104,8 +105,12 @@ def test_a_tenant_can_neither_release_nor_retarget_its_job(slurm, tenant_users, 
     administrator's); ``scontrol update`` of its nodes, GRES, node count, partition or comment is
     accepted by Slurm, and the next poll cancels the job before it runs and reports the run failed,
     naming the change; ``scontrol requeue`` of a running job is refused; a running job shrunk with
-    ``NumNodes=1`` is cancelled and failed. An untouched job runs where it was put, undisturbed."""
-    from goodput.demo.slurm import runtime_for
+    ``NumNodes=1`` is cancelled and failed. An untouched job runs where it was put, undisturbed.
+
+    The first part needs no job to run; the running part needs a Python the tenant can run (not so
+    for a checkout under a private directory, such as a clean clone in ``mktemp -d``): without one it
+    is skipped, after the first part has passed, saying why."""
+    from goodput.demo.slurm import Runtime, runtime_for
     from goodput.sched.core.model import Job, JobState
     from goodput.sched.live.runas import resolve
     from goodput.sched.live.slurm import Slurm, discover
@@ -113,7 +118,11 @@ def test_a_tenant_can_neither_release_nor_retarget_its_job(slurm, tenant_users, 
 
     user = tenant_users["alice"]
     who = resolve(user)
-    rt = runtime_for([user])
+    try:
+        rt = runtime_for([user])
+        no_runtime = ""
+    except RuntimeError as e:  # the held jobs of the first part never run: any path will do
+        rt, no_runtime = Runtime(sys.executable, ""), str(e)
     sl = Slurm(conf=str(slurm.conf))
     _pools, _nodes, seen = discover(sl, slurm.partition)
     ex = SlurmExecutor(Path(slurm.root) / "gp", store=open_store(f"sqlite:///{tmp_path / 's.db'}"),
@@ -178,6 +187,8 @@ def test_a_tenant_can_neither_release_nor_retarget_its_job(slurm, tenant_users, 
     assert "required nodes" in why["a.00000001"] and "GPUs" in why["b.00000002"], why
     assert "nodes" in why["c.00000003"] and "partition" in why["d.00000004"] and "comment" in why["e.00000005"]
     # the normal path: a 2-node run released, running on its nodes, polled: untouched
+    if no_runtime:
+        pytest.skip(f"the part with a running job: {no_runtime[:300]}")
     exits.clear()
     f = start("f.00000006", ("n3", "n4"))
     ex.after_pass()

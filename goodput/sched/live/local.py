@@ -603,6 +603,11 @@ class LocalExecutor:
             return "killed", detail
         if _obeyed(run, rc, st):
             return "killed", detail  # it died of our notice: a stop obeyed, as a kill at the deadline is
+        if not st and rc < 0 and -rc in run.signalled and run.notified_t:
+            # no status and the supervisor itself dead of our notice: it came while the supervisor was
+            # still starting (its handlers go in before the command is started), so nothing of the
+            # run's ever ran; on a loaded machine a cancel right after the start meets that window
+            return "killed", detail
         return "failed", detail
 
     def _descendants(self, run: Run) -> list:

@@ -300,3 +300,25 @@ def test_a_run_whose_start_failed_is_never_signalled_as_group_zero(tmp_path):
     assert got == [] and os.getpgid(0) > 0
     ex.poll()
     assert exits.seen == [("bad id!", 1, "failed")]  # its start failed (127), as before
+
+
+def test_a_supervisor_dead_of_our_notice_before_it_could_start_the_command_was_killed(tmp_path):
+    """A cancel right after a start, on a loaded machine, reached the supervisor while it was still
+    starting (its handlers go in before the command starts): it died of our SIGTERM with no status
+    written, and the run read ``failed`` (a backoff, the retry budget) though nothing of it ran.
+    A death by a signal we did not send stays ``failed``."""
+    import signal
+    from types import SimpleNamespace
+
+    from goodput.sched.live.local import Run
+
+    def run(sig: int, sent: list[int]) -> Run:
+        r = Run("j", 1, 0, 0, 0.0, ["local-00000"], {}, "", str(tmp_path / "no-status"), "")
+        r.popen = SimpleNamespace(returncode=-sig)  # type: ignore[assignment]
+        r.signalled, r.notified_t = sent, (time.time() if sent else 0.0)
+        return r
+
+    status = LocalExecutor._status_detail
+    assert status(None, run(signal.SIGTERM, [signal.SIGTERM]))[0] == "killed"  # type: ignore[arg-type]
+    assert status(None, run(signal.SIGTERM, []))[0] == "failed"  # type: ignore[arg-type]
+    assert status(None, run(signal.SIGSEGV, [signal.SIGTERM]))[0] == "failed"  # type: ignore[arg-type]

@@ -66,3 +66,20 @@ def test_verify_reports_corruption_with_exit_1(tmp_path: Path) -> None:
     assert "checksum mismatch" in r.output and "'w'" in r.output
     r = runner.invoke(app, ["ckpt", "inspect", str(tmp_path / "nope")])
     assert r.exit_code == 1 and "not a committed checkpoint" in r.output
+
+
+def test_an_error_quoting_brackets_is_printed_not_read_as_markup(capsys) -> None:  # noqa: ANN001
+    """A rank's gloo error quotes "[/__w/pytorch/.../pair.cc:553]": the CLI's error line read it as a
+    Rich closing tag and raised MarkupError instead of printing it (CI of 2026-12-03)."""
+    import pytest
+    import typer
+
+    from goodput.cli import bench, sched
+
+    msg = "rank 1: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed"
+    with pytest.raises(typer.Exit):
+        bench._fail(RuntimeError(msg))
+    with pytest.raises(typer.Exit):
+        sched._fail(msg)
+    err = capsys.readouterr().err
+    assert err.count("pair.cc:553]") == 2

@@ -20,8 +20,11 @@ def _console():  # noqa: ANN202
 
 def _fail(e: Exception) -> None:
     from rich.console import Console
+    from rich.markup import escape
 
-    Console(stderr=True).print(f"[red]error:[/red] {e}")
+    # the message is text, not markup: a gloo error quotes "[/path/pair.cc:553]", which Rich read as a
+    # closing tag and raised MarkupError instead of printing the error
+    Console(stderr=True).print(f"[red]error:[/red] {escape(str(e))}")
     raise typer.Exit(1)
 
 

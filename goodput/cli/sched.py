@@ -14,7 +14,9 @@ app = typer.Typer(no_args_is_help=False)
 
 
 def _fail(msg: str, code: int = 2) -> None:
-    Console(stderr=True).print(f"[red]error:[/red] {msg}")
+    from rich.markup import escape
+
+    Console(stderr=True).print(f"[red]error:[/red] {escape(str(msg))}")  # text, never markup
     raise typer.Exit(code)
 
 

@@ -46,6 +46,7 @@ any of these must call ``handle.wait_staged()`` first or use eager staging.
 from __future__ import annotations
 
 import contextlib
+import functools
 import mmap
 import os
 import re
@@ -286,17 +287,14 @@ def _copy_first_c10d(name: str, args: tuple, kwargs: dict) -> None:
 
 
 def _c10d_wrapper(name: str, fn: Any) -> Any:
+    # wraps: the original's module and name, so it pickles by reference as the original did (a
+    # partial of it sent to mp.spawn): the lookup finds the wrapper
+    @functools.wraps(fn)
     def guarded(*args: Any, **kwargs: Any) -> Any:
         if torch._C._len_torch_function_stack():
             _copy_first_c10d(name, args, kwargs)
         return fn(*args, **kwargs)
 
-    guarded.__name__ = getattr(fn, "__name__", name)
-    guarded.__qualname__ = getattr(fn, "__qualname__", name)
-    # pickled by reference as the original was (mp.spawn of a partial of it): the lookup finds the wrapper
-    guarded.__module__ = getattr(fn, "__module__", None) or "torch.distributed.distributed_c10d"
-    guarded.__doc__ = getattr(fn, "__doc__", None)
-    guarded.__wrapped__ = fn  # type: ignore[attr-defined]
     guarded._goodput_copy_first = True  # type: ignore[attr-defined]
     return guarded
 

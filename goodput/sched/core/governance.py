@@ -251,22 +251,15 @@ class Governance:
         if isinstance(job.priority, bool) or not isinstance(job.priority, int):
             raise SubmissionRejected("priority", f"job {job.id!r}: expected an integer, got {job.priority!r}")
         spec = self.tenant(job.tenant)
-        if spec.max_priority is not None and job.priority > spec.max_priority:
-            raise SubmissionRejected(
-                "priority",
-                f"job {job.id!r}: priority {job.priority} is above tenant {job.tenant!r}'s max_priority "
-                f"{spec.max_priority}",
+        own = spec.max_priority is not None
+        cap = spec.max_priority if own else self.limits.max_priority
+        if cap is not None and job.priority > cap:
+            whose = (
+                f"tenant {job.tenant!r}'s max_priority {cap}"
+                if own
+                else f"the cluster's limits.max_priority {cap} (tenant {job.tenant!r} has no max_priority of its own)"
             )
-        if (
-            spec.max_priority is None
-            and self.limits.max_priority is not None
-            and job.priority > self.limits.max_priority
-        ):
-            raise SubmissionRejected(
-                "priority",
-                f"job {job.id!r}: priority {job.priority} is above the cluster's limits.max_priority "
-                f"{self.limits.max_priority} (tenant {job.tenant!r} has no max_priority of its own)",
-            )
+            raise SubmissionRejected("priority", f"job {job.id!r}: priority {job.priority} is above {whose}")
         lim = self.limits
         if job.ckpt.grace_s > lim.max_grace_s:
             raise SubmissionRejected(

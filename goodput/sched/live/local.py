@@ -603,11 +603,6 @@ class LocalExecutor:
             return "killed", detail
         if _obeyed(run, rc, st):
             return "killed", detail  # it died of our notice: a stop obeyed, as a kill at the deadline is
-        if not st and rc < 0 and -rc in run.signalled and run.notified_t:
-            # no status and the supervisor itself dead of our notice: it came while the supervisor was
-            # still starting (its handlers go in before the command is started), so nothing of the
-            # run's ever ran; on a loaded machine a cancel right after the start meets that window
-            return "killed", detail
         return "failed", detail
 
     def _descendants(self, run: Run) -> list:
@@ -903,10 +898,16 @@ def _obeyed(run: Run, rc: int, st: dict) -> bool:
     we sent it: the command killed by that signal (``-n``, or ``128 + n`` from a shell that relays its
     child's death), every worker it left either checkpointed (75), done (0) or dead of such a signal
     too. A signal we did not send (the OOM killer's, one the job sent itself before any notice: its
-    status written before our first notice went) is the job's own failure, as is any other exit."""
+    status written before our first notice went) is the job's own failure, as is any other exit.
+
+    No status at all (``st`` empty) and ``rc`` the supervisor's own death by our notice: the notice
+    came while it was still starting, before its handlers (they go in before the command starts),
+    so nothing of the run ever ran; a cancel right after a start on a loaded machine meets that."""
     sent = {int(s) for s in run.signalled if isinstance(s, int) and not isinstance(s, bool)}
     if not sent or not run.notified_t:
         return False
+    if not st:
+        return rc < 0 and -rc in sent
     deaths = {-s for s in sent} | {128 + s for s in sent}
     t = st.get("t")
     if rc not in deaths or not isinstance(t, (int, float)) or isinstance(t, bool) or t < run.notified_t:

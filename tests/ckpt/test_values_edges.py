@@ -255,6 +255,74 @@ def test_types_json_cannot_name_come_back_as_the_target_holds_them(tmp_path: Pat
     assert [type(untyped[k]) for k in ("nt", "nps", "npb", "ba")] == [tuple, str, bytes, bytes]
 
 
+def test_an_enum_member_is_refused_naming_its_key_not_saved_changed(tmp_path: Path) -> None:
+    """An IntEnum came back a plain int, and a str-mixin member was saved as str(member), its
+    name ("Phase.WARM"), not its value: both are refused, naming the key and what to save."""
+    import enum
+
+    class Level(enum.IntEnum):
+        LOW = 1
+
+    class Phase(str, enum.Enum):
+        WARM = "warm"
+
+    for key, member in (("level", Level.LOW), ("phase", Phase.WARM)):
+        with pytest.raises(gc.SaveError, match=rf"'trainer.{key}': an enum member .*save its \.value"):
+            gc.save({"w": torch.ones(1), "trainer": {key: member}}, tmp_path / key)
+    gc.save({"phase": Phase.WARM.value}, tmp_path / "ok")  # its value is what to save
+    back: dict = {"phase": None}
+    gc.load(back, tmp_path / "ok")
+    assert back["phase"] == "warm" and Phase(back["phase"]) is Phase.WARM
+
+
+def test_a_subclass_of_str_int_or_float_is_saved_as_its_characters_and_number(tmp_path: Path) -> None:
+    """What is saved is the value, not what a subclass's __str__ or __int__ says it is."""
+
+    class Shout(str):
+        def __str__(self) -> str:
+            return self.upper()
+
+    class Off(int):
+        def __int__(self) -> int:
+            return 0
+
+    class Half(float):
+        def __float__(self) -> float:
+            return 0.5
+
+    gc.save({"s": Shout("quiet"), "i": Off(7), "f": Half(2.0)}, tmp_path / "ck")
+    back: dict = {"s": None, "i": None, "f": None}
+    gc.load(back, tmp_path / "ck")
+    assert back == {"s": "quiet", "i": 7, "f": 2.0}
+
+
+def test_saved_entries_a_nested_dict_lacks_are_reported_not_dropped_in_silence(tmp_path: Path, caplog) -> None:
+    """A load fills what the state dict holds (as DCP). Below its top level, a saved entry the
+    caller's dict lacks (a data loader's state built fresh, a counter keyed by name) is named
+    in the result and in a warning; a partial load at the top level is not."""
+    import logging
+
+    saved = {
+        "w": torch.ones(2),
+        "data": {"pos": {"shard-a": 10, "shard-b": 20}, "epoch": 3},
+        "counts": collections.Counter("aab"),
+        "optim": {"lr": 0.1},
+    }
+    gc.save(saved, tmp_path / "ck")
+    fresh = {"w": torch.zeros(2), "data": {"pos": {}, "epoch": 0}, "counts": collections.Counter()}
+    with caplog.at_level(logging.WARNING, logger="goodput.ckpt.loading.loader"):
+        got = gc.load(fresh, tmp_path / "ck")
+    assert got.unloaded == ["counts.a", "counts.b", "data.pos.shard-a", "data.pos.shard-b"]
+    assert fresh["data"]["epoch"] == 3
+    assert "left 4 saved entries" in caplog.text and "data.pos.shard-a" in caplog.text
+    caplog.clear()
+    whole = {"w": torch.zeros(2), "data": {"pos": {"shard-a": 0, "shard-b": 0}, "epoch": 0}}
+    with caplog.at_level(logging.WARNING, logger="goodput.ckpt.loading.loader"):
+        got = gc.load(whole, tmp_path / "ck")  # "counts" and "optim" left out at the top: a partial load
+    assert got.unloaded == [] and "left" not in caplog.text
+    assert whole["data"]["pos"] == {"shard-a": 10, "shard-b": 20}
+
+
 # --------------------------------------------------------------------------- Hugging Face values file
 
 

@@ -8,6 +8,7 @@ belong to, before a single data byte is read. numpy only: the torch-free reader 
 from __future__ import annotations
 
 import base64
+import enum
 import functools
 import math
 import re
@@ -270,14 +271,23 @@ def encode_value(v: Any, where: str = "", *, depth: int = 0) -> Any:
         return _encode_numpy(v, where)
     if v is None or isinstance(v, bool):
         return v
+    if isinstance(v, enum.Enum):
+        # an IntEnum would come back a plain int, and str() of a str-mixin member is its name
+        # ("Phase.WARMUP"), not its value: refused rather than changed in silence
+        raise TypeError(
+            f"{where!r}: an enum member ({type(v).__name__}.{v.name}) would not come back as one; "
+            f"save its .value (or .name) and rebuild the member after loading"
+        )
     if isinstance(v, str):
         _check_text(v, where, "string")
         _check_size(len(v), where, "string")
-        return str(v)  # an np.str_ is saved as the str it is (see docs/FORMAT.md)
+        return str.__str__(v)  # the characters, whatever a subclass's __str__ says (np.str_: docs/FORMAT.md)
     if isinstance(v, int):
-        return int(v) if INT64_MIN <= v <= INT64_MAX else {"__int__": int_to_decimal(int(v), where)}
+        i = int.__int__(v)
+        return i if INT64_MIN <= i <= INT64_MAX else {"__int__": int_to_decimal(i, where)}
     if isinstance(v, float):
-        return v if math.isfinite(v) else {"__float__": repr(float(v))}
+        f = float.__float__(v)
+        return f if math.isfinite(f) else {"__float__": repr(f)}
     if isinstance(v, complex):
         return {
             "__complex__": [encode_value(v.real, where, depth=depth + 1), encode_value(v.imag, where, depth=depth + 1)]

@@ -10,6 +10,7 @@ cannot be read into directly go through :mod:`goodput.ckpt.loading.load_staging`
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -34,6 +35,9 @@ from .read_exec import DEFAULT_READ_BUFFER, ReadStats
 from .read_plan import Request
 from .reader import Checkpoint
 
+log = logging.getLogger(__name__)
+UNLOADED_NAMED = 10  # a warning names this many of the entries a load left in the checkpoint
+
 
 @dataclass
 class LoadResult:
@@ -41,6 +45,9 @@ class LoadResult:
     step: int | None
     stats: ReadStats
     timings: dict[str, float] = field(default_factory=dict)
+    # saved entries under a dict the state dict holds (not its top level) that the dict lacks:
+    # left in the checkpoint, so reported (a warning) rather than dropped in silence
+    unloaded: list[str] = field(default_factory=list)
 
 
 def load(
@@ -232,7 +239,48 @@ def _load(
         holder.truncate()
         holder.write(data.tobytes())
         holder.seek(0)
-    return LoadResult(path, ck.step, stats, {"total_s": time.perf_counter() - t0})
+    loaded = {lf.name for lf in leaves} | {v.name for v in value_leaves}
+    unloaded = unloaded_entries(state_dict, loaded, list(saved) + list(ck.metadata.values))
+    if unloaded:
+        log.warning(
+            "load from %r left %d saved entr%s that the state dict's dicts lack: %s%s (as DCP, a load fills "
+            "only what the state dict holds: add the keys to load them)",
+            display(path),
+            len(unloaded),
+            "y" if len(unloaded) == 1 else "ies",
+            ", ".join(unloaded[:UNLOADED_NAMED]),
+            ", ..." if len(unloaded) > UNLOADED_NAMED else "",
+        )
+    return LoadResult(path, ck.step, stats, {"total_s": time.perf_counter() - t0}, unloaded)
+
+
+def unloaded_entries(state_dict: dict[str, Any], loaded: set[str], saved: list[str]) -> list[str]:
+    """Saved names below a dict of the state dict, other than the top level, that no leaf took.
+
+    Left out at the top level is a partial load (the model alone from a checkpoint that also
+    holds the optimizer) and is not reported. Left out below, in a dict the caller passed, is
+    state the caller's dict did not know of: a Stateful data loader's state built fresh with no
+    entries for the shards it had read, a counter keyed by name. DCP drops those in silence."""
+    dicts: set[str] = set()
+    stack: list[tuple[str, Any, int]] = [(str(k), v, 1) for k, v in state_dict.items()]
+    while stack:
+        name, v, depth = stack.pop()
+        if isinstance(v, dict) and depth <= 100:
+            dicts.add(name)
+            stack.extend((f"{name}.{k}", x, depth + 1) for k, x in v.items())
+    if not dicts:
+        return []
+    out = []
+    for n in saved:
+        if n in loaded:
+            continue
+        i = n.find(".")
+        while i > 0:
+            if n[:i] in dicts:
+                out.append(n)
+                break
+            i = n.find(".", i + 1)
+    return sorted(out)
 
 
 def restore_like(new: Any, old: Any) -> Any:

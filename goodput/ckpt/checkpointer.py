@@ -697,7 +697,10 @@ class Checkpointer:
         if not out.ok:
             log.warning("step %s stays on the fast tier only: %s", d.step, out.error)
             return
-        self._newest = (d.step, out.time)
+        newest = self._newest
+        if newest is None or newest[0] is None or d.step > newest[0]:
+            # a drain commits a step the fast tier committed before: never a newer one than it
+            self._newest = (d.step, out.time)
         if self.rank == 0:
             with contextlib.suppress(OSError):
                 self.storage.publish(self.root, LATEST, d.durable_dir.name.encode())
@@ -724,13 +727,17 @@ class Checkpointer:
         """This rank's fast tier: keep the newest ``fast_keep`` checkpoints and every one not yet
         drained; remove saves that never committed there (older than the newest committed one, or
         all of them at start-up, when no save is in flight). Ranks sharing a node's directory
-        decide alike."""
+        decide alike.
+
+        At start-up every committed one is kept: the drains a crash cut short are not pending in
+        this process, and the newest fast commits may be damaged, so the older ones are what a
+        restore falls back to; the first commit after it applies ``fast_keep`` again."""
         assert self.fast is not None and self.drainer is not None
         fs = storage_for(self.fast)
         with self._lock:
             committed = fast_committed(self.fast)
             steps = sorted(committed)
-            keep = set(steps[-self.fast_keep :]) | self.drainer.pending()
+            keep = set(steps if startup else steps[-self.fast_keep :]) | self.drainer.pending()
             if committed_step is not None:  # the save that just committed, whatever its number
                 keep.add(committed_step)
             removed = []

@@ -440,3 +440,71 @@ def test_a_fast_manifest_that_cannot_be_read_is_said_and_the_durable_copy_restor
     with warnings.catch_warnings():  # the fast tier's retention at close says it once more
         warnings.simplefilter("ignore", DamagedCheckpointWarning)
         ck.close()
+
+
+def test_start_up_keeps_every_fast_commit_a_crash_left_undrained(tmp_path: Path) -> None:
+    """A run killed with drains queued leaves fast commits not yet drained. Start-up retention
+    kept only the newest ``fast_keep`` of them (nothing is pending in a new process), so when that
+    newest was damaged the restore found the older ones gone and fell back to the durable tier:
+    three steps lost. Now start-up keeps every fast commit; the restore takes the newest that
+    loads, and the first commit after it applies ``fast_keep``."""
+    import sys
+    import textwrap
+
+    fast, durable = tmp_path / "fast", tmp_path / "durable"
+    n = 1 << 16  # 256 KiB a save, drained at 16 KiB/s: 16 s each, so steps 3-5 are still queued
+    ck = gc.Checkpointer(durable, fast=fast, mode="thread", interval=1, fast_keep=1)
+    ck.save(1, {"w": torch.full((n,), 1.0)}).result()
+    assert ck.wait_drained(60)
+    ck.close()
+    child = textwrap.dedent(f"""
+        import os, signal, torch, goodput.ckpt as gc
+        ck = gc.Checkpointer({str(durable)!r}, fast={str(fast)!r}, mode="thread", interval=1, fast_keep=1,
+                             drain_rate="16KiB/s")
+        st = {{"w": torch.zeros({n})}}
+        assert ck.restore(st) == 1
+        for s in range(2, 6):
+            st["w"].fill_(s)
+            ck.save(s, st).result()
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    r = subprocess.run([sys.executable, "-c", child], env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert r.returncode == -signal.SIGKILL
+    assert sorted(fast_committed(fast)) == [2, 3, 4, 5]
+    assert _steps(durable) == [1]
+    (data,) = (fast / "step_000000005").glob("data-*.bin")
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    ck = gc.Checkpointer(durable, fast=fast, mode="thread", interval=1, fast_keep=1)
+    assert sorted(fast_committed(fast)) == [2, 3, 4, 5]  # start-up removed none of them
+    state = {"w": torch.zeros(n)}
+    assert ck.restore(state) == 4 and ck.restored_tier == "fast"
+    assert torch.equal(state["w"], torch.full((n,), 4.0))
+    state["w"].fill_(5.0)
+    ck.save(5, state).result()
+    assert ck.wait_drained(60)
+    ck.close()
+    assert _steps(fast) == [5]  # fast_keep=1 again from the first commit on
+
+
+def test_a_durable_commit_of_an_older_step_is_not_reported_as_the_newest(tmp_path: Path) -> None:
+    """A skipped save reports the newest commit's step and age: a drain finishing step 1 after
+    step 5 committed on the fast tier made the report say step 1."""
+    ck = _tiered(tmp_path, if_busy="skip", drain_rate="4MiB/s")
+    events: list[gc.CommitEvent] = []
+    ck.add_listener(events.append, skipped=True)
+    small = {"w": torch.zeros(1 << 18)}  # 1 MiB: a quarter of a second to drain each
+    for s in range(1, 6):
+        ck.save(s, small).result()
+    deadline = time.monotonic() + 60
+    while not any(e.tier == "durable" and e.kind == "commit" for e in events):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    big = {"w": torch.zeros(1 << 18), "big": torch.zeros(1 << 22)}  # 16 MiB: still being written at the next
+    ck.maybe_save(6, big)
+    assert ck.maybe_save(7, big) is None
+    skips = [e for e in events if e.kind == "skipped"]
+    assert [(e.step, e.newest_step) for e in skips] == [(7, 5)]
+    assert ck.wait_drained(120)
+    ck.close()

@@ -9,8 +9,15 @@ so at most one shard's tensors are in memory at once; each is written by the ``s
 library (``metadata={"format": "pt"}``, as ``transformers`` writes). The source may be any
 checkpoint location (a directory or ``s3://``), saved in any layout on any number of ranks: each
 tensor is read whole, every checksum verified. The destination is a directory or ``s3://``
-prefix that must hold nothing yet (``overwrite=True`` replaces what is there by name); on an
+prefix that must hold nothing yet (``overwrite=True`` writes into a non-empty one); on an
 object store each shard is written to a local temporary file first, then uploaded.
+
+An export that does not finish (killed, power lost) must leave nothing a loader takes for a
+model: before it touches the destination the export writes the marker :data:`EXPORTING` there
+(fsynced); on overwrite it then removes the earlier export (index first, then its shards, values
+and this exporter's own temporary files); it writes the shards, the values, the index last, and
+only then removes the marker. The Hugging Face loader refuses a directory holding the marker,
+and shards of a set without their index (:mod:`goodput.ckpt.loading.hf`).
 
 What is not a tensor goes beside the shards, never silently away. A safetensors file holds
 tensors only (its ``__metadata__`` is str -> str), and Hugging Face's tools read only the tensors,
@@ -40,7 +47,7 @@ from typing import Any
 from ..errors import CheckpointError
 from ..format.dtypes import dtype as dtype_info
 from ..format.format import FORMAT_VERSION, decode_value, encode_value
-from ..loading.hf import VALUES, VALUES_FORMAT  # the values and blobs beside the tensors (module doc)
+from ..loading.hf import EXPORTING, VALUES, VALUES_FORMAT  # values beside the tensors; the marker (module doc)
 from ..loading.reader import Checkpoint
 from ..storage.base import Storage
 from ..storage.local import PosixStorage
@@ -51,6 +58,20 @@ SINGLE = "model.safetensors"
 FORMATS = ("safetensors", "torch")
 UPLOAD_SLICE = 8 << 20
 _SHARD = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
+#: this exporter's own temporary files in the destination (:func:`_write`, and the storage's
+#: ``publish`` of the index and values), which a killed export leaves behind
+_TEMP = re.compile(
+    r"^\.(model\.safetensors|model-\d{5}-of-\d{5}\.safetensors|model\.safetensors\.index\.json"
+    r"|goodput_values\.json)\.tmp-\d+$"
+)
+#: the goodput dtypes a safetensors file can hold (safetensors has no complex128)
+SAFETENSORS_DTYPES = (
+    "bool", "uint8", "int8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "bfloat16",
+    "float32", "float64", "complex64", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+    "float8_e8m0fnu",
+)  # fmt: skip
+#: the key of a safetensors header that is not a tensor: a tensor cannot be written under it
+RESERVED = "__metadata__"
 
 #: --dtype spellings -> torch dtype names
 CASTS = {
@@ -116,8 +137,12 @@ def shard_name(i: int, n: int) -> str:
     return SINGLE if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
 
 
-def _select(ck: Checkpoint, prefix: str | None, cast: str | None) -> tuple[list[_Item], list[str], list[str]]:
-    """(tensors to export, blobs, values): names as in the checkpoint, those under ``prefix``."""
+def _select(
+    ck: Checkpoint, prefix: str | None, cast: str | None, fmt: str = "safetensors"
+) -> tuple[list[_Item], list[str], list[str]]:
+    """(tensors to export, blobs, values): names as in the checkpoint, those under ``prefix``.
+    For safetensors, a tensor it cannot hold (a dtype it lacks, the name ``__metadata__``) is
+    refused here, before anything is written."""
     items: list[_Item] = []
     blobs: list[str] = []
     for t in ck.metadata.tensors:
@@ -130,6 +155,8 @@ def _select(ck: Checkpoint, prefix: str | None, cast: str | None) -> tuple[list[
         if not name:
             raise ExportError(f"tensor {t.name!r}: the prefix {prefix!r} leaves it no name")
         out = cast if cast is not None and t.dtype in _FLOATS else t.dtype
+        if fmt == "safetensors":
+            _storable(t.name, name, t.dtype, out)
         numel = 1
         for s in t.shape:
             numel *= int(s)
@@ -145,6 +172,22 @@ def _select(ck: Checkpoint, prefix: str | None, cast: str | None) -> tuple[list[
     if len(set(names)) != len(names):  # cannot happen: the checkpoint's names are unique
         raise ExportError("two tensors would be written under one name")
     return items, blobs, values
+
+
+def _storable(source: str, name: str, saved: str, out: str) -> None:
+    """Refuse what a safetensors file cannot hold, naming the tensor."""
+    called = repr(source) + (f" (written as {name!r})" if name != source else "")
+    if name == RESERVED:
+        raise ExportError(
+            f"tensor {called}: {RESERVED!r} is the safetensors header's reserved key (the file's metadata), "
+            "so no tensor can be written under it; rename it, or export with --format torch"
+        )
+    if out not in SAFETENSORS_DTYPES:
+        cast = f" (cast to {out} by --dtype)" if out != saved else ""
+        raise ExportError(
+            f"tensor {called} is {out}{cast}, which safetensors cannot hold (it holds {', '.join(SAFETENSORS_DTYPES)}); "
+            "leave it out with --prefix, or export with --format torch"
+        )
 
 
 def _values_doc(ck: Checkpoint, prefix: str | None, blobs: list[str], values: list[str], read_buffer: int) -> bytes:
@@ -185,9 +228,11 @@ def _check_destination(storage: Storage, dst: Path, overwrite: bool, fmt: str) -
             raise ExportError(f"the destination {display(dst)!r} exists and is not a directory") from None
         return
     if held and not overwrite:
+        unfinished = any(e.name == EXPORTING for e in held)
         raise ExportError(
-            f"the destination {display(dst)!r} is not empty ({len(held)} entries, e.g. {held[0].name!r}; "
-            "pass overwrite=True / --overwrite to write into it)"
+            f"the destination {display(dst)!r} is not empty ({len(held)} entries, e.g. {held[0].name!r}"
+            + ("; an earlier export into it did not finish" if unfinished else "")
+            + "; pass overwrite=True / --overwrite to write into it)"
         )
 
 
@@ -263,15 +308,15 @@ def export(
         from goodput.plan.units import parse_size
 
         max_shard_size = parse_size(max_shard_size)
-    if not (isinstance(max_shard_size, int) and max_shard_size > 0):
+    if isinstance(max_shard_size, bool) or not (isinstance(max_shard_size, int) and max_shard_size > 0):
         raise ValueError(f"max_shard_size must be a positive number of bytes, got {max_shard_size!r}")
     src_p, dst_p = Path(src), Path(dst)
-    if display(src_p).rstrip("/") == display(dst_p).rstrip("/"):
+    if _same_location(src_p, dst_p):
         raise ExportError(f"the destination {display(dst_p)!r} is the checkpoint itself; choose another")
     if prefix and not prefix.endswith("."):
         prefix += "."  # a dotted path: "model" must not take "model_ema.*" or write ".weight"
     ck = Checkpoint(src_p)
-    items, blobs, values = _select(ck, prefix, cast)
+    items, blobs, values = _select(ck, prefix, cast, format)
     skipped: dict[str, str] = {}
     carried: list[str] = []
     if format == "torch":  # one {name: tensor} file: no place for them, each reported
@@ -316,6 +361,7 @@ def export(
         fresh = not _holds_anything(storage, dst_p)
         storage.prepare(dst_p)
         try:
+            _begin(storage, dst_p, src_p, overwrite)
             _write_safetensors(
                 storage,
                 ck,
@@ -332,14 +378,70 @@ def export(
             raise
         if blobs or values:
             carried = sorted(k[len(prefix) if prefix else 0 :] for k in blobs + values)
-        if overwrite:  # an earlier export's shards, index and values under other names would mislead a loader
-            for e in storage.list(dst_p):
-                stale = e.name in (INDEX, SINGLE, VALUES) or _SHARD.match(e.name)
-                if e.name not in files and stale:
-                    storage.remove(dst_p, e.name)
+        if overwrite:  # what _begin could not remove: it would mislead a loader beside this export
+            _sweep(storage, dst_p, keep=files)
+        _finish(storage, dst_p)
     return ExportResult(
         display(dst_p), format, files, len(items), total, skipped, carried, seconds=time.perf_counter() - t0
     )
+
+
+def _same_location(src: Path, dst: Path) -> bool:
+    """Whether ``dst`` names the checkpoint ``src`` itself: by resolved path locally (``a/../ck``,
+    a link to it), by bucket and key on an object store."""
+    s, d = display(src), display(dst)
+    if s.startswith("s3://") or d.startswith("s3://"):
+        if not (s.startswith("s3://") and d.startswith("s3://")):
+            return False
+        from ..storage.s3 import split
+
+        try:
+            return split(s) == split(d)
+        except ValueError:
+            return s.rstrip("/") == d.rstrip("/")
+    return os.path.realpath(src) == os.path.realpath(dst)
+
+
+def _stale(name: str) -> bool:
+    """An earlier export's file (or this exporter's leftover temporary file) in the destination."""
+    return name in (INDEX, SINGLE, VALUES) or bool(_SHARD.match(name) or _TEMP.match(name))
+
+
+def _sweep(storage: Storage, dst: Path, keep: list[str]) -> None:
+    """Remove an earlier export from ``dst``: the index first (a reader that follows it must
+    not find a mix), then its shards, values and leftover temporary files."""
+    names = [e.name for e in storage.list(dst) if e.name not in keep and _stale(e.name)]
+    if INDEX in names:
+        storage.remove(dst, INDEX)
+        storage.sync(dst)
+    for n in names:
+        if n != INDEX:
+            storage.remove(dst, n)
+    storage.sync(dst)
+
+
+def _begin(storage: Storage, dst: Path, src: Path, overwrite: bool) -> None:
+    """The marker first (durable before anything in ``dst`` changes), then, on overwrite, the
+    earlier export out of the way."""
+    note = {"export_of": display(src), "pid": os.getpid(), "started": time.time()}
+    if overwrite:
+        storage.remove(dst, EXPORTING)  # an earlier one's (never written through: it could be a link)
+    storage.put(dst, EXPORTING, (json.dumps(note) + "\n").encode())
+    storage.sync(dst)
+    if overwrite:
+        _sweep(storage, dst, keep=[EXPORTING])
+
+
+def _finish(storage: Storage, dst: Path) -> None:
+    """Every file durably in place, then the marker removed: the export is whole."""
+    storage.sync(dst)
+    storage.remove(dst, EXPORTING)
+    storage.sync(dst)
+    if storage.exists(dst, EXPORTING):
+        raise ExportError(
+            f"the export into {display(dst)!r} is complete, but its marker {EXPORTING} could not be removed "
+            "(loaders refuse the directory while it is there); remove it"
+        )
 
 
 def _holds_anything(storage: Storage, dst: Path) -> bool:
@@ -351,11 +453,15 @@ def _holds_anything(storage: Storage, dst: Path) -> bool:
 
 def _undo(storage: Storage, dst: Path, files: list[str], fresh: bool) -> None:
     """A failed export removes what it wrote: a shard without its index is not a model (a loader
-    given ``strict=False`` would take part of one), and a destination it created is removed too."""
+    given ``strict=False`` would take part of one), and a destination it created is removed too.
+    Its marker goes last, and only when no export's file is left (a removal can fail)."""
     for name in files:
         with contextlib.suppress(OSError):
             storage.remove(dst, name)
     files.clear()
+    with contextlib.suppress(Exception):  # the export's own error is the one to raise
+        if not any(_stale(e.name) for e in storage.list(dst)):
+            storage.remove(dst, EXPORTING)
     if fresh:
         with contextlib.suppress(OSError):
             if not storage.list(dst):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import stat
 import struct
 import tempfile
@@ -56,6 +57,12 @@ MAX_INDEX_BYTES = 64 << 20
 VALUES = "goodput_values.json"  # what goodput's export carried beside the tensors
 VALUES_FORMAT = "goodput.values"
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit on a header
+#: written by ``goodput ckpt export`` before it touches the destination, removed once the index
+#: (the last file) is in place: a directory holding it is an export that did not finish
+EXPORTING = ".goodput-export-in-progress"
+#: one file of a sharded set, ``<stem>-00001-of-00008.safetensors``: its set needs
+#: ``<stem>.safetensors.index.json`` (without it, nothing says whether the set is whole)
+SHARDED = re.compile(r"^(?P<stem>.+)-\d{5,}-of-\d{5,}\.safetensors$")
 
 #: safetensors' dtype names -> goodput's
 HF_DTYPES = {
@@ -80,8 +87,9 @@ HF_DTYPES = {
 
 
 def is_hf_dir(path: str | os.PathLike) -> bool:
-    """A directory (or ``s3://`` prefix) with safetensors files or their index and no goodput
-    manifest. A storage that cannot answer raises (:class:`StorageError`): never "not one"."""
+    """A directory (or ``s3://`` prefix) with safetensors files or their index, or an unfinished
+    export's marker (:data:`EXPORTING`, so that the load says so), and no goodput manifest. A
+    storage that cannot answer raises (:class:`StorageError`): never "not one"."""
     s = os.fspath(path)
     if not isinstance(s, str):
         return False
@@ -90,12 +98,14 @@ def is_hf_dir(path: str | os.PathLike) -> bool:
             names = {e.name for e in storage_for(s).list(as_location(s)) if e.kind == "file"}
         except FileNotFoundError:  # nothing under the prefix
             return False
-        return MANIFEST not in names and (INDEX in names or any(n.endswith(".safetensors") for n in names))
+        return MANIFEST not in names and (
+            INDEX in names or EXPORTING in names or any(n.endswith(".safetensors") for n in names)
+        )
     if not os.path.isdir(s):
         return False
     if os.path.lexists(os.path.join(s, MANIFEST)):
         return False
-    if os.path.lexists(os.path.join(s, INDEX)):
+    if os.path.lexists(os.path.join(s, INDEX)) or os.path.lexists(os.path.join(s, EXPORTING)):
         return True
     try:
         return any(n.endswith(".safetensors") for n in os.listdir(s))
@@ -174,7 +184,16 @@ def _storage(d: Path) -> Storage:
 
 
 def _index_files(st: Storage, d: Path) -> tuple[list[str], dict[str, str] | None]:
-    """The safetensors files of the directory and the index's weight map (None without index)."""
+    """The safetensors files of the directory and the index's weight map (None without index).
+
+    Refused: a directory an export into did not finish (its marker, :data:`EXPORTING`: the files
+    may be part of one export or a mix of two), and shards of a set (``*-00001-of-00008``) without
+    their index (a lone ``model.safetensors`` needs none: Hugging Face's unsharded layout)."""
+    if st.exists(d, EXPORTING):
+        raise CheckpointError(
+            f"{display(d)!r} holds {EXPORTING}: an export into it did not finish (it was killed or "
+            "failed partway), so its files may be part of one export or a mix of two; export again"
+        )
     where = display(d / INDEX)
     raw = st.get_if_exists(d, INDEX, "safetensors index", MAX_INDEX_BYTES)
     if raw is not None:
@@ -199,8 +218,16 @@ def _index_files(st: Storage, d: Path) -> tuple[list[str], dict[str, str] | None
     files = sorted(e.name for e in listed if e.name.endswith(".safetensors") and e.kind in ("file", "link"))
     if not files:
         raise CheckpointError(f"{display(d)!r} holds no .safetensors file and no {INDEX}")
+    names = {e.name for e in listed}
     for f in files:
         check_file_name(f, display(d))
+        m = SHARDED.match(f)
+        if m and f"{m['stem']}.safetensors.index.json" not in names:
+            raise CheckpointError(
+                f"{display(d)!r} holds {f!r}, one file of a sharded set, but no {m['stem']}.safetensors.index.json: "
+                "a sharded checkpoint needs its index to say which files make it whole (an export that "
+                "did not finish leaves shards without it); export again, or restore the index"
+            )
     return files, None
 
 

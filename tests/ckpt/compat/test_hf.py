@@ -471,3 +471,17 @@ def test_a_failed_export_leaves_nothing_a_loader_could_take_for_a_model(tmp_path
     with pytest.raises(gc.CheckpointError, match="model.b"):
         gc.export(tmp_path / "ck", keep, prefix="model.", max_shard_size="1MB", overwrite=True)
     assert sorted(p.name for p in keep.iterdir()) == ["README.md"]
+
+
+def test_every_float8_the_export_writes_loads_back(tmp_path: Path) -> None:
+    """The exporter wrote F8_E4M3FNUZ / F8_E5M2FNUZ (AMD's float8s) that the loader did not know."""
+    saved = {
+        n: torch.arange(8, dtype=torch.float32).to(getattr(torch, n))
+        for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    }
+    gc.save(saved, tmp_path / "ck")
+    gc.export(tmp_path / "ck", tmp_path / "hf")
+    back = {n: torch.zeros(8, dtype=t.dtype) for n, t in saved.items()}
+    gc.load(back, tmp_path / "hf")
+    for n, t in saved.items():
+        assert back[n].view(torch.uint8).tolist() == t.view(torch.uint8).tolist(), n

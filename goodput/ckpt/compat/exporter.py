@@ -57,12 +57,12 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 FORMATS = ("safetensors", "torch")
 UPLOAD_SLICE = 8 << 20
-_SHARD = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
+_SHARD = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors\Z")
 #: this exporter's own temporary files in the destination (:func:`_write`, and the storage's
 #: ``publish`` of the index and values), which a killed export leaves behind
 _TEMP = re.compile(
     r"^\.(model\.safetensors|model-\d{5}-of-\d{5}\.safetensors|model\.safetensors\.index\.json"
-    r"|goodput_values\.json)\.tmp-\d+$"
+    r"|goodput_values\.json)\.tmp-\d+\Z"
 )
 #: the goodput dtypes a safetensors file can hold (safetensors has no complex128)
 SAFETENSORS_DTYPES = (

@@ -39,12 +39,12 @@ DEFAULT_BLOCK = 4096  # bytes covered by one block checksum
 MAX_NDIM = 32
 MAX_INT_DIGITS = 100_000  # a decimal int in a value (read or written): bounded, as everything read
 MAX_MANIFEST_BYTES = 64 << 20  # a manifest is a few hundred bytes plus the user's own dict
-_FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
-_SAVE_ID_RE = re.compile(r"^[0-9a-f]{16,32}$")
+_FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}\Z")
+_SAVE_ID_RE = re.compile(r"^[0-9a-f]{16,32}\Z")
 # the step directories a Checkpointer writes under its root, and what latest() recognises
-STEP_DIR = re.compile(r"^step_(\d{9,})$")
+STEP_DIR = re.compile(r"^step_(\d{9,})\Z")
 # the data files one save writes (its save id in each name), which a failed save's cleanup may remove
-DATA_FILE = re.compile(r"^data-[0-9a-f]{16}-r\d{5,}-\d+\.bin$")
+DATA_FILE = re.compile(r"^data-[0-9a-f]{16}-r\d{5,}-\d+\.bin\Z")
 
 
 def step_dir_name(step: int) -> str:

@@ -62,7 +62,7 @@ MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit on a heade
 EXPORTING = ".goodput-export-in-progress"
 #: one file of a sharded set, ``<stem>-00001-of-00008.safetensors``: its set needs
 #: ``<stem>.safetensors.index.json`` (without it, nothing says whether the set is whole)
-SHARDED = re.compile(r"^(?P<stem>.+)-\d{5,}-of-\d{5,}\.safetensors$")
+SHARDED = re.compile(r"^(?P<stem>.+)-\d{5,}-of-\d{5,}\.safetensors\Z")
 
 #: safetensors' dtype names -> goodput's
 HF_DTYPES = {

@@ -99,7 +99,7 @@ def layout(leaves: list[TensorLeaf]) -> tuple[dict[tuple[str, int], Slot], int]:
     return slots, pos
 
 
-_SEGMENT = re.compile(r"^goodput-(\d+)-[0-9a-f]{8}$")
+_SEGMENT = re.compile(r"^goodput-(\d+)-[0-9a-f]{8}\Z")
 
 
 def sweep_dead_segments(directory: str = "/dev/shm") -> list[str]:

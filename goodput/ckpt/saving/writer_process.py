@@ -44,7 +44,7 @@ WATCH_S = 0.2
 SHM_DIR = "/dev/shm"
 PR_SET_PDEATHSIG = 1
 NICE = 10  # see _lower_priority
-SEGMENT = re.compile(r"^goodput-\d+-[0-9a-f]{8}$")  # goodput.staging's names; nothing else is mapped
+SEGMENT = re.compile(r"^goodput-\d+-[0-9a-f]{8}\Z")  # goodput.staging's names; nothing else is mapped
 
 
 def _recv(f: Any) -> Any:

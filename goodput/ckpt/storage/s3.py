@@ -43,7 +43,7 @@ from .base import Entry, Sink, Source, Storage
 SCHEME = "s3"
 MIN_PART = 5 << 20  # S3's smallest part (all but the last)
 MAX_PARTS = 10_000
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")
 
 
 def is_s3(location: Any) -> bool:
@@ -422,7 +422,7 @@ class S3Source(Source):
         pass
 
 
-_CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
+_CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)\Z")
 
 
 _SLICE = 1 << 20

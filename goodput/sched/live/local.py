@@ -77,7 +77,7 @@ KILL_WAIT_S = 30.0
 # later by a child process as its owner (remove_tree), killed past REMOVE_TIMEOUT_S
 TRASH_PREFIX = ".trash-"
 REMOVE_TIMEOUT_S = 60.0
-SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 
 # the environment a job is started with (docs/PROTOCOL.md)
 ENV_JOB_ID = "GOODPUT_JOB_ID"

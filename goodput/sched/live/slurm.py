@@ -96,8 +96,8 @@ LIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED"
                   "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"})  # fmt: skip
 LOST_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL", "PREEMPTED"})
 DOWN_NODE_STATES = frozenset({"down", "fail", "failing"})
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-COMMENT = re.compile(r"^goodput:([0-9a-f]{12}):([A-Za-z0-9._-]{1,128}):([0-9]{1,9})$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+COMMENT = re.compile(r"^goodput:([0-9a-f]{12}):([A-Za-z0-9._-]{1,128}):([0-9]{1,9})\Z")
 META_KEY = "."  # the row of the slurm_runs table that holds this service's instance id
 DRAINED_KEY = ".drained"  # the row that holds the nodes goodput drained because Slurm had (a JSON list)
 

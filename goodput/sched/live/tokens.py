@@ -11,7 +11,7 @@ import re
 import secrets
 from typing import Any
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$")  # a tenant's or a job's name
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}\Z")  # a tenant's or a job's name
 
 
 def digest(token: str) -> str:

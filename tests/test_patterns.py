@@ -48,3 +48,15 @@ def test_a_tenant_name_with_a_newline_is_refused(tmp_path: Path, name: str) -> N
 def test_a_file_name_in_metadata_with_a_trailing_newline_is_refused() -> None:
     assert F._FILE_RE.match("data-0.bin") and not F._FILE_RE.match("data-0.bin\n")
     assert F.STEP_DIR.match("step_000000001") and not F.STEP_DIR.match("step_000000001\n")
+
+
+def test_the_services_pydantic_patterns_refuse_a_trailing_newline_too() -> None:
+    """pydantic's Rust engine has no ``\\Z``: the service hands it ``$``, which there means the end."""
+    import pydantic
+
+    from goodput.sched.live.service import JobSpec
+
+    JobSpec(name="ok", command=["x"], key="k-1")
+    for field in ({"name": "ok\n"}, {"key": "k-1\n"}, {"env": {"A\n": "1"}}):
+        with pytest.raises(pydantic.ValidationError):
+            JobSpec(command=["x"], **field)

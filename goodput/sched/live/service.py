@@ -64,13 +64,15 @@ from .store import StoreError, StoreUnavailable, encode_job, open_store
 from .tokens import NAME, digest, new_token
 
 log = logging.getLogger("goodput.sched.live.service")
-JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}\.[0-9a-f]{8}$")
-NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")  # a submission's idempotency key
-ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}\.[0-9a-f]{8}\Z")
+NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
+KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z")  # a submission's idempotency key
+ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 
 # bounds on what a request may carry (docs/SCHED.md, "Security model")
 MAX_BODY = 1 << 20  # bytes of a request body
+HISTORY_MAX = 1000  # event records of one job a view shows (its newest)
+MAX_HEADER_BYTES = 64 << 10  # a request line and header block larger than this is refused (h11)
 MAX_ARGS = 4096  # arguments of a command
 MAX_ARG = 65536  # characters of one argument
 MAX_ENV = 64  # variables of a spec's env
@@ -92,7 +94,14 @@ _UNENDED = frozenset((JobState.PENDING, JobState.RUNNING, JobState.PREEMPTING))
 ENDED_COMMAND_BYTES = 4096  # of an ended job's command, what its record keeps (the rest is cut, said so)
 RETIRE_BATCH = 500  # ended jobs trimmed, and pruned, per scheduling pass at most (one transaction each)
 PRUNED_REMEMBERED = 100_000  # ids of pruned jobs remembered (until a restart) so that GET answers 410
-_CUT = re.compile(r"^<goodput: [0-9]+ more bytes of this command were dropped when the job ended>$")
+_CUT = re.compile(r"^<goodput: [0-9]+ more bytes of this command were dropped when the job ended>\Z")
+
+
+def _checked_by_pydantic(p: re.Pattern[str]) -> str:
+    """The pattern for pydantic, whose Rust regex engine has no ``\\Z``: there ``$`` already means
+    the end of the text (Python's ``$`` also matches before a final newline, hence ``\\Z`` here)."""
+    assert p.pattern.endswith("\\Z")
+    return p.pattern[:-2] + "$"
 
 
 def _command_bytes(command: tuple[str, ...] | list[str]) -> int:
@@ -188,7 +197,7 @@ def _env_key(v: str) -> str:
 
 Arg = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ARG), AfterValidator(_text)]
 Path_ = Annotated[str, StringConstraints(max_length=MAX_PATH), AfterValidator(_text)]
-EnvKey = Annotated[str, StringConstraints(pattern=ENV_KEY.pattern), AfterValidator(_env_key)]
+EnvKey = Annotated[str, StringConstraints(pattern=_checked_by_pydantic(ENV_KEY)), AfterValidator(_env_key)]
 EnvValue = Annotated[str, StringConstraints(max_length=MAX_ENV_VALUE), AfterValidator(_text)]
 
 
@@ -206,7 +215,7 @@ class JobSpec(BaseModel):
     # a misspelt field is a 422 naming it, not silently dropped; a value of another JSON type too
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    name: str = Field("job", pattern=NAME.pattern)
+    name: str = Field("job", pattern=_checked_by_pydantic(NAME))
     command: list[Arg] = Field(min_length=1, max_length=MAX_ARGS)
     nodes: int = Field(1, ge=1, le=4096)
     gpus_per_node: int = Field(1, ge=1, le=64)
@@ -223,7 +232,7 @@ class JobSpec(BaseModel):
     # variables the job's processes get (besides an allowlist of the service's and its run's GOODPUT_*)
     env: dict[EnvKey, EnvValue] = Field(default_factory=dict, max_length=MAX_ENV)
     # the client's idempotency key: a retried POST with the same key (same tenant) answers the first one's id
-    key: str | None = Field(None, pattern=KEY.pattern)
+    key: str | None = Field(None, pattern=_checked_by_pydantic(KEY))
 
     def oversized(self) -> tuple[str, str] | None:
         """(field, message) when the command and env together exceed ``MAX_SPEC_BYTES``, else None."""
@@ -425,6 +434,7 @@ class Service:
             self.adopted = self.executor.adopt(self.sched.jobs)
             self._count_queued()
             self._index_ended()
+            self._index_history()
         self.refresh_tokens()
         # (wall end, pass seconds, lock wait seconds) of recent loop iterations that ran a pass: GET /stats
         self.pass_times: deque[tuple[float, float, float]] = deque(maxlen=100_000)
@@ -560,6 +570,7 @@ class Service:
                 log.exception("scheduling pass failed")
                 self._rebuild("an unexpected error in a scheduling pass")
             if not self.degraded:
+                self._catch_up_history()  # the pass's records: a view seldom pays for them
                 try:
                     if self.retire_ended():
                         self.wake.set()  # a backlog (a restart, a lowered limit): the next batch soon
@@ -592,6 +603,7 @@ class Service:
             self._load_facts()
             self._count_queued()
             self._index_ended()
+            self._index_history()
             reconcile = getattr(self.executor, "reconcile", None)
             if reconcile is not None:
                 killed = reconcile(self.sched.jobs)
@@ -771,6 +783,47 @@ class Service:
             log.info("removed %d ended jobs (retention)", len(prune))
         return more
 
+    # -- each job's event records (GET /jobs/{id}'s history) ---------------------------------------------
+
+    def _index_history(self) -> None:
+        """The event records by job, from the scheduler's whole log (the lock held): at start, where the
+        log holds every event the store kept, and after a rebuild. Records of jobs the scheduler no
+        longer holds (removed by retention) are left out."""
+        self._history: dict[str, list[dict[str, Any]]] = {}
+        self._history_log: list[dict[str, Any]] = self.sched.log.records
+        self._history_at = 0
+        self._catch_up_history()
+
+    def _catch_up_history(self) -> None:
+        """Index the records emitted since the last call (the lock held; the log only grows, so each
+        record is looked at once): a view costs the records of its job, not the whole log."""
+        records = self.sched.log.records
+        if records is not self._history_log or len(records) < self._history_at:
+            self._index_history()  # another log (a scheduler rebuilt some other way): index it whole
+            return
+        n = len(records)
+        if n == self._history_at:
+            return
+        jobs, index = self.sched.jobs, self._history
+        for i in range(self._history_at, n):
+            rec = records[i]
+            jid = rec.get("job")
+            if isinstance(jid, str) and jid in jobs:
+                lst = index.get(jid)
+                if lst is None:
+                    index[jid] = [rec]
+                else:
+                    lst.append(rec)
+        self._history_at = n
+
+    def history(self, job_id: str) -> tuple[list[dict[str, Any]], int]:
+        """The newest ``HISTORY_MAX`` event records of a job, oldest first, and how many older ones were
+        left out (the lock held)."""
+        self._catch_up_history()
+        recs = self._history.get(job_id, [])
+        cut = max(0, len(recs) - HISTORY_MAX)
+        return recs[cut:], cut
+
     def _drop_ended(self, tenant: str, n: int) -> None:
         dq = self._ended[tenant]
         for _ in range(n):
@@ -783,6 +836,7 @@ class Service:
         self.envs.pop(jid, None)
         self.last_commit.pop(jid, None)
         self.last_fast_commit.pop(jid, None)
+        self._history.pop(jid, None)
         key = self.key_of.pop(jid, None)
         if key is not None and self.keys.get((tenant, key), ("",))[0] == jid:
             del self.keys[(tenant, key)]  # a retry with that key now submits anew
@@ -1061,7 +1115,8 @@ class Service:
     # -- event streams -----------------------------------------------------------------------------------
 
     def stream_slot(self, tenant: str, *, check_only: bool = False, release: bool = False) -> None:
-        """Count follow streams (on the event loop's thread only): 429 past the caps."""
+        """Count ``/events`` streams, follow or not (on the event loop's thread only): 429 past the caps.
+        A stream that is not followed still holds its slot while its client has not read it all."""
         if release:
             n = self._streams.get(tenant, 0) - 1
             if n > 0:
@@ -1071,11 +1126,11 @@ class Service:
             return
         if self._streams.get(tenant, 0) >= self.streams_per_tenant:
             raise HTTPException(
-                429, f"at most {self.streams_per_tenant} follow streams per tenant", {"Retry-After": str(RETRY_AFTER_S)}
+                429, f"at most {self.streams_per_tenant} event streams per tenant", {"Retry-After": str(RETRY_AFTER_S)}
             )
         if sum(self._streams.values()) >= self.streams_total:
             raise HTTPException(
-                429, f"at most {self.streams_total} follow streams in all", {"Retry-After": str(RETRY_AFTER_S)}
+                429, f"at most {self.streams_total} event streams in all", {"Retry-After": str(RETRY_AFTER_S)}
             )
         if not check_only:
             self._streams[tenant] = self._streams.get(tenant, 0) + 1
@@ -1160,7 +1215,11 @@ class Service:
             d["last_exit"] = getattr(self.executor, "last_exit", {}).get(job.id)
             d["deadline_s"] = job.deadline_s if math.isfinite(job.deadline_s) else None
             d["victim_of"] = "another tenant's job" if self._foreign(c, job.victim_of) else job.victim_of
-            d["history"] = [self.redact(c, r) for r in self.sched.log.records if r.get("job") == job.id]
+            # the job's records from an index by job (never a scan of the whole log under the lock):
+            # its newest HISTORY_MAX, and how many older ones were left out
+            recs, dropped = self.history(job.id)
+            d["history"] = [self.redact(c, r) for r in recs]
+            d["history_dropped"] = dropped
         return d
 
 
@@ -1172,8 +1231,10 @@ class _TooLarge(Exception):
 
 
 class BodyLimit:
-    """ASGI middleware: a request body over ``max_bytes`` is a 413 before it is read into memory
-    (by its Content-Length, or counted as it arrives when there is none)."""
+    """ASGI middleware: a request body over ``max_bytes`` is a 413 before it is read into memory: by
+    its Content-Length, or, when there is none (a chunked body), read here up to ``max_bytes`` + 1
+    bytes and refused once past the limit, else handed to the app as it came. (Raising inside the
+    app's ``receive`` instead would reach FastAPI, which answers any error reading a body with 400.)"""
 
     def __init__(self, app: Any, max_bytes: int = MAX_BODY) -> None:
         self.app, self.max_bytes = app, max_bytes
@@ -1182,12 +1243,34 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        sized = False
         for k, v in scope.get("headers", ()):
-            if k == b"content-length" and (not v.isdigit() or int(v) > self.max_bytes):
-                await self._refuse(send)
-                return
+            if k == b"content-length":
+                if not v.isdigit() or int(v) > self.max_bytes:
+                    await self._refuse(send)
+                    return
+                sized = True
         seen = 0
         started = False
+        if not sized:  # no Content-Length: read the body here, at most max_bytes + 1 of it
+            buffered: deque[dict] = deque()
+            while True:
+                msg = await receive()
+                buffered.append(msg)
+                if msg["type"] != "http.request":
+                    break  # http.disconnect: the app sees it as it would have
+                seen += len(msg.get("body", b""))
+                if seen > self.max_bytes:
+                    await self._refuse(send)
+                    return
+                if not msg.get("more_body", False):
+                    break
+            outer = receive
+
+            async def replayed() -> dict:
+                return buffered.popleft() if buffered else await outer()
+
+            receive = replayed
 
         async def counted() -> dict:
             nonlocal seen
@@ -1380,8 +1463,8 @@ def create_app(svc: Service) -> FastAPI:
     @app.get("/jobs")
     def list_jobs(
         state: str | None = Query(None, pattern="^(pending|running|preempting|finished|failed|cancelled)$"),
-        name: str | None = Query(None, pattern=NAME.pattern),
-        tenant: str | None = Query(None, pattern=NAME.pattern),
+        name: str | None = Query(None, pattern=_checked_by_pydantic(NAME)),
+        tenant: str | None = Query(None, pattern=_checked_by_pydantic(NAME)),
         limit: int = Query(1000, ge=1, le=100000),
         c: Caller = Depends(person),
     ) -> dict[str, Any]:
@@ -1503,7 +1586,7 @@ def create_app(svc: Service) -> FastAPI:
             mine = [svc.view(j) for j in pend if c.role == "admin" or j.tenant == c.tenant]
             return {"pending": len(pend), "jobs": mine, "summary": _summary_for(svc, c)}
 
-    @app.get("/events", responses={429: {"description": "too many follow streams open"}})
+    @app.get("/events", responses={429: {"description": "too many event streams open"}})
     async def events(
         request: Request,
         since: int = Query(0, ge=0, le=MAX_INT),
@@ -1514,10 +1597,10 @@ def create_app(svc: Service) -> FastAPI:
         """The event log as JSONL (the simulator's schema); ``follow`` keeps streaming new records.
 
         Async: a stream holds no worker thread (its store reads go to a small pool of their own), it
-        notices a closed connection within half a second, and follow streams are capped per tenant
-        and in total (429 beyond)."""
-        if follow:
-            svc.stream_slot(c.tenant, check_only=True)
+        notices a closed connection within half a second, and streams (followed or not: one that
+        is never read holds its place as long as one that follows) are capped per tenant and in total
+        (429 beyond)."""
+        svc.stream_slot(c.tenant, check_only=True)
 
         def visible(rec: dict[str, Any]) -> bool:
             if c.role == "admin":
@@ -1532,12 +1615,11 @@ def create_app(svc: Service) -> FastAPI:
         async def gen() -> AsyncIterator[bytes]:
             held = False
             try:
-                if follow:
-                    try:
-                        svc.stream_slot(c.tenant)
-                    except HTTPException:
-                        return  # the cap was reached between the check and the start
-                    held = True
+                try:
+                    svc.stream_slot(c.tenant)
+                except HTTPException:
+                    return  # the cap was reached between the check and the start
+                held = True
                 seq = since
                 sent = 0
                 while True:
@@ -1719,7 +1801,17 @@ def serve(
         on_start(svc.startup_notes())
     svc.start()
     try:
-        uvicorn.run(create_app(svc), host=host, port=port, log_level="warning")
+        # h11, not httptools: httptools buffers a header block of any size (4 connections of 100 MiB
+        # of unfinished headers grew the service by 400 MB, no token needed); h11 refuses one past
+        # MAX_HEADER_BYTES with a 400 and closes the connection
+        uvicorn.run(
+            create_app(svc),
+            host=host,
+            port=port,
+            log_level="warning",
+            http="h11",
+            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        )
     finally:
         svc.close()
 

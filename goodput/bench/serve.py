@@ -465,10 +465,11 @@ def run(
 
 
 def _http_impl() -> str:
-    """What uvicorn's defaults pick here ("auto"): httptools and uvloop when installed, else h11 and asyncio."""
+    """What the service runs: uvicorn's h11 parser (``serve()`` bounds a request's header block
+    there), and uvloop when installed, else asyncio."""
     import importlib.util
 
-    parser = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    parser = "h11"
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
     return f"uvicorn ({parser}, {loop})"
 

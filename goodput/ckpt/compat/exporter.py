@@ -236,6 +236,24 @@ def _check_destination(storage: Storage, dst: Path, overwrite: bool, fmt: str) -
         )
 
 
+def _remove_dead_temps(parent: Path, name: str) -> None:
+    """A killed ``--format torch`` export's temporary file (``.<name>.tmp-<pid>`` beside the file,
+    as large as the model): removed when that process is gone, never a running export's."""
+    pattern = re.compile(rf"^\.{re.escape(name)}\.tmp-(\d+)\Z")
+    with contextlib.suppress(OSError):
+        for e in os.scandir(parent):
+            m = pattern.match(e.name)
+            if m is None or not e.is_file(follow_symlinks=False) or int(m.group(1)) == os.getpid():
+                continue
+            try:
+                os.kill(int(m.group(1)), 0)
+            except ProcessLookupError:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(e.path)
+            except (PermissionError, OverflowError):
+                continue  # alive under another user, or no such pid: left as it is
+
+
 def _write(storage: Storage, dst: Path, name: str, fill: Callable[[str], None]) -> None:
     """Write one file: ``fill(local_path)`` makes it; on POSIX it is renamed into place, on an
     object store it is uploaded (in slices: never a second copy in memory) and the local
@@ -353,6 +371,8 @@ def export(
             if progress:
                 progress("read", it.nbytes)
         storage.prepare(dst_p.parent)
+        if isinstance(storage, PosixStorage):
+            _remove_dead_temps(dst_p.parent, dst_p.name)
         _write(storage, dst_p.parent, dst_p.name, lambda p: torch.save(tensors, p))
         files.append(dst_p.name)
         if progress:

@@ -485,3 +485,21 @@ def test_every_float8_the_export_writes_loads_back(tmp_path: Path) -> None:
     gc.load(back, tmp_path / "hf")
     for n, t in saved.items():
         assert back[n].view(torch.uint8).tolist() == t.view(torch.uint8).tolist(), n
+
+
+def test_a_torch_export_removes_what_a_killed_one_left_beside_its_file(tmp_path: Path) -> None:
+    """``--format torch`` writes ``.<name>.tmp-<pid>`` beside the file; one a killed export left
+    (its process gone) is removed by the next export, one of a live process is not."""
+    import subprocess
+    import sys
+
+    gc.save({"w": torch.ones(4)}, tmp_path / "ck")
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()  # a pid that was and is no more
+    dead = tmp_path / f".m.pt.tmp-{p.pid}"
+    live = tmp_path / ".m.pt.tmp-1"  # init: alive
+    dead.write_bytes(b"x" * 1024)
+    live.write_bytes(b"y")
+    gc.export(tmp_path / "ck", tmp_path / "m.pt", format="torch")
+    assert not dead.exists() and live.exists()
+    assert torch.equal(torch.load(tmp_path / "m.pt")["w"], torch.ones(4))

@@ -64,7 +64,7 @@ def run_live_demo(workdir: str | None = None) -> int:
     from goodput.demo.example_job import expected_weights
     from goodput.sched.live.client import post_json
     from goodput.sched.live.local import free_port
-    from goodput.sched.live.service import Service, create_app, local_pools, new_token
+    from goodput.sched.live.service import MAX_HEADER_BYTES, Service, create_app, local_pools, new_token
     from goodput.sched.sim.checker import check
 
     own = workdir is None
@@ -90,7 +90,15 @@ def run_live_demo(workdir: str | None = None) -> int:
             governance=gov, allow_root_jobs=True,
         )  # fmt: skip
         token = new_token(svc.store, "demo")
-        server = uvicorn.Server(uvicorn.Config(create_app(svc), host="127.0.0.1", port=port, log_level="warning"))
+        config = uvicorn.Config(
+            create_app(svc),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            http="h11",  # as `goodput sched serve` runs it (a bound on a request's header block)
+            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        )
+        server = uvicorn.Server(config)
         svc.start()
         thread = threading.Thread(target=server.run, name="goodput-demo-uvicorn", daemon=True)
         thread.start()

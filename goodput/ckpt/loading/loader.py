@@ -26,7 +26,7 @@ from ..collective import name_ranks
 from ..dcp_compat import check_planner, location
 from ..errors import CheckpointError, StorageError, describe, rank_errors
 from ..format.dtypes import dtype as dtype_info
-from ..format.format import decode_value, value_repr
+from ..format.format import MAX_VALUE_DEPTH, decode_value, value_repr
 from ..state import TensorLeaf, dest_bytes, expand_stateful, flatten, materialize_meta
 from ..storage.base import Storage
 from ..storage.location import checkpoint_path, display, storage_for
@@ -265,7 +265,7 @@ def unloaded_entries(state_dict: dict[str, Any], loaded: set[str], saved: list[s
     stack: list[tuple[str, Any, int]] = [(str(k), v, 1) for k, v in state_dict.items()]
     while stack:
         name, v, depth = stack.pop()
-        if isinstance(v, dict) and depth <= 100:
+        if isinstance(v, dict) and depth <= MAX_VALUE_DEPTH:
             dicts.add(name)
             stack.extend((f"{name}.{k}", x, depth + 1) for k, x in v.items())
     if not dicts:

@@ -123,6 +123,8 @@ class Job:
     killed_at: float = -1.0  # when the current run's kill was sent (unkillable_s counts from it)
     fail_reason: str = ""  # why it ended failed (one of FAIL_REASONS)
     ckpt_requested: bool = False  # the notice asked for a checkpoint of the current step
+    # a priority preemption refused as too dear is not searched for again before this (pending only)
+    preempt_retry_s: float = 0.0
     end_s: float = -1.0
     # where the job will go once its victims are gone (pending only)
     claim: tuple[str, ...] = ()

@@ -14,6 +14,11 @@ from .reservations import Reservations
 from .state import Reservation
 
 PREEMPT_SCANS_PER_PASS = 4  # victim searches per pass; needs beyond wait for the next pass (<= 1 s)
+# a job whose priority preemption was refused (every set that would free it costs more than its wait
+# is worth, or needs more than MAX_VICTIMS jobs) is searched for again this long after, not every
+# pass: prices and waits move slowly, and a refusal re-searched each second of a long wait was most
+# of a simulation's time (Slurm's backfill, where its preemption is planned, runs every 30 s)
+PREEMPT_RETRY_S = 30.0
 # a priority preemption evicts at most this many jobs (Policy.weigh_wait): a gang that needs more
 # waits for its reservation, which time limits make hold, instead of disrupting a crowd
 MAX_VICTIMS = 2
@@ -55,7 +60,8 @@ class Preemption(Reservations):
             return False
         prio = job.priority
         reason = "priority"
-        for pool in cls[2]:
+        refused = False
+        for pool in cls[2] if now >= job.preempt_retry_s else ():
             below = self._pass_below.get((pool, prio))
             if below is None:
                 below = self._pass_below[(pool, prio)] = sum(g for p, g in self._held[pool].items() if p < prio)
@@ -94,9 +100,14 @@ class Preemption(Reservations):
                 continue
             if not self._worth(job, cls, victims, now):
                 self.refused += 1
+                refused = True
                 continue
             if self._evict(job, pool, victims, free, considered, excluded, now, reason):
                 return True
+        if refused:
+            job.preempt_retry_s = now + PREEMPT_RETRY_S
+            self._touch(job)
+            self._timer(job.preempt_retry_s, "retry", job)
         return self.policy.preemption and self._reclaim_for(job, cls, now, reservation)
 
     def _worth(self, job: Job, cls: Class, victims: list[Candidate], now: float, rate: float | None = None) -> bool:

@@ -91,6 +91,8 @@ class Scheduler(Preemption):
                     s._timer(job.eligible_s, "eligible", job)
                 else:
                     s._enqueue(job)
+                if job.preempt_retry_s > clock.now():
+                    s._timer(job.preempt_retry_s, "retry", job)
             elif job.state in (JobState.RUNNING, JobState.PREEMPTING):
                 s._index_run(job)
                 if job.state is JobState.PREEMPTING and job.placement:
@@ -419,7 +421,7 @@ class Scheduler(Preemption):
         """Fire the timers that are due: hard deadlines kill, backoffs end."""
         now = self.clock.now()
         while self._timers and self._timers[0][0] <= now:
-            _, kind, _, jid, epoch = heapq.heappop(self._timers)
+            t, kind, _, jid, epoch = heapq.heappop(self._timers)
             job = self.jobs.get(jid)
             if job is None or job.epoch != epoch:
                 continue
@@ -430,6 +432,8 @@ class Scheduler(Preemption):
                 self._time_limit(job, now)
             elif kind == "mature" and job.state is JobState.RUNNING:
                 self._mature(job)
+            elif kind == "retry" and job.state is JobState.PENDING and job.preempt_retry_s == t:
+                self._dirty = True  # its refused preemption may be searched for again
             elif (
                 kind == "unkillable"
                 and job.state is JobState.PREEMPTING
@@ -460,6 +464,7 @@ class Scheduler(Preemption):
                     or (kind == "eligible" and job.state is JobState.PENDING and job.substate == "backoff")
                     or (kind in ("limit", "mature") and job.state is JobState.RUNNING)
                     or (kind == "unkillable" and job.state is JobState.PREEMPTING and job.substate == "killed")
+                    or (kind == "retry" and job.state is JobState.PENDING and job.preempt_retry_s == t)
                 )
             )
             if live:

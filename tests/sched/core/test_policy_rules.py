@@ -773,3 +773,37 @@ def test_a_simulation_refuses_a_job_outside_the_limits_before_it_runs() -> None:
     with pytest.raises(SubmissionRejected) as e:
         simulate([ok, bad], cluster, POLICIES["goodput"])
     assert e.value.field == "priority" and "'bad'" in str(e.value)
+
+
+def test_a_refused_preemption_is_searched_for_again_only_after_preempt_retry_s() -> None:
+    """A refusal is not re-searched every pass (that was most of a simulation's time): the job's
+    ``preempt_retry_s`` (stored with it) and a timer bring the next search PREEMPT_RETRY_S later,
+    even when nothing else happens; a victim that became cheap meanwhile is taken then."""
+    from goodput.sched.core.preemption import PREEMPT_RETRY_S
+
+    gov = Governance(limits=Limits(min_run_s=0.0))
+    s, clock = make(nodes=2, gov=gov)
+    # low cannot checkpoint within its grace: evicting it loses everything since its last commit
+    slow = Checkpointing(interval_s=600.0, write_s=100.0, stall_s=1.0, restart_s=30.0, grace_s=30.0)
+    s.submit(job("low", limit=100_000.0, ckpt=slow))
+    s.tick()
+    at(s, clock, 1990)
+    s.submit(job("other", prio=5, limit=5000.0, ckpt=NO_CKPT, submit_s=1990.0))
+    s.tick()
+    at(s, clock, 2000)
+    s.submit(job("hi", prio=5, submit_s=2000.0))
+    s.tick()
+    assert s.refused == 1 and not recs(s, "preempt_requested")  # 2000 s of low's work: too dear
+    assert s.jobs["hi"].preempt_retry_s == 2000.0 + PREEMPT_RETRY_S
+    clock.t = 2010.0
+    assert s.report_commit("low", 1, 2010.0)  # now evicting low loses 20 s of work, not 2000
+    s.tick()
+    clock.t = 2020.0
+    s.submit(job("filler", gpn=1, submit_s=2020.0))  # a pass: hi is not searched for in it
+    s.tick()
+    assert s.refused == 1 and not recs(s, "preempt_requested")
+    assert s.next_timer() == 2000.0 + PREEMPT_RETRY_S  # nothing else is due: the timer brings the pass
+    at(s, clock, s.next_timer())
+    (r,) = recs(s, "preempt_requested")
+    assert (r["job"], r["reason"], r["preemptor"], r["t"]) == ("low", "priority", "hi", 2030.0)
+    assert check(s.log.records, {n: 8 for n in N[:2]}).ok

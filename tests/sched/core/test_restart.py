@@ -278,5 +278,7 @@ def check_restored(s: Scheduler, events: list[dict[str, Any]]) -> None:
         for j in s.jobs.values()
         if j.state is JobState.PREEMPTING and j.substate == "killed" and j.killed_at >= 0
     ]
+    # and a refused preemption's next search
+    due += [j.preempt_retry_s for j in s.jobs.values() if j.state is JobState.PENDING and j.preempt_retry_s > now]
     assert s.next_timer() == min(due, default=math.inf)
     assert s.terminal == sum(j.state.value in ("finished", "failed", "cancelled") for j in s.jobs.values())

@@ -36,6 +36,26 @@ def check(cond: bool, msg: str, option: str) -> None:
         raise typer.BadParameter(msg, param_hint=option)
 
 
+def positive(value: float, option: str) -> None:
+    """A number given on the command line: finite (no nan, inf) and above zero."""
+    check(math.isfinite(value), f"must be a finite number, got {value!r}", option)
+    check(value > 0, f"must be positive, got {value!r}", option)
+
+
+MAX_WHOLE = 2**53  # whole numbers above this are not exact as floats (and 10**400 overflows one)
+
+
+def whole(value: int, option: str) -> None:
+    """A count given on the command line (GPUs, nodes, layers...): positive and not absurdly large."""
+    check(value > 0, f"must be positive, got {value}", option)
+    check(value <= MAX_WHOLE, f"too large: must be at most 2^53 = {MAX_WHOLE:,}, got {len(str(value))} digits", option)
+
+
+def finite(value: float, what: str, option: str) -> None:
+    """A computed figure that overflowed a float means an input was absurdly large: say which."""
+    check(math.isfinite(value), f"too large: {what} overflows a double-precision float", option)
+
+
 def jsonable(x: Any) -> Any:
     if is_dataclass(x) and not isinstance(x, type):
         x = asdict(x)
@@ -54,8 +74,8 @@ def emit(obj: Any) -> None:
 
 def table(title: str, rows: list[tuple[str, str]], note: str | None = None) -> None:
     t = Table(title=title, show_header=False, title_justify="left")
-    t.add_column("quantity", style="bold")
-    t.add_column("value")
+    t.add_column("quantity", style="bold", overflow="fold")
+    t.add_column("value", overflow="fold")
     for k, v in rows:
         t.add_row(k, v)
     console.print(t)
@@ -81,7 +101,8 @@ def failures(
     from goodput.plan.failures import LLAMA3_DAYS, LLAMA3_GPUS
     from goodput.plan.failures import failures as run
 
-    check(gpus is None or gpus > 0, "must be positive", "--gpus")
+    if gpus is not None:
+        whole(gpus, "--gpus")
     m = parse(U.parse_duration, gpu_mtbf, "--gpu-mtbf") if gpu_mtbf is not None else None
     r = run(gpus, m)
     if as_json:
@@ -119,9 +140,10 @@ def failures(
 def _mtbi(mtbf: str | None, gpus: int | None, gpu_mtbf: str | None) -> float:
     if mtbf is not None:
         check(gpus is None, "give --mtbf, or --gpus with --gpu-mtbf, not both", "--mtbf")
+        check(gpu_mtbf is None, "give --mtbf, or --gpus with --gpu-mtbf, not both", "--gpu-mtbf")
         return parse(U.parse_duration, mtbf, "--mtbf")
     check(gpus is not None and gpu_mtbf is not None, "give --mtbf, or --gpus and --gpu-mtbf", "--mtbf")
-    check(gpus > 0, "must be positive", "--gpus")
+    whole(gpus, "--gpus")
     return parse(U.parse_duration, gpu_mtbf, "--gpu-mtbf") / gpus
 
 
@@ -145,11 +167,21 @@ def interval(
     r_ = parse(lambda v: U.parse_duration(v, allow_zero=True), restart, "--restart")
     w = parse(lambda v: U.parse_duration(v, allow_zero=True), write, "--write")
     given = parse(U.parse_duration, at, "--interval") if at is not None else None
+    if given is not None:
+        check(
+            given >= w,
+            f"{U.fmt_duration(given)} is shorter than --write {U.fmt_duration(w)}: a checkpoint cannot start "
+            "before the previous one is written",
+            "--interval",
+        )
     rep = wrap(lambda: run(d, m, r_, w, given))
     if plot is not None:
         from goodput.cli.plots import interval_plot
 
-        interval_plot(plot, d, m, r_, w, given)
+        try:
+            interval_plot(plot, d, m, r_, w, given)
+        except OSError as e:
+            raise typer.BadParameter(f"cannot write {plot}: {e}", param_hint="--plot") from None
     if as_json:
         emit(rep)
         return
@@ -187,11 +219,12 @@ def size(
     from goodput.plan.size import size as run
 
     p = parse(U.parse_count, params, "--params", "a parameter count")
-    check(bytes_per_param > 0, "must be positive", "--bytes-per-param")
+    positive(bytes_per_param, "--bytes-per-param")
     for v, o in ((gpus, "--gpus"), (tp, "--tp"), (pp, "--pp")):
-        check(v > 0, "must be positive", o)
+        whole(v, o)
     bw = parse(U.parse_bandwidth, bandwidth, "--bandwidth")
     tau = parse(U.parse_duration, at, "--interval")
+    finite(p * bytes_per_param, "--params × --bytes-per-param", "--params")
     r = wrap(lambda: run(p, bytes_per_param, gpus, tp, pp, bw, tau), "--gpus")
     if as_json:
         emit(r)
@@ -226,13 +259,21 @@ def tokens(
     """Tokens/s, token-stream bytes/s, checkpoint burst bytes/s, restore time with and without read-once."""
     from goodput.plan.tokens import tokens as run
 
-    check(gpus > 0 and dp > 0 and bytes_per_token > 0, "must be positive", "--gpus/--dp/--bytes-per-token")
+    whole(gpus, "--gpus")
+    whole(dp, "--dp")
+    positive(bytes_per_token, "--bytes-per-token")
     f = parse(U.parse_flops, tflops if any(c.isalpha() for c in tflops) else f"{tflops}T", "--tflops")
     p = parse(U.parse_count, params, "--params", "a parameter count")
     ck = parse(U.parse_bytes, checkpoint_bytes, "--checkpoint-bytes") if checkpoint_bytes else None
     wt = parse(U.parse_duration, write_time, "--write-time")
     bw = parse(U.parse_bandwidth, tier_bandwidth, "--tier-bandwidth")
     r = wrap(lambda: run(gpus, f, p, bytes_per_token, ck, wt, bw, dp=dp))
+    overflowed = [k for k, v in asdict(r).items() if isinstance(v, float) and not math.isfinite(v)]
+    check(
+        not overflowed,
+        f"too large: {', '.join(overflowed)} overflow a double-precision float",
+        "--gpus/--tflops/--params/--checkpoint-bytes/--dp",
+    )
     if as_json:
         emit(r)
         return
@@ -285,9 +326,13 @@ def activations(
         (micro_batch, "--micro-batch"),
         (tp, "--tp"),
     ):
-        check(v > 0, "must be positive", o)
+        whole(v, o)
     check(recompute in RECOMPUTE, f"must be one of {', '.join(RECOMPUTE)}", "--recompute")
-    r = run(seq, hidden, heads, layers, micro_batch, tp, sp, recompute, flash)
+    try:
+        r = run(seq, hidden, heads, layers, micro_batch, tp, sp, recompute, flash)
+        finite(r.bytes_total, "the activation bytes", "--seq/--hidden/--heads/--micro-batch/--layers")
+    except OverflowError:
+        finite(math.inf, "the activation bytes", "--seq/--hidden/--heads/--micro-batch/--layers")
     if as_json:
         emit(r)
         return
@@ -308,6 +353,20 @@ def activations(
 
 
 # ---------------------------------------------------------------------------------------- spot
+def _spot_plottable(discount: float, rate: float, tau: float, restart: float, stall: float) -> bool:
+    """The cost curve has a point to draw: a 1-node gang (the cheapest) keeps some useful work."""
+    from goodput.plan.spot import spot as run
+
+    return math.isfinite(run(discount, rate, 1, tau, restart, stall).cost_ratio)
+
+
+def _gang(exact: int | None, first: int | None) -> str:
+    def one(n: int | None) -> str:
+        return "no limit" if n is None else f"{n:,}"
+
+    return f"{one(exact)} nodes (exact), {one(first)} (first order)"
+
+
 @app.command()
 def spot(
     discount: str = typer.Option(..., help="Spot discount, e.g. 0.6 or 60%."),
@@ -327,7 +386,7 @@ def spot(
     d = parse(U.parse_fraction, discount, "--discount", "a discount")
     check(d < 1, "must be below 1", "--discount")
     lam = parse(U.parse_rate, node_rate, "--node-rate")
-    check(nodes > 0, "must be positive", "--nodes")
+    whole(nodes, "--nodes")
     tau = parse(U.parse_duration, at, "--interval")
     r_ = parse(lambda v: U.parse_duration(v, allow_zero=True), restart, "--restart")
     s = parse(lambda v: U.parse_duration(v, allow_zero=True), stall, "--stall")
@@ -342,7 +401,15 @@ def spot(
     if plot is not None:
         from goodput.cli.plots import spot_plot
 
-        spot_plot(plot, d, lam, tau, r_, s)
+        check(
+            _spot_plottable(d, lam, tau, r_, s),
+            "nothing to plot: at this rate even a 1-node gang loses all its work (cost ratio infinite)",
+            "--plot",
+        )
+        try:
+            spot_plot(plot, d, lam, tau, r_, s)
+        except OSError as e:
+            raise typer.BadParameter(f"cannot write {plot}: {e}", param_hint="--plot") from None
     if as_json:
         out = jsonable(rep)
         out["job_rate_per_h"] = rep.job_rate_per_s * 3600
@@ -361,8 +428,8 @@ def spot(
         ("useful fraction (exact), spot / on-demand", f"{U.fmt_pct(rep.useful_fraction, 2)} / {U.fmt_pct(rep.useful_fraction_on_demand, 2)}"),
         ("cost per useful GPU-hour ÷ on-demand", f"{rep.cost_ratio:.3f}" + ("  [green]spot wins[/green]" if rep.cost_ratio < 1 else "  [red]on-demand wins[/red]")),
         ("break-even discount 1 − u_spot/u_od", U.fmt_pct(rep.break_even_discount)),
-        ("largest gang keeping ≥ half the discount", f"{rep.max_gang_nodes} nodes (exact), {rep.max_gang_nodes_first_order} (first order)"),
-        ("optimal interval on spot (exact)", U.fmt_duration(rep.optimal_interval_s)),
+        ("largest gang keeping ≥ half the discount", _gang(rep.max_gang_nodes, rep.max_gang_nodes_first_order)),
+        ("optimal interval on spot (exact)", U.fmt_duration(rep.optimal_interval_s) + (" (no preemptions)" if not math.isfinite(rep.optimal_interval_s) else " (no stall: as often as the write allows; give --stall)" if rep.optimal_interval_s == 0 else "")),
     ]  # fmt: skip
     for c in rep.cadences:
         rows.append(
@@ -395,12 +462,21 @@ def pcie(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """PCIe link bandwidth, whether a NIC can be fed, DRAM traffic with and without GPUDirect RDMA."""
+    from goodput.plan.pcie import GT_PER_S, LANES
     from goodput.plan.pcie import pcie as run
 
+    check(gen in GT_PER_S, f"must be one of {', '.join(map(str, sorted(GT_PER_S)))}, got {gen}", "--gen")
+    check(lanes in LANES, f"must be one of {', '.join(map(str, LANES))}, got {lanes}", "--lanes")
+    for v, o in ((nics, "--nics"), (dram_channels, "--dram-channels"), (sockets, "--sockets")):
+        whole(v, o)
+    positive(mts, "--mts")
     n = parse(U.parse_bandwidth, nic, "--nic") * 8
     cb = parse(U.parse_bytes, ckpt_bytes_per_gpu, "--ckpt-bytes-per-gpu")
     bw = parse(U.parse_bandwidth, d2h, "--d2h")
     r = wrap(lambda: run(gen, lanes, n, nics, dram_channels, sockets, mts, cb, bw), "--gen/--lanes")
+    finite(
+        r.dram_peak_Bps * r.dram_traffic_without_gdr_Bps, "the DRAM figures", "--mts/--dram-channels/--sockets/--nics"
+    )
     if as_json:
         emit(r)
         return
@@ -434,15 +510,23 @@ def run_cmd(
     from goodput.plan.run import ConfigError, plan_run, render_markdown
 
     try:
-        cfg = yaml.safe_load(config.read_text())
+        cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
         p = plan_run(cfg)
+    except UnicodeDecodeError as e:
+        raise typer.BadParameter(f"{config} is not UTF-8 text: {e}", param_hint="CONFIG") from None
     except (OSError, yaml.YAMLError, ConfigError) as e:
         raise typer.BadParameter(str(e), param_hint="CONFIG") from None
-    out = out or config.with_suffix("")
-    out.mkdir(parents=True, exist_ok=True)
+    # default: next to the config, named after it ("run.yaml" -> "run/"; a config without a suffix -> "run.plan/")
+    out = out or (config.with_suffix("") if config.suffix else config.with_name(config.name + ".plan"))
+    check(not out.exists() or out.is_dir(), f"{out} exists and is not a directory", "--out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise typer.BadParameter(f"cannot create {out}: {e}", param_hint="--out") from None
     plots = {"interval": "interval.png"}
     interval_plot(out / "interval.png", p.stall_s, p.mtbi_s, p.restart_s, p.write_s, p.interval_s)
-    if p.spot is not None:
+    if p.spot is not None and _spot_plottable(p.spot.discount, p.spot.node_rate_per_s, p.interval_s,
+                                              p.restart_s + p.write_s, p.stall_s):  # fmt: skip
         plots["spot"] = "spot.png"
         spot_plot(
             out / "spot.png",
@@ -479,25 +563,30 @@ def nccl(
     if as_json:
         emit(r.to_dict())
         return
-    t = Table(title=f"NCCL connections in {logfile.name}" + (f" (NCCL {r.nccl_version})" if r.nccl_version else ""))
-    for c in ("line", "host", "channel", "from → to", "dir", "transport", "detail", "inter-node", "GPUDirect RDMA"):
-        t.add_column(c)
+    from rich.markup import escape  # everything below quotes the log: "[/]" in it is text, not markup
+
+    version = f" (NCCL {escape(r.nccl_version)})" if r.nccl_version else ""
+    t = Table(title=f"NCCL connections in {escape(logfile.name)}{version}")
+    # folded, never "…"-truncated; the GDR column says "intra" for P2P/SHM, where GDR does not apply
+    for c in ("line", "host", "ch", "from → to", "dir", "via", "GDR"):
+        t.add_column(c, overflow="fold")
     for c in r.connections[:200]:
         t.add_row(
-            str(c.line_no), c.host or "", "" if c.channel is None else str(c.channel),
-            f"{c.src_rank} → {'' if c.dst_rank is None else c.dst_rank}", c.direction, c.transport, c.detail,
-            "yes" if c.inter_node else "", ("[green]yes[/green]" if c.gdr else "[red]no[/red]") if c.inter_node else "",
+            str(c.line_no), escape(c.host or ""), "" if c.channel is None else str(c.channel),
+            f"{c.src_rank} → {'' if c.dst_rank is None else c.dst_rank}", c.direction, escape(c.detail),
+            ("[green]yes[/green]" if c.gdr else "[red]no[/red]") if c.inter_node else "intra",
         )  # fmt: skip
     console.print(t)
     if len(r.connections) > 200:
-        console.print(f"… {len(r.connections) - 200} more connections (use --json)")
+        console.print(f"{len(r.connections) - 200} more connections not shown (use --json)")
     for h in r.hca:
+        where = " on " + escape(h.host) if h.host else ""
         console.print(
-            f"HCA {h.hca_index} {h.name!r}{' on ' + h.host if h.host else ''}: GPU Direct RDMA {'enabled' if h.enabled else '[red]disabled[/red]'}"
+            f"HCA {h.hca_index} {escape(repr(h.name))}{where}: GPU Direct RDMA {'enabled' if h.enabled else '[red]disabled[/red]'}"
         )
     good = r.inter_node == r.inter_node_gdr and r.inter_node > 0
     console.print(
-        f"[bold]verdict[/bold]: {'[green]' if good else '[yellow]'}{r.verdict}{'[/green]' if good else '[/yellow]'}"
+        f"[bold]verdict[/bold]: {'[green]' if good else '[yellow]'}{escape(r.verdict)}{'[/green]' if good else '[/yellow]'}"
     )
     for a in r.advice:
-        console.print(f"  - {a}")
+        console.print(f"  - {escape(a)}")

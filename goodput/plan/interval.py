@@ -75,17 +75,70 @@ def useful_fraction(tau: float, delta: float, mtbi: float, restart: float = 0.0)
         return 0.0
     if math.isinf(mtbi):
         return tau / (tau + delta)
-    x = (tau + delta) / mtbi
-    if x > 700:
+    if mtbi <= 0:
         return 0.0
-    return tau / (mtbi * math.exp(restart / mtbi) * math.expm1(x))
+    x = (tau + delta) / mtbi
+    try:
+        return tau / (mtbi * math.exp(restart / mtbi) * math.expm1(x))
+    except (OverflowError, ZeroDivisionError):
+        pass
+    # R ≫ M or τ ≫ M: e^{R/M} or e^x overflows a float, so take logs; u underflows to 0
+    log_den = math.log(mtbi) + restart / mtbi + x + math.log(-math.expm1(-x))
+    log_u = math.log(tau) - log_den
+    return math.exp(log_u) if log_u > -745 else 0.0
 
 
 def optimal_exact(delta: float, mtbi: float) -> float:
     """τ* = M·[1 + W₀(−e^{−(1+δ/M)})]; independent of R (R only scales the denominator)."""
     if delta <= 0:
         return 0.0
-    return mtbi * (1 + lambert_w0(-math.exp(-(1 + delta / mtbi))))
+    if math.isinf(mtbi):
+        return math.inf
+    return mtbi * _one_plus_w0(delta / mtbi)
+
+
+def _v_plus_log1p_minus_v(v: float) -> float:
+    """v + ln(1 − v) = −(v²/2 + v³/3 + …): by its series for small v, where the sum cancels."""
+    if v >= 0.1:
+        return v + math.log1p(-v)
+    total, term, k = 0.0, v * v, 2
+    while True:
+        add = term / k
+        total += add
+        if add <= 1e-17 * total:
+            return -total
+        term *= v
+        k += 1
+
+
+def _one_plus_w0(eps: float) -> float:
+    """v = 1 + W₀(−e^{−(1+ε)}), computed without forming the argument next to −1/e.
+
+    W e^W = −e^{−1−ε} with W = v − 1 is v + ln(1 − v) = −ε: solved by safeguarded Newton in v ∈ (0, 1).
+    Going through lambert_w0 loses every digit once ε < 1e-16 (1 + ε rounds to 1, and τ* came out 0)
+    and about log10(1e-16/ε) of them before that; here the relative error stays near machine precision.
+    """
+    if eps > 40:  # 1 − v = e^{−(ε+v)} below 1e-17: v is 1 to double precision
+        return -math.expm1(-(eps + 1))
+    lo, hi = 0.0, 1.0
+    # start: v ≈ √(2ε) for small ε (v²/2 + v³/3 + … = ε), v ≈ 1 − e^{−(ε+1)} for large
+    v = min(math.sqrt(2 * eps) * (1 - math.sqrt(2 * eps) / 3), -math.expm1(-(eps + 1)))
+    for _ in range(200):
+        if not lo < v < hi:
+            v = (lo + hi) / 2
+        g = _v_plus_log1p_minus_v(v) + eps  # decreasing in v: g(0) = ε > 0, g(1⁻) = −∞
+        if g > 0:
+            lo = v
+        else:
+            hi = v
+        if g == 0:
+            return v
+        step = g * (1 - v) / v  # g / g', g' = −v / (1 − v)
+        nv = v + step
+        if abs(nv - v) <= 4e-16 * v:
+            return nv if lo <= nv <= hi else v
+        v = nv
+    return v
 
 
 @dataclass(frozen=True)
@@ -112,8 +165,21 @@ class IntervalReport:
 def interval(
     delta: float, mtbi: float, restart: float = 0.0, write: float = 0.0, given: float | None = None
 ) -> IntervalReport:
-    if delta <= 0 or mtbi <= 0:
+    if not (math.isfinite(delta) and math.isfinite(mtbi)) or delta <= 0 or mtbi <= 0:
         raise ValueError("the stall and the MTBI must be positive")
+    for name, v in (("the restart time", restart), ("the write time", write)):
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(f"{name} must be a non-negative number of seconds, got {v!r}")
+    if given is not None:
+        if not math.isfinite(given) or given <= 0:
+            raise ValueError(f"the interval must be a positive number of seconds, got {given!r}")
+        if given < write:
+            from .units import fmt_duration
+
+            raise ValueError(
+                f"the interval {fmt_duration(given)} is shorter than the checkpoint write "
+                f"{fmt_duration(write)}: a checkpoint cannot start before the previous one is written (τ ≥ W)"
+            )
     r_eff = restart + write
     y, d, o = (max(t, write) for t in (young(delta, mtbi), daly(delta, mtbi), optimal_exact(delta, mtbi)))
     rep = IntervalReport(

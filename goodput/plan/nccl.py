@@ -88,6 +88,7 @@ class NcclReport:
     advice: list[str]
     env: dict[str, str] = field(default_factory=dict)  # "NCCL_X set by environment to Y" lines
     nccl_versions: list[str] = field(default_factory=list)  # every distinct version, in order seen
+    skipped_lines: list[int] = field(default_factory=list)  # connection lines cut short: not counted
 
     @property
     def inter_node_non_gdr(self) -> int:
@@ -109,6 +110,7 @@ class NcclReport:
             "env": dict(self.env),
             "hca": [asdict(h) for h in self.hca],
             "connections": [asdict(c) for c in self.connections],
+            "skipped_lines": list(self.skipped_lines),
         }
 
 
@@ -144,7 +146,7 @@ _SHM_VIA_RE = re.compile(r"^(?:SHM(?:/[^\s]*)?|direct shared memory)", re.IGNORE
 _OTHER_VIA_RE = re.compile(r"^(?P<name>[A-Za-z][A-Za-z0-9_]*)(?P<rest>/[^\s]*)?")
 
 _HCA_RE = re.compile(
-    r"\bNET/(?P<net>[^:]+?)\s*:\s*GPU Direct RDMA\s*(?P<qual>\([^)]*\))?\s*(?P<state>enabled|disabled)\s+"
+    r"\bNET/(?P<net>[^:\n]{1,64}?)\s*:\s*GPU Direct RDMA\s*(?P<qual>\([^)]*\))?\s*(?P<state>enabled|disabled)\s+"
     r"for HCA\s+(?P<idx>\d+)\s+'(?P<name>[^']*)'\s*(?P<reason>\([^)]*\))?",
     re.IGNORECASE,
 )
@@ -152,7 +154,14 @@ _VERSION_RE = re.compile(r"\bNCCL version\s+(?P<version>\d+\.\d+\.\d+[^\s,;]*)")
 _ENV_RE = re.compile(r"\b(?P<var>NCCL_[A-Z0-9_]+) set by environment to\s*(?P<value>.*?)\s*$")
 _IB_NO_DEVICE_RE = re.compile(r"\bNET/IB\s*:\s*No device found", re.IGNORECASE)
 _USING_NETWORK_RE = re.compile(r"\bUsing network\s+(?P<net>\S.*?)\s*$")
-_PLUGIN_FAIL_RE = re.compile(r"\bNET/Plugin\b.*\b(?:No plugin found|Failed|could not find|not found)", re.IGNORECASE)
+# searched only after the first "NET/Plugin" (one ".*" per occurrence made long junk lines quadratic)
+_PLUGIN_RE = re.compile(r"\bNET/Plugin\b", re.IGNORECASE)
+_PLUGIN_FAIL_WORDS_RE = re.compile(r"\b(?:No plugin found|Failed|could not find|not found)", re.IGNORECASE)
+
+
+def _plugin_failed(line: str) -> bool:
+    m = _PLUGIN_RE.search(line)
+    return m is not None and _PLUGIN_FAIL_WORDS_RE.search(line, m.end()) is not None
 
 
 def _int(text: str | None, base: int = 10) -> int | None:
@@ -188,9 +197,22 @@ class _Via:
     detail: str = ""
 
 
+class _Malformed(ValueError):
+    """A connection line cut off (or garbled) before its transport token is complete."""
+
+
+_NET_PREFIX_RE = re.compile(r"^(?:NET|COLLNET)(?:/|$)", re.IGNORECASE)
+# the start of a connection line: "Channel 00/0 : 3[3] -> " (or "Ring 00 : 43 -> ")
+_CHANNEL_HEAD_RE = re.compile(r"\b(?:Channel|Ring)\s+\d+(?:/\d+)?\s*:\s*\d+(?:\s*\[[0-9a-fA-F]*\]?)?\s*->")
+
+
 def _parse_via(via: str) -> _Via:
     via = via.strip()
     m = _NET_VIA_RE.match(via)
+    if not m and _NET_PREFIX_RE.match(via):
+        # "via NET/IB" or "via NET/": no device index, so the line was cut off; whether "/GDRDMA" followed
+        # is unknown, and counting it as a staged connection would be a false alarm
+        raise _Malformed(via)
     if m:
         kind = m.group("kind").upper()
         flags = m.group("flags")
@@ -243,7 +265,10 @@ def _from_match(
 
 
 def _connection(line: str, line_no: int) -> Connection | None:
+    """The line's connection; None if it is not a connection line; _Malformed if it is one cut short."""
     m = _CHANNEL_RE.search(line)
+    if not m and _CHANNEL_HEAD_RE.search(line):
+        raise _Malformed(line)
     if m:
         src_dev, bus1 = _dev(m.group("src_dev"))
         dst_dev, bus2 = _dev(m.group("dst_dev"))
@@ -500,14 +525,19 @@ def parse_nccl_log(text: str) -> NcclReport:
     versions: list[str] = []
     env: dict[str, str] = {}
     notes: dict[str, list[str]] = {"ib_no_device": [], "plugin_fail": [], "using_network": []}
+    skipped: list[int] = []
 
     for line_no, raw in enumerate((text or "").splitlines(), start=1):
         line = raw.rstrip()
         if not line or ("via" not in line and "NCCL" not in line and "NET/" not in line):
             continue
         try:
-            if "via" in line:
-                conn = _connection(line, line_no)
+            if "via" in line or "->" in line:
+                try:
+                    conn = _connection(line, line_no)
+                except _Malformed:
+                    skipped.append(line_no)
+                    continue
                 if conn is not None:
                     conns.append(conn)
                     continue
@@ -526,7 +556,7 @@ def parse_nccl_log(text: str) -> NcclReport:
                 continue
             if _IB_NO_DEVICE_RE.search(line):
                 notes["ib_no_device"].append(line)
-            elif _PLUGIN_FAIL_RE.search(line):
+            elif _plugin_failed(line):
                 notes["plugin_fail"].append(line)
             else:
                 m = _USING_NETWORK_RE.search(line)
@@ -542,6 +572,13 @@ def parse_nccl_log(text: str) -> NcclReport:
     else:
         verdict = _verdict(conns)
         advice = _advice(conns, hca, env, notes)
+    if skipped:
+        shown = ", ".join(map(str, skipped[:10])) + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else "")
+        advice.append(
+            f"{_plural(len(skipped), 'connection line')} {'was' if len(skipped) == 1 else 'were'} truncated or "
+            f"malformed (line {shown}) and not counted: whether they used GPUDirect RDMA cannot be told; "
+            "collect the log again without line-length limits (e.g. NCCL_DEBUG_FILE rather than a clipped console)."
+        )
     if len(versions) > 1:
         advice.append(
             f"Several NCCL versions appear in the log ({', '.join(versions)}): every rank should load the same one."
@@ -556,4 +593,5 @@ def parse_nccl_log(text: str) -> NcclReport:
         advice=advice,
         env=env,
         nccl_versions=versions,
+        skipped_lines=skipped,
     )

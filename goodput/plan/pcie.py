@@ -15,9 +15,11 @@ bytes-per-GPU ÷ device-to-host bandwidth (346 MB ÷ 50 GB/s ≈ 7 ms).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 GT_PER_S = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
+LANES = (1, 2, 4, 8, 16, 32)
 ENCODING = {1: 8 / 10, 2: 8 / 10, 3: 128 / 130, 4: 128 / 130, 5: 128 / 130, 6: 236 / 256}
 
 
@@ -25,7 +27,7 @@ def pcie_bandwidth(gen: int, lanes: int) -> float:
     """Bytes/s per direction before packet (TLP/DLLP) overhead."""
     if gen not in GT_PER_S:
         raise ValueError(f"PCIe generation must be one of {sorted(GT_PER_S)}, got {gen}")
-    if lanes not in (1, 2, 4, 8, 16, 32):
+    if lanes not in LANES:
         raise ValueError(f"PCIe lanes must be 1, 2, 4, 8, 16 or 32, got {lanes}")
     return GT_PER_S[gen] * 1e9 * lanes * ENCODING[gen] / 8
 
@@ -62,8 +64,11 @@ def pcie(
     ckpt_bytes_per_gpu: float = 405e9 * 14 / 16_384,
     d2h_Bps: float | None = None,
 ) -> PcieReport:
-    if min(nic_bps, nics, dram_channels, sockets, mts, ckpt_bytes_per_gpu) <= 0:
-        raise ValueError("every input must be positive")
+    values = (nic_bps, nics, dram_channels, sockets, mts, ckpt_bytes_per_gpu) + (
+        (d2h_Bps,) if d2h_Bps is not None else ()
+    )
+    if not all(math.isfinite(v) and v > 0 for v in values):
+        raise ValueError("every input must be a positive finite number")
     link = pcie_bandwidth(gen, lanes)
     nic = nic_bps / 8
     dram = mts * 1e6 * 8 * dram_channels * sockets

@@ -6,13 +6,14 @@ Markdown; the command line reads the YAML and writes the report and its plots.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from . import units as U
-from .activations import ActivationReport, activations
+from .activations import RECOMPUTE, ActivationReport, activations
 from .interval import IntervalReport, interval
-from .pcie import PcieReport, pcie
+from .pcie import GT_PER_S, LANES, PcieReport, pcie
 from .size import SizeReport, size
 from .spot import SpotReport, spot
 from .tokens import TokensReport, tokens
@@ -56,22 +57,59 @@ def _p(fn, cfg: dict[str, Any], path: str, default: Any = ...) -> Any:
         return None
     try:
         return fn(v)
-    except ValueError as e:
+    except (ValueError, TypeError, OverflowError) as e:
         raise ConfigError(f"{path}: {e}") from None
 
 
 def _int(v: Any) -> int:
-    n = int(float(v))
-    if n <= 0 or n != float(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
         raise ValueError(f"must be a positive whole number, got {v!r}")
-    return n
+    f = float(v)
+    if not math.isfinite(f) or f <= 0 or f != int(f):
+        raise ValueError(f"must be a positive whole number, got {v!r}")
+    if f > 2**53:
+        raise ValueError(f"too large: must be at most 2^53, got {v!r}")
+    return int(f)
+
+
+def _pos(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ValueError(f"must be a positive number, got {v!r}")
+    f = float(v)
+    if not math.isfinite(f) or f <= 0:
+        raise ValueError(f"must be a positive finite number, got {v!r}")
+    return f
+
+
+def _bool(v: Any) -> bool:
+    # YAML reads true/false/yes/no as booleans; a quoted "false" is a string, and bool("false") is True
+    if not isinstance(v, bool):
+        raise ValueError(f"must be true or false (unquoted), got {v!r}")
+    return v
+
+
+def _choice(options: tuple[Any, ...]):
+    def fn(v: Any) -> Any:
+        if v not in options:
+            raise ValueError(f"must be one of {', '.join(map(str, options))}, got {v!r}")
+        return v
+
+    return fn
+
+
+def _call(path: str, fn, *args, **kwargs):
+    """Run one chain of arithmetic; a ValueError from it names the configuration key(s) it came from."""
+    try:
+        return fn(*args, **kwargs)
+    except (ValueError, OverflowError) as e:
+        raise ConfigError(f"{path}: {e}") from None
 
 
 def plan_run(cfg: dict[str, Any]) -> RunPlan:
     if not isinstance(cfg, dict):
         raise ConfigError("the configuration must be a mapping")
     params = _p(lambda v: U.parse_count(v, "a parameter count"), cfg, "model.params")
-    bpp = _p(float, cfg, "model.bytes_per_param", 14)
+    bpp = _p(_pos, cfg, "model.bytes_per_param", 14)
     gpus = _p(_int, cfg, "cluster.gpus")
     tp = _p(_int, cfg, "cluster.tp", 1)
     pp = _p(_int, cfg, "cluster.pp", 1)
@@ -88,11 +126,13 @@ def plan_run(cfg: dict[str, Any]) -> RunPlan:
     read_bw = _p(U.parse_bandwidth, cfg, "storage.read_bandwidth", _get(cfg, "storage.write_bandwidth"))
     d2h = _p(U.parse_bandwidth, cfg, "storage.d2h", "50GB/s")
     restart = _p(lambda v: U.parse_duration(v, allow_zero=True), cfg, "checkpoint.restart", "10min")
-    asynchronous = bool(_get(cfg, "checkpoint.async", True))
-    sz0 = size(params, bpp, gpus, tp, pp, write_bw, 1800.0)
+    asynchronous = _p(_bool, cfg, "checkpoint.async", True)
+    sz0 = _call("model.params × model.bytes_per_param", size, params, bpp, gpus, tp, pp, write_bw, 1800.0)
     mtbi = mtbf / gpus
-    link = pcie(
-        _p(_int, cfg, "cluster.pcie_gen", 5), _p(_int, cfg, "cluster.pcie_lanes", 16),
+    gen = _p(lambda v: _choice(tuple(GT_PER_S))(_int(v)), cfg, "cluster.pcie_gen", 5)
+    lanes = _p(lambda v: _choice(LANES)(_int(v)), cfg, "cluster.pcie_lanes", 16)
+    link = _call(
+        "cluster.nic", pcie, gen, lanes,
         _p(lambda v: U.parse_bandwidth(v) * 8, cfg, "cluster.nic", "400Gbps"), _p(_int, cfg, "cluster.nics", 8),
         ckpt_bytes_per_gpu=sz0.bytes_per_gpu, d2h_Bps=d2h,
     )  # fmt: skip
@@ -101,28 +141,35 @@ def plan_run(cfg: dict[str, Any]) -> RunPlan:
     else:
         stall, write = sz0.write_s, 0.0
     given = _get(cfg, "checkpoint.interval", "auto")
-    iv = interval(stall, mtbi, restart, write)
+    iv = _call("cluster.gpu_mtbf/checkpoint.restart", interval, stall, mtbi, restart, write)
     tau = iv.optimal_s if given in ("auto", None) else _p(U.parse_duration, cfg, "checkpoint.interval")
-    iv = interval(stall, mtbi, restart, write, tau)
-    sz = size(params, bpp, gpus, tp, pp, write_bw, tau)
-    tk = tokens(gpus, flops, params, 4, sz.total_bytes, max(write, 1e-9) if asynchronous else sz.write_s, read_bw,
-                restore_bytes_per_param=bpp, dp=sz.dp)  # fmt: skip
+    iv = _call("checkpoint.interval", interval, stall, mtbi, restart, write, tau)
+    sz = _call("checkpoint.interval", size, params, bpp, gpus, tp, pp, write_bw, tau)
+    tk = _call("cluster.tflops", tokens, gpus, flops, params, 4, sz.total_bytes,
+               max(write, 1e-9) if asynchronous else sz.write_s, read_bw, restore_bytes_per_param=bpp, dp=sz.dp)  # fmt: skip
     act = None
     if _get(cfg, "model.seq", None) is not None:
-        act = activations(
+        act = _call(
+            "model.seq/hidden/heads/layers", activations,
             _p(_int, cfg, "model.seq"), _p(_int, cfg, "model.hidden"), _p(_int, cfg, "model.heads"), _p(_int, cfg, "model.layers"),
-            _p(_int, cfg, "model.micro_batch", 1), tp, bool(_get(cfg, "model.sp", tp > 1)),
-            str(_get(cfg, "model.recompute", "none")), bool(_get(cfg, "model.flash", False)),
+            _p(_int, cfg, "model.micro_batch", 1), tp, _p(_bool, cfg, "model.sp", tp > 1),
+            _p(_choice(RECOMPUTE), cfg, "model.recompute", "none"), _p(_bool, cfg, "model.flash", False),
         )  # fmt: skip
     sp = sp_iv = None
     if isinstance(cfg.get("spot"), dict):
         nodes = _p(_int, cfg, "spot.gang_nodes")
         rate = _p(U.parse_rate, cfg, "spot.node_rate")
         disc = _p(lambda v: U.parse_fraction(v, "spot.discount"), cfg, "spot.discount")
-        sp = spot(disc, rate, nodes, tau, restart + write, stall)
+        if disc >= 1:
+            raise ConfigError(f"spot.discount: must be below 1 (100 % off is free), got {disc!r}")
+        sp = _call("spot.node_rate", spot, disc, rate, nodes, tau, restart + write, stall, min_interval_s=write)
         if rate > 0:
-            sp_iv = interval(stall, 1 / (nodes * rate), restart, write)
+            sp_iv = _call("spot.node_rate", interval, stall, 1 / (nodes * rate), restart, write)
     return RunPlan(str(cfg.get("name", "run")), mtbi, stall, write, restart, tau, sz, iv, tk, act, link, sp, sp_iv)
+
+
+def _nodes(n: int | None) -> str:
+    return "no limit" if n is None else f"{n:,} nodes"
 
 
 def render_markdown(p: RunPlan, plots: dict[str, str] | None = None) -> str:
@@ -171,10 +218,20 @@ def render_markdown(p: RunPlan, plots: dict[str, str] | None = None) -> str:
             "## Spot",
             f"- {sp.nodes}-node gang at {sp.node_rate_per_s * 3600:g} preemptions per node-hour: Λ = {sp.job_rate_per_s * 3600:.3g}/h; waste per preemption {U.fmt_duration(sp.waste_per_preemption_s)}.",
             f"- Useful fraction {U.fmt_pct(sp.useful_fraction, 2)} on spot vs {U.fmt_pct(sp.useful_fraction_on_demand, 2)} on demand; cost per useful GPU-hour **{sp.cost_ratio:.3f} ×** on-demand at {U.fmt_pct(sp.discount, 0)} off; break-even discount {U.fmt_pct(sp.break_even_discount)}.",
-            f"- Largest gang keeping at least half the discount: **{sp.max_gang_nodes} nodes** (exact; {sp.max_gang_nodes_first_order} first order)." + (" This gang should not run on spot." if sp.nodes > sp.max_gang_nodes else ""),
+            f"- Largest gang keeping at least half the discount: **{_nodes(sp.max_gang_nodes)}** (exact; {_nodes(sp.max_gang_nodes_first_order)} first order)." + (" This gang should not run on spot." if sp.max_gang_nodes is not None and sp.nodes > sp.max_gang_nodes else ""),
         ]  # fmt: skip
         if p.spot_interval is not None:
-            out.append(f"- On spot the optimal interval shortens to {U.fmt_duration(p.spot_interval.optimal_s)}.")
+            o = p.spot_interval.optimal_s
+            how = "shortens to" if o < p.interval_s else "lengthens to" if o > p.interval_s else "stays at"
+            out.append(
+                f"- On spot, counting preemptions only (M = 1/Λ = {U.fmt_duration(p.spot_interval.mtbi_s)}), "
+                f"the optimal interval {how} {U.fmt_duration(o)}"
+                + (
+                    f" (floored at the write time {U.fmt_duration(p.spot_interval.floor_s)})."
+                    if o <= p.spot_interval.floor_s
+                    else "."
+                )
+            )
         for c in sp.cadences:
             out.append(
                 f"  - τ = {U.fmt_duration(c.interval_s)}: useful {U.fmt_pct(c.useful_fraction_spot, 2)}, break-even discount {U.fmt_pct(c.break_even_discount)}, cost ratio {c.cost_ratio:.3f}"

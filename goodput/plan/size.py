@@ -8,6 +8,7 @@ gradients: 14 B/param (bf16 weights + fp32 master, m, v), or 12 B without the bf
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 BYTES_PER_PARAM = {16: "bf16 weights + bf16 grads + fp32 master + Adam m, v (ZeRO §3.1, in memory)",
@@ -42,8 +43,10 @@ def size(
     bandwidth_Bps: float = 100e9,
     interval_s: float = 1800.0,
 ) -> SizeReport:
-    if min(params, bytes_per_param, gpus, tp, pp, bandwidth_Bps, interval_s) <= 0:
-        raise ValueError("every input must be positive")
+    if not all(math.isfinite(v) and v > 0 for v in (params, bytes_per_param, gpus, tp, pp, bandwidth_Bps, interval_s)):
+        raise ValueError("every input must be a positive finite number")
+    if not math.isfinite(params * bytes_per_param):
+        raise ValueError("params × bytes per param overflows a double-precision float")
     if gpus % (tp * pp):
         raise ValueError(f"{gpus} GPUs are not a multiple of TP × PP = {tp * pp}")
     dp = gpus // (tp * pp)

@@ -46,8 +46,8 @@ class SpotReport:
     useful_fraction_on_demand: float
     cost_ratio: float  # spot cost per useful GPU-hour ÷ on-demand's
     break_even_discount: float
-    max_gang_nodes: int  # largest gang that keeps at least half the discount
-    max_gang_nodes_first_order: int  # same, from u ≈ 1 − Λ(τ/2+R) − δ/τ
+    max_gang_nodes: int | None  # largest gang that keeps at least half the discount; None: no limit
+    max_gang_nodes_first_order: int | None  # same, from u ≈ 1 − Λ(τ/2+R) − δ/τ
     optimal_interval_s: float  # the exact optimum for this gang on spot
     cadences: tuple[Cadence, ...]
 
@@ -61,15 +61,16 @@ def _u_first_order(nodes: int, rate: float, tau: float, stall: float, restart: f
     return max(0.0, 1 - nodes * rate * (tau / 2 + restart) - (stall / tau if tau > 0 else 0))
 
 
-def _max_gang(keep, limit: int = 1 << 20) -> int:
-    """Largest N ≥ 1 with keep(N) true (keep is monotone: true, then false); 0 if none."""
+def _max_gang(keep, limit: int = 1 << 1000) -> int | None:
+    """Largest N ≥ 1 with keep(N) true (keep is monotone: true, then false); 0 if none, None if
+    every gang keeps it (no preemptions), or one of 2^1000 nodes still does (no limit a float can tell)."""
     if not keep(1):
         return 0
     lo, hi = 1, 2
     while hi < limit and keep(hi):
         lo, hi = hi, hi * 2
-    if hi >= limit and keep(limit):
-        return limit
+    if hi >= limit:
+        return None
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if keep(mid) else (lo, mid)
@@ -84,9 +85,19 @@ def spot(
     restart_s: float,
     stall_s: float = 0.0,
     on_demand_node_rate_per_s: float = 0.0,
+    min_interval_s: float = 0.0,
 ) -> SpotReport:
+    """``min_interval_s``: the shortest possible cadence (an async checkpoint's write time): the
+    optimum is floored at it and the comparison cadences τ/2, τ, 2τ never go below it."""
     if not 0 <= discount < 1:
         raise ValueError(f"discount must be in [0, 1), got {discount}")
+    values = (node_rate_per_s, interval_s, restart_s, stall_s, on_demand_node_rate_per_s)
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError("rates, interval, restart and stall must be finite numbers")
+    if not math.isfinite(min_interval_s) or min_interval_s < 0:
+        raise ValueError(f"the minimum interval must be a non-negative number of seconds, got {min_interval_s!r}")
+    if interval_s < min_interval_s:
+        raise ValueError(f"the interval {interval_s:g} s is shorter than the write {min_interval_s:g} s")
     if nodes <= 0 or interval_s <= 0 or node_rate_per_s < 0 or restart_s < 0 or stall_s < 0:
         raise ValueError("nodes and interval must be positive; rates, restart and stall non-negative")
 
@@ -124,8 +135,9 @@ def spot(
         break_even_discount=here.break_even_discount,
         max_gang_nodes=_max_gang(keeps(_u)),
         max_gang_nodes_first_order=_max_gang(keeps(_u_first_order)),
-        optimal_interval_s=optimal_exact(stall_s, 1 / lam) if lam > 0 and stall_s > 0 else math.inf,
-        cadences=tuple(at(t) for t in (interval_s / 2, interval_s, interval_s * 2)),
+        # no preemptions: no optimum (∞); no stall: checkpointing is free, so as often as possible (0)
+        optimal_interval_s=max(optimal_exact(stall_s, 1 / lam), min_interval_s) if lam > 0 else math.inf,
+        cadences=tuple(at(t) for t in (interval_s / 2, interval_s, interval_s * 2) if t >= min_interval_s),
     )
 
 
@@ -150,8 +162,8 @@ def trace_rates(counts: list[int], gap_s: float) -> TraceRates:
     A node is lost whenever the count drops; the gang (the most instances ever alive together)
     is interrupted whenever the count drops from full. Exposure is time alive, not wall time.
     """
-    if gap_s <= 0:
-        raise ValueError("gap_s must be positive")
+    if not math.isfinite(gap_s) or gap_s <= 0:
+        raise ValueError(f"gap_s must be a positive finite number of seconds, got {gap_s!r}")
     if any((not isinstance(c, int)) or c < 0 for c in counts):
         raise ValueError("trace counts must be non-negative integers")
     n = max(counts, default=0)

@@ -10,6 +10,7 @@ plus the (sharded) optimizer state: 108.5 TB, 54 s — hence read-once-and-broad
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -40,8 +41,9 @@ def tokens(
     weight_bytes_per_param: float = 2,
     dp: int = 128,
 ) -> TokensReport:
-    if min(gpus, flops_per_gpu, params, bytes_per_token, burst_write_s, tier_bandwidth_Bps, dp) <= 0:
-        raise ValueError("every input must be positive")
+    values = (gpus, flops_per_gpu, params, bytes_per_token, burst_write_s, tier_bandwidth_Bps, dp)
+    if not all(math.isfinite(v) and v > 0 for v in values):
+        raise ValueError("every input must be a positive finite number")
     tps = gpus * flops_per_gpu / (6 * params)
     ckpt = checkpoint_bytes if checkpoint_bytes is not None else 16 * params
     restore = restore_bytes_per_param * params

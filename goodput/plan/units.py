@@ -40,6 +40,8 @@ def _split(text: str, what: str) -> tuple[float, str]:
 
 
 def _positive(v: float, text: str, what: str, allow_zero: bool = False) -> float:
+    if math.isinf(v) and v > 0:
+        raise UnitError(f"{what} is too large (beyond a double-precision float), got {text!r}")
     if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
         raise UnitError(f"{what} must be {'non-negative' if allow_zero else 'positive'}, got {text!r}")
     return v
@@ -56,6 +58,17 @@ def parse_duration(text: str | float, *, allow_zero: bool = False) -> float:
     return _positive(v * DURATION[u], text, "a duration", allow_zero)
 
 
+def _not_ambiguous(prefix: str, unit: str, text: str) -> None:
+    """ "Gb" is gigabits, but an all-lowercase "gb" or "mb" is as often meant as bytes: a silent factor of 8.
+    Only "kb" (SI writes the kilo prefix lowercase) is read as bits without a capital."""
+    if prefix and prefix.islower() and prefix != "k":
+        up = prefix.upper()
+        raise UnitError(
+            f"ambiguous unit {unit!r} in {text!r}: write {up}B for bytes or {up}b for bits "
+            f"(e.g. 100{up}B/s, 400{up}bps)"
+        )
+
+
 def _scale_bytes(unit: str, text: str) -> float:
     u = unit
     if u in ("", "B"):
@@ -66,6 +79,7 @@ def _scale_bytes(unit: str, text: str) -> float:
     if u.endswith("B") and low[:-1] in _DEC:
         return _DEC[low[:-1]]
     if u.endswith("b") and low[:-1] in _DEC:  # bits
+        _not_ambiguous(u[:-1], unit, text)
         return _DEC[low[:-1]] / 8
     raise UnitError(
         f"unknown size unit {unit!r} in {text!r} (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB, or Gb for bits)"
@@ -96,11 +110,14 @@ def parse_bandwidth(text: str | float) -> float:
     v, unit = _split(text, "a bandwidth (e.g. 100GB/s, 400Gbps)")
     u = unit
     if u.lower().endswith("bps"):
-        base = u[:-3]
+        # "B" is bytes and "b" bits, as in "GB/s" and "Gb/s": 100GBps = 100e9 B/s, 400Gbps = 50e9 B/s
+        base, bits = u[:-3], u[-3] == "b"
         scale = _DEC.get(base.lower())
         if scale is None:
             raise UnitError(f"unknown bandwidth unit {unit!r} in {text!r}")
-        return _positive(v * scale / 8, text, "a bandwidth")
+        if bits:
+            _not_ambiguous(base, unit, text)
+        return _positive(v * scale / (8 if bits else 1), text, "a bandwidth")
     if not u.endswith("/s"):
         raise UnitError(f"{text!r} is not a bandwidth: give a unit per second (GB/s, Gbps)")
     return _positive(v * _scale_bytes(u[:-2], text), text, "a bandwidth")
@@ -175,6 +192,8 @@ def fmt_bandwidth(bps: float) -> str:
 def _fmt_scaled(n: float, base: float, units: list[str]) -> str:
     i = 0
     x = float(n)
+    if not math.isfinite(x):
+        return f"{'∞' if x > 0 else '-∞' if x < 0 else 'NaN'} {units[0]}"
     while abs(x) >= base and i < len(units) - 1:
         x /= base
         i += 1
@@ -188,6 +207,8 @@ def fmt_duration(s: float) -> str:
     if s == 0:
         return "0 s"
     a = abs(s)
+    if a < 1e-6:  # below a microsecond "0.0 µs" would hide the figure: say it in seconds
+        return f"{s:.3g} s"
     if a < 1e-3:
         return f"{s * 1e6:.1f} µs"
     if a < 1:

@@ -718,12 +718,18 @@ def resize_cmd(
 
 @app.command("events")
 def events_cmd(
-    since: int = typer.Option(0, "--since", help="Start after this sequence number."),
+    since: int | None = typer.Option(
+        None,
+        "--since",
+        help="Start after this sequence number (an error if the event retention deleted events after it); "
+        "default: from the oldest event the service keeps.",
+    ),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming new records."),
     url: str = _URL,
 ) -> None:
     """The event log as JSONL (the simulator's schema): pipe it into `goodput sched check`."""
-    r = _call(url, "GET", f"/events?since={since}&follow={'true' if follow else 'false'}", stream=True)
+    at = "" if since is None else f"since={since}&"
+    r = _call(url, "GET", f"/events?{at}follow={'true' if follow else 'false'}", stream=True)
     with r:
         for line in r:
             print(line.decode().rstrip("\n"), flush=True)

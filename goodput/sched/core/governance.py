@@ -69,6 +69,10 @@ class Limits:
     max_ended_per_tenant: int = 10_000
     # the priority cap of a tenant without one of its own (every tenant the file does not name); None: any
     max_priority: int | None = None
+    # events the live service's log keeps (in the store and in memory): past it, or older than
+    # event_retention_s (None: no age bound), the oldest are deleted and readers below them told so
+    event_retention: int = 1_000_000
+    event_retention_s: float | None = None
 
     def decay(self, dt: float) -> float:
         """The factor usage keeps over ``dt`` seconds."""
@@ -113,6 +117,8 @@ _LIMIT_KEYS: dict[
     "ended_retention_s": "num",
     "max_ended_per_tenant": "int",
     "max_priority": "prio",
+    "event_retention": "count",
+    "event_retention_s": "pos",
 }
 _TENANT_KEYS = ("name", "weight", "quota_gpus", "max_priority", "user", "ckpt_prefix")
 

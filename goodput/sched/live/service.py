@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import hashlib
 import hmac
 import json
@@ -55,7 +56,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from ..core.executor import WallClock
-from ..core.governance import Governance, SubmissionRejected
+from ..core.governance import Governance, GovernanceError, SubmissionRejected
 from ..core.model import TERMINAL, Checkpointing, Health, Job, JobState, Pool
 from ..core.scheduler import Scheduler, SchedulerError
 from .local import LocalExecutor
@@ -94,6 +95,9 @@ _UNENDED = frozenset((JobState.PENDING, JobState.RUNNING, JobState.PREEMPTING))
 ENDED_COMMAND_BYTES = 4096  # of an ended job's command, what its record keeps (the rest is cut, said so)
 RETIRE_BATCH = 500  # ended jobs trimmed, and pruned, per scheduling pass at most (one transaction each)
 PRUNED_REMEMBERED = 100_000  # ids of pruned jobs remembered (until a restart) so that GET answers 410
+# retention of events (limits.event_retention, limits.event_retention_s; docs/SCHED.md, "Retention of events")
+EVENT_PRUNE_BATCH = 10_000  # events deleted per transaction at most (a backlog goes a batch per pass)
+PRUNED_EVENT = "events_pruned"  # the last line of a stream whose next events the retention deleted
 _CUT = re.compile(r"^<goodput: [0-9]+ more bytes of this command were dropped when the job ended>\Z")
 
 
@@ -301,6 +305,26 @@ class Caller:
     key: str = ""  # what its requests are counted under (rate limits)
 
 
+def _event_retention(gov: Governance, count: int | None, age_s: float | None) -> tuple[int, float | None]:
+    """The event retention's bounds: the Service's arguments, else the cluster's ``limits``; a bad
+    argument is a GovernanceError naming the limit, as the cluster file's own are."""
+    count = gov.limits.event_retention if count is None else count
+    age_s = gov.limits.event_retention_s if age_s is None else age_s
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise GovernanceError("limits.event_retention", f"expected an integer >= 1, got {count!r}")
+    if age_s is not None and (
+        isinstance(age_s, bool) or not isinstance(age_s, (int, float)) or not math.isfinite(age_s) or age_s <= 0
+    ):
+        raise GovernanceError("limits.event_retention_s", f"expected a finite number > 0, got {age_s!r}")
+    return count, None if age_s is None else float(age_s)
+
+
+def _event_time(rec: dict[str, Any]) -> float:
+    """A record's ``t``, or +inf where it has none (never pruned for its age)."""
+    t = rec.get("t")
+    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else math.inf
+
+
 def _field_error(field: str, msg: str) -> HTTPException:
     return HTTPException(422, detail=[{"loc": ["body", field], "msg": msg, "type": "value_error"}])
 
@@ -343,6 +367,8 @@ class Service:
         streams_total: int = 64,
         store_timeout_s: float = 2.0,
         max_user_procs: int | None = None,
+        event_retention: int | None = None,
+        event_retention_s: float | None = None,
     ) -> None:
         # first come, first served: neither the loop thread nor a request waits behind later ones
         self.lock = FairLock()
@@ -350,6 +376,8 @@ class Service:
         self.tick_s = tick_s
         self.state_dir = Path(state_dir).absolute()
         self.gov = governance if governance is not None else Governance()
+        # the event log's bound (events kept, and their age): see prune_events
+        self.event_retention, self.event_retention_s = _event_retention(self.gov, event_retention, event_retention_s)
         # a busy timeout short enough that a store locked by another process is a quick 503, not a
         # request (and the lock it holds) hanging for half a minute
         # deferred_sync: a commit's fsync happens after the lock is released (durable() below), shared
@@ -413,9 +441,10 @@ class Service:
         self._queued: dict[str, set[str]] = {}  # filled by _count_queued
         self.pruned: OrderedDict[str, tuple[str, str]] = OrderedDict()  # job id -> (tenant, why)
         self.store.on_ended = self._on_ended
-        snap = self.store.load()
+        # not Store.load: Scheduler.restore reads the store itself, and a restart should read it once
+        restoring = self.store.has_nodes()
         with self.lock:
-            if snap.nodes:
+            if restoring:
                 self.sched = Scheduler.restore(
                     self.store, self.pools, clock=WallClock(), executor=self.executor, governance=self.gov
                 )
@@ -434,6 +463,7 @@ class Service:
             self.adopted = self.executor.adopt(self.sched.jobs)
             self._count_queued()
             self._index_ended()
+            self._load_event_marks()
             self._index_history()
         self.refresh_tokens()
         # (wall end, pass seconds, lock wait seconds) of recent loop iterations that ran a pass: GET /stats
@@ -579,6 +609,15 @@ class Service:
                 except Exception:
                     log.exception("retiring ended jobs failed")
                     self._rebuild("an unexpected error retiring ended jobs")
+            if not self.degraded:
+                try:
+                    if self.prune_events():
+                        self.wake.set()  # a backlog (a restart, a lowered bound): the next batch soon
+                except StoreUnavailable as e:  # nothing of it changed: the next pass tries again
+                    log.warning("pruning the event log: the store refused (retried next pass): %s", e)
+                except Exception:
+                    log.exception("pruning the event log failed")
+                    self._rebuild("an unexpected error pruning the event log")
             nxt = self.sched.next_timer() if not self.degraded else math.inf
             ran = self.sched.passes != passes
             t2 = time.perf_counter()
@@ -603,6 +642,7 @@ class Service:
             self._load_facts()
             self._count_queued()
             self._index_ended()
+            self._load_event_marks()
             self._index_history()
             reconcile = getattr(self.executor, "reconcile", None)
             if reconcile is not None:
@@ -783,6 +823,58 @@ class Service:
             log.info("removed %d ended jobs (retention)", len(prune))
         return more
 
+    # -- retention of events (limits.event_retention, limits.event_retention_s) ------------------------
+
+    def _load_event_marks(self) -> None:
+        """The log's low-water mark and each job's count of pruned records, from the store (the lock
+        held; at start and after a rebuild, right after the scheduler read its retained events)."""
+        self.events_first = self.store.first_event_seq()  # seq of sched.log.records[0]
+        self._history_pruned: dict[str, int] = self.store.events_pruned()
+        # records removed from the head of the scheduler's current log list (the dashboard's feed
+        # keeps its place in the log by this plus its index): 0 for a fresh list
+        self.log_base = 0
+
+    def prune_events(self) -> bool:
+        """One batch of the event retention (the lock held; the loop thread, after a pass): the oldest
+        events past the newest ``event_retention``, or older than ``event_retention_s``, at most
+        ``EVENT_PRUNE_BATCH``, are deleted from the store (which raises its low-water mark: seqs are
+        never reused) and then from memory: the scheduler's log, the per-job history index (each job's
+        pruned records counted into its ``history_dropped``). A store that refuses changes nothing.
+        Whether more is left for the next batch."""
+        records = self.sched.log.records
+        n = len(records)
+        drop = max(0, n - self.event_retention)
+        if self.event_retention_s is not None:
+            cutoff = self.sched.clock.now() - self.event_retention_s
+            while drop < min(n, EVENT_PRUNE_BATCH) and _event_time(records[drop]) < cutoff:
+                drop += 1
+        drop = min(drop, EVENT_PRUNE_BATCH)
+        if drop <= 0:
+            return False
+        self._catch_up_history()  # every record to drop is indexed, so its job's list loses it
+        jobs, counts = self.sched.jobs, {}
+        for rec in records[:drop]:
+            jid = rec.get("job")
+            if isinstance(jid, str) and jid in jobs:
+                counts[jid] = counts.get(jid, 0) + 1
+        first = self.events_first
+        got = self.store.prune_events(first + drop, counts)
+        if got != first + drop:  # memory and the store disagree on the log: trust the store
+            raise RuntimeError(f"the store's low-water mark moved from {first} to {got}, not to {first + drop}")
+        del records[:drop]
+        self.events_first = got
+        self.log_base += drop
+        self._history_at -= drop
+        for jid, k in counts.items():
+            lst = self._history.get(jid)
+            if lst is not None:
+                del lst[:k]
+                if not lst:
+                    del self._history[jid]
+            self._history_pruned[jid] = self._history_pruned.get(jid, 0) + k
+        log.info("pruned %d events (retention); the log keeps seq %d on", drop, got)
+        return drop >= EVENT_PRUNE_BATCH
+
     # -- each job's event records (GET /jobs/{id}'s history) ---------------------------------------------
 
     def _index_history(self) -> None:
@@ -818,11 +910,11 @@ class Service:
 
     def history(self, job_id: str) -> tuple[list[dict[str, Any]], int]:
         """The newest ``HISTORY_MAX`` event records of a job, oldest first, and how many older ones were
-        left out (the lock held)."""
+        left out (the lock held): past ``HISTORY_MAX``, or deleted by the event retention."""
         self._catch_up_history()
         recs = self._history.get(job_id, [])
         cut = max(0, len(recs) - HISTORY_MAX)
-        return recs[cut:], cut
+        return recs[cut:], cut + self._history_pruned.get(job_id, 0)
 
     def _drop_ended(self, tenant: str, n: int) -> None:
         dq = self._ended[tenant]
@@ -837,6 +929,7 @@ class Service:
         self.last_commit.pop(jid, None)
         self.last_fast_commit.pop(jid, None)
         self._history.pop(jid, None)
+        self._history_pruned.pop(jid, None)
         key = self.key_of.pop(jid, None)
         if key is not None and self.keys.get((tenant, key), ("",))[0] == jid:
             del self.keys[(tenant, key)]  # a retry with that key now submits anew
@@ -1586,21 +1679,48 @@ def create_app(svc: Service) -> FastAPI:
             mine = [svc.view(j) for j in pend if c.role == "admin" or j.tenant == c.tenant]
             return {"pending": len(pend), "jobs": mine, "summary": _summary_for(svc, c)}
 
-    @app.get("/events", responses={429: {"description": "too many event streams open"}})
+    @app.get(
+        "/events",
+        responses={
+            410: {
+                "description": "since is below the log's low-water mark: the event retention deleted events after it"
+            },
+            429: {"description": "too many event streams open"},
+        },
+    )
     async def events(
         request: Request,
-        since: int = Query(0, ge=0, le=MAX_INT),
+        since: int | None = Query(None, ge=0, le=MAX_INT),
         limit: int = Query(10000, ge=1, le=100000),
         follow: bool = False,
         c: Caller = Depends(person),
-    ) -> StreamingResponse:
+    ) -> Any:
         """The event log as JSONL (the simulator's schema); ``follow`` keeps streaming new records.
 
         Async: a stream holds no worker thread (its store reads go to a small pool of their own), it
         notices a closed connection within half a second, and streams (followed or not: one that
         is never read holds its place as long as one that follows) are capped per tenant and in total
-        (429 beyond)."""
+        (429 beyond). A tenant's stream reads its own rows by the store's (tenant, seq) index, never the
+        cluster's whole log. Events the retention deleted are never skipped in silence: without
+        ``since`` the log starts at its low-water mark (header ``X-Goodput-First-Seq``), a ``since``
+        below it is a 410 naming ``first_seq``, and a stream that falls below it while
+        it runs ends with one ``events_pruned`` record saying so (docs/SCHED.md, "Event retention")."""
         svc.stream_slot(c.tenant, check_only=True)
+        tenant = None if c.role == "admin" else c.tenant
+        first = await anyio.to_thread.run_sync(svc.reader.first_event_seq, limiter=svc._read_limiter)
+        if since is None:  # no place asked for: the log as kept, from its low-water mark (in a header)
+            since = first - 1
+        elif since + 1 < first:
+            return JSONResponse(
+                {
+                    "detail": f"events {since + 1} to {first - 1} were deleted by the event retention (the cluster's "
+                    f"limits.event_retention and limits.event_retention_s): the log keeps seq {first} on; ask "
+                    f"again with since={first - 1} to read from there",
+                    "first_seq": first,
+                    "since": since,
+                },
+                status_code=410,
+            )
 
         def visible(rec: dict[str, Any]) -> bool:
             if c.role == "admin":
@@ -1623,15 +1743,24 @@ def create_app(svc: Service) -> FastAPI:
                 seq = since
                 sent = 0
                 while True:
-                    rows = await anyio.to_thread.run_sync(
-                        svc.reader.events_since, seq, min(1000, limit - sent), limiter=svc._read_limiter
+                    want = min(1000, limit - sent)
+                    low, last, rows = await anyio.to_thread.run_sync(
+                        functools.partial(svc.reader.read_events, seq, want, tenant=tenant), limiter=svc._read_limiter
                     )
+                    if seq + 1 < low:  # deleted while this stream was behind: said, and the stream ends
+                        gone = {"t": time.time(), "event": PRUNED_EVENT, "first_seq": low, "since": seq}
+                        yield (json.dumps(gone, separators=(",", ":")) + "\n").encode()
+                        return
                     chunk = []
                     for s, rec in rows:
                         seq = s
+                        # the tenant's own rows (the index), still filtered as before: a job's events
+                        # are its tenant's, a removed job's only while the service remembers whose it was
                         if visible(rec):
                             sent += 1
                             chunk.append(json.dumps(svc.redact(c, rec), separators=(",", ":")) + "\n")
+                    if len(rows) < want:
+                        seq = max(seq, last)  # nothing more of ours up to the log's last seq
                     if chunk:
                         yield "".join(chunk).encode()
                     if sent >= limit or (not rows and not follow):
@@ -1645,7 +1774,7 @@ def create_app(svc: Service) -> FastAPI:
                 if held:
                     svc.stream_slot(c.tenant, release=True)
 
-        return StreamingResponse(gen(), media_type="application/x-ndjson")
+        return StreamingResponse(gen(), media_type="application/x-ndjson", headers={"X-Goodput-First-Seq": str(first)})
 
     @app.post("/nodes/{name}/drain")
     def drain(name: str, grace_s: float = Query(30.0, ge=0, le=86400), c: Caller = Depends(admin)) -> dict[str, Any]:

@@ -60,6 +60,11 @@ _ENDED_STATES = frozenset(s.value for s in TERMINAL)  # a job row in one of thes
 # tokens columns added after schema 1 shipped (ALTER TABLE ... ADD COLUMN on open, both dialects)
 _TOKEN_COLUMNS = (("prefix", "TEXT NOT NULL DEFAULT ''"), ("expires", "REAL"), ("revoked", "REAL"))
 _VERSION_KEY = "schema_version"
+# meta key of the event log's low-water mark: the first seq still kept (1 until the live service's event
+# retention first deletes some); seq numbers go on from above it, never reused (Store.prune_events)
+_FIRST_SEQ_KEY = "events_first_seq"
+_STORE_KEYS = frozenset((_VERSION_KEY, _FIRST_SEQ_KEY))  # meta keys that belong to the store, not its caller
+_MIGRATE_BATCH = 10_000  # events read at a time while an old events table gains its tenant column
 # pg_advisory_xact_lock key: serialises writers so that "next seq = max + 1" cannot race
 _PG_LOCK_KEY = 0x676F6F64707574  # "goodput"
 
@@ -89,13 +94,15 @@ class StoreUnavailable(StoreError):
 
 @dataclass
 class Snapshot:
-    """Everything a restarting scheduler needs; ``events`` in commit order, without their seq numbers."""
+    """Everything a restarting scheduler needs; ``events`` in commit order, without their seq numbers:
+    the retained ones, the first of which has seq ``first_seq`` (the low-water mark)."""
 
     jobs: dict[str, Job] = field(default_factory=dict)
     nodes: dict[str, Node] = field(default_factory=dict)
     tenants: dict[str, Tenant] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
+    first_seq: int = 1
 
 
 @dataclass
@@ -333,7 +340,12 @@ class Store:
             " body TEXT NOT NULL)",
             "CREATE TABLE IF NOT EXISTS nodes (name TEXT PRIMARY KEY, body TEXT NOT NULL)",
             "CREATE TABLE IF NOT EXISTS tenants (name TEXT PRIMARY KEY, body TEXT NOT NULL)",
-            f"CREATE TABLE IF NOT EXISTS events (seq {self.seq_type} PRIMARY KEY, body TEXT NOT NULL)",
+            # tenant: the tenant of the job the event names ('' for node events and jobs the store does not
+            # hold), so that a tenant's GET /events reads its own rows by the (tenant, seq) index
+            f"CREATE TABLE IF NOT EXISTS events (seq {self.seq_type} PRIMARY KEY, body TEXT NOT NULL,"
+            " tenant TEXT NOT NULL DEFAULT '')",
+            # per job, how many of its event records the event retention deleted (its view's history_dropped)
+            "CREATE TABLE IF NOT EXISTS events_pruned (job TEXT PRIMARY KEY, n BIGINT NOT NULL)",
             # the service's bearer tokens, by their sha256 only: a leaked store leaks no usable token
             "CREATE TABLE IF NOT EXISTS tokens (hash TEXT PRIMARY KEY, tenant TEXT NOT NULL, role TEXT NOT NULL,"
             " job TEXT NOT NULL, created REAL NOT NULL)",
@@ -367,10 +379,39 @@ class Store:
             for col, typ in _TOKEN_COLUMNS:
                 if col not in have:
                     cur.execute(f"ALTER TABLE tokens ADD COLUMN {col} {typ}")
+            # an events table made before its tenant column gains it, filled from the jobs it names
+            if "tenant" not in self._columns(cur, "events"):
+                cur.execute("ALTER TABLE events ADD COLUMN tenant TEXT NOT NULL DEFAULT ''")
+                self._fill_event_tenants(cur)
+            cur.execute("CREATE INDEX IF NOT EXISTS events_tenant ON events (tenant, seq)")
             cur.execute(
                 self._sql("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO NOTHING"),
                 (_VERSION_KEY, json.dumps(SCHEMA_VERSION)),
             )
+
+    def _fill_event_tenants(self, cur: Any) -> None:
+        """The tenant column of every event already stored (a migration, once): the tenant of the job
+        it names as the jobs table has it; '' where none (node events, jobs already removed)."""
+        cur.execute("SELECT id, tenant FROM jobs")
+        owner = {str(k): str(t) for k, t in cur.fetchall()}
+        if not owner:
+            return
+        after = 0
+        while True:
+            cur.execute(self._sql("SELECT seq, body FROM events WHERE seq > ? ORDER BY seq LIMIT ?"),
+                        (after, _MIGRATE_BATCH))  # fmt: skip
+            rows = cur.fetchall()
+            if not rows:
+                return
+            sets = []
+            for seq, body in rows:
+                ev = _loads("events", seq, body)
+                t = owner.get(ev.get("job")) if isinstance(ev, dict) and isinstance(ev.get("job"), str) else None
+                if t:
+                    sets.append((t, seq))
+            if sets:
+                cur.executemany(self._sql("UPDATE events SET tenant = ? WHERE seq = ?"), sets)
+            after = int(rows[-1][0])
 
     def _check_version(self, raw: Any) -> None:
         try:
@@ -401,15 +442,37 @@ class Store:
             cur.execute(f"SELECT name, body FROM tenants ORDER BY name{order}")
             snap.tenants = {k: _TENANTS.decode(k, b) for k, b in cur.fetchall()}
             cur.execute(f"SELECT key, value FROM meta ORDER BY key{order}")
-            snap.meta = {k: _loads("meta", k, v) for k, v in cur.fetchall() if k != _VERSION_KEY}
+            snap.meta = {k: _loads("meta", k, v) for k, v in cur.fetchall() if k not in _STORE_KEYS}
+            first = snap.first_seq = self._first_seq(cur)
+            # only what the event retention kept: every row from the low-water mark on
             cur.execute("SELECT seq, body FROM events ORDER BY seq")
             rows = cur.fetchall()
-        snap.events = [self._event(expect, seq, body) for expect, (seq, body) in enumerate(rows, 1)]
+        snap.events = [self._event(expect, seq, body) for expect, (seq, body) in enumerate(rows, first)]
         return snap
+
+    def _first_seq(self, cur: Any) -> int:
+        """The low-water mark (in the caller's transaction): the first seq the log still keeps."""
+        cur.execute(self._sql("SELECT value FROM meta WHERE key = ?"), (_FIRST_SEQ_KEY,))
+        row = cur.fetchone()
+        if row is None:
+            return 1
+        v = _loads("meta", _FIRST_SEQ_KEY, row[0])
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise CorruptRecord("meta", _FIRST_SEQ_KEY, f"the events' low-water mark is {v!r}, not a positive integer")
+        return v
+
+    def _next_seq(self, cur: Any) -> int:
+        """The seq the next event gets (in the caller's transaction): never one used before, even once
+        every row below it was pruned."""
+        cur.execute("SELECT MAX(seq) FROM events")
+        top = cur.fetchone()[0]
+        first = self._first_seq(cur)
+        return max(first, int(top) + 1) if top is not None else first
 
     @staticmethod
     def _event(expect: int, seq: int, body: Any) -> dict[str, Any]:
-        # commits append 1, 2, 3, ... with no gaps; a gap means rows were removed behind our back
+        # commits append first, first + 1, ... with no gaps (first: the low-water mark, 1 until the event
+        # retention prunes); a gap, or a row below the mark, means rows were removed behind our back
         if seq != expect:
             raise CorruptRecord("events", seq, f"sequence gap: expected seq {expect}")
         ev = _loads("events", seq, body)
@@ -417,12 +480,30 @@ class Store:
             raise CorruptRecord("events", seq, f"not a JSON object but {type(ev).__name__}")
         return ev
 
-    def events_since(self, seq: int, limit: int) -> list[tuple[int, dict[str, Any]]]:
-        """Up to ``limit`` events with a sequence number above ``seq``: pass the last one seen to resume."""
+    def events_since(self, seq: int, limit: int, *, tenant: str | None = None) -> list[tuple[int, dict[str, Any]]]:
+        """Up to ``limit`` events with a sequence number above ``seq``: pass the last one seen to resume.
+        ``tenant``: only the events of that tenant's jobs (the tenant column's index, not a scan)."""
+        return self.read_events(seq, limit, tenant=tenant)[2]
+
+    def read_events(
+        self, seq: int, limit: int, *, tenant: str | None = None
+    ) -> tuple[int, int, list[tuple[int, dict[str, Any]]]]:
+        """:meth:`events_since`, with the log's low-water mark (the first seq kept) and its last seq,
+        read in the same transaction: a reader whose ``seq + 1`` is below the mark has lost the events
+        in between to the event retention, and one given fewer than ``limit`` rows has seen everything
+        of its own up to the last seq (it may resume from there)."""
         if limit <= 0:
             raise ValueError(f"limit must be positive, got {limit}")
         with self._use(), self._transaction(write=False) as cur:
-            cur.execute(self._sql("SELECT seq, body FROM events WHERE seq > ? ORDER BY seq LIMIT ?"), (seq, limit))
+            first = self._first_seq(cur)
+            last = self._next_seq(cur) - 1
+            if tenant is None:
+                cur.execute(self._sql("SELECT seq, body FROM events WHERE seq > ? ORDER BY seq LIMIT ?"), (seq, limit))
+            else:
+                cur.execute(
+                    self._sql("SELECT seq, body FROM events WHERE tenant = ? AND seq > ? ORDER BY seq LIMIT ?"),
+                    (tenant, seq, limit),
+                )
             rows = cur.fetchall()
         out = []
         for s, body in rows:
@@ -430,13 +511,61 @@ class Store:
             if not isinstance(ev, dict):
                 raise CorruptRecord("events", s, f"not a JSON object but {type(ev).__name__}")
             out.append((s, ev))
-        return out
+        return first, last, out
 
     def event_count(self) -> int:
-        """The last sequence number, which is the count since the log is append-only from 1."""
+        """The last sequence number: the count of events ever appended (pruned ones included), since
+        the log is append-only from 1 and a seq is never reused."""
         with self._use(), self._transaction(write=False) as cur:
-            cur.execute("SELECT COALESCE(MAX(seq), 0) FROM events")
-            return int(cur.fetchone()[0])
+            return self._next_seq(cur) - 1
+
+    def first_event_seq(self) -> int:
+        """The low-water mark: the first seq the log still keeps (1 until :meth:`prune_events`)."""
+        with self._use(), self._transaction(write=False) as cur:
+            return self._first_seq(cur)
+
+    def events_pruned(self) -> dict[str, int]:
+        """job id -> how many of its event records :meth:`prune_events` deleted (jobs still stored)."""
+        with self._use(), self._transaction(write=False) as cur:
+            cur.execute("SELECT job, n FROM events_pruned")
+            return {str(k): int(n) for k, n in cur.fetchall()}
+
+    def has_nodes(self) -> bool:
+        """Whether a scheduler ever saved its nodes here (a restart restores; else a first start)."""
+        with self._use(), self._transaction(write=False) as cur:
+            cur.execute("SELECT 1 FROM nodes LIMIT 1")
+            return cur.fetchone() is not None
+
+    def prune_events(self, first_keep: int, pruned: dict[str, int] | None = None) -> int:
+        """The live service's event retention, in one transaction: every event below ``first_keep``
+        deleted (never past the next seq: the log's numbering goes on from where it was), the
+        low-water mark raised to it, and ``pruned`` (job id -> how many of that job's records
+        went) added to the per-job counts :meth:`events_pruned` reads. The new mark. A caller bounds
+        a batch by the ``first_keep`` it asks for (the rows below it are first_keep - mark)."""
+        if isinstance(first_keep, bool) or not isinstance(first_keep, int):
+            raise TypeError(f"first_keep is a seq (int), got {first_keep!r}")
+        counts = [(str(k), int(n)) for k, n in (pruned or {}).items() if n > 0]
+        with self._use(), self._transaction(write=True) as cur:
+            first = self._first_seq(cur)
+            upto = min(first_keep, self._next_seq(cur))
+            if upto <= first:
+                return first
+            cur.execute(self._sql("DELETE FROM events WHERE seq < ?"), (upto,))
+            cur.execute(
+                self._sql(
+                    "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+                ),
+                (_FIRST_SEQ_KEY, json.dumps(upto)),
+            )
+            if counts:
+                cur.executemany(
+                    self._sql(
+                        "INSERT INTO events_pruned (job, n) VALUES (?, ?)"
+                        " ON CONFLICT (job) DO UPDATE SET n = events_pruned.n + excluded.n"
+                    ),
+                    counts,
+                )
+            return upto
 
     # -- writing -------------------------------------------------------------------------------------------
 
@@ -469,14 +598,18 @@ class Store:
         for k, v in (meta or {}).items():
             if not isinstance(k, str):
                 raise TypeError(f"meta keys are strings, got {k!r}")
-            if k == _VERSION_KEY:
-                raise ValueError(f"meta key {_VERSION_KEY!r} belongs to the store")
+            if k in _STORE_KEYS:
+                raise ValueError(f"meta key {k!r} belongs to the store")
             meta_rows.append((k, _dumps(v)))
         event_bodies = []
         for ev in events:
             if not isinstance(ev, dict):
                 raise TypeError(f"an event is a dict, got {type(ev).__name__}")
-            event_bodies.append(_dumps(ev))
+            jid = ev.get("job")
+            event_bodies.append((_dumps(ev), jid if isinstance(jid, str) else "", None))
+        if event_bodies and job_rows:  # the tenant of a job the step wrote: no lookup at the append
+            owner = {r[0]: r[2] for r in job_rows}
+            event_bodies = [(b, j, owner.get(j)) for b, j, _t in event_bodies]
         dels = []
         for k in delete_jobs:
             if not isinstance(k, str):
@@ -523,7 +656,8 @@ class Store:
         """The live service's retention of ended jobs, in one transaction: the ``trimmed`` jobs'
         records rewritten (their command already cut short) and their environment rows deleted, and
         every row of the ``pruned`` jobs deleted (record, commit report, idempotency key, environment).
-        Events stay: the log is append-only. Nothing is reported to ``on_ended``."""
+        Their events stay (the event retention, :meth:`prune_events`, bounds the log); their counts of
+        pruned events go. Nothing is reported to ``on_ended``."""
         rows = [(j.id, _enum_value(j.state), j.tenant, _JOBS.encode(j)) for j in self._records(trimmed, Job)]
         dels = [(str(k),) for k in pruned]
         if not rows and not dels:
@@ -533,7 +667,13 @@ class Store:
             if rows:
                 cur.executemany(self._sql("DELETE FROM job_envs WHERE job = ?"), [(r[0],) for r in rows])
             if dels:
-                for table, key in (("jobs", "id"), ("commits", "job"), ("job_keys", "job"), ("job_envs", "job")):
+                for table, key in (
+                    ("jobs", "id"),
+                    ("commits", "job"),
+                    ("job_keys", "job"),
+                    ("job_envs", "job"),
+                    ("events_pruned", "job"),
+                ):
                     cur.executemany(self._sql(f"DELETE FROM {table} WHERE {key} = ?"), dels)
 
     # -- the service's facts about jobs (goodput.sched.live.service) --------------------------------------------
@@ -609,13 +749,21 @@ class Store:
         )
         cur.executemany(self._sql(sql), rows)
 
-    def _append_events(self, cur: Any, bodies: list[str]) -> None:
+    def _append_events(self, cur: Any, bodies: list[tuple[str, str, str | None]]) -> None:
+        """``bodies``: (body, job id or '', its tenant or None), each stored with the tenant of its job:
+        the commit's own job rows say it, else the jobs table does ('' when neither holds the job)."""
         if not bodies:
             return
-        # inside the write transaction (which serialises writers), so max + 1 is ours
-        cur.execute("SELECT COALESCE(MAX(seq), 0) FROM events")
-        start = int(cur.fetchone()[0]) + 1
-        self._insert(cur, "events", ("seq", "body"), list(enumerate(bodies, start)))
+        owners: dict[str, str] = {}
+        missing = sorted({j for _b, j, t in bodies if j and t is None})
+        for i in range(0, len(missing), 500):
+            part = missing[i : i + 500]
+            cur.execute(self._sql(f"SELECT id, tenant FROM jobs WHERE id IN ({', '.join('?' * len(part))})"), part)
+            owners.update((str(k), str(t)) for k, t in cur.fetchall())
+        # inside the write transaction (which serialises writers), so the next seq is ours
+        start = self._next_seq(cur)
+        rows = [(seq, b, t if t is not None else owners.get(j, "")) for seq, (b, j, t) in enumerate(bodies, start)]
+        self._insert(cur, "events", ("seq", "body", "tenant"), rows)
 
     def _insert(self, cur: Any, table: str, cols: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
         sql = f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"

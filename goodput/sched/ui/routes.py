@@ -131,15 +131,18 @@ class LiveFeed:
                 reservation = {"job": r.job, "pool": r.pool, "t": r.t, "tenant": held.tenant if held else ""}
             tenants = {t.name: (float(t.weight), int(t.quota_gpus), int(t.usage_gpus)) for t in sched.tenants.values()}
             records = sched.log.records
+            # the cursor counts records since the list began: the service's event retention deletes its
+            # head (log_base records so far), so the list's index is the cursor less that
+            base = getattr(svc, "log_base", 0)
             n = len(records)
-            if records is not self._records or n < self.cursor:
+            if records is not self._records or base + n < self.cursor:
                 # another log (the service rebuilt its scheduler from the store): replay it from the start
                 self._records = records
-                self.cursor = 0
+                self.cursor = base
                 self.timeline = None
                 self._shared = None
-            new = list(records[self.cursor : n])
-            self.cursor = n
+            new = list(records[max(0, self.cursor - base) : n])
+            self.cursor = base + n
         counts = {state.value: c for state, c in by_state.items()}
         up = [n for n in nodes if n.health != "lost"]
         counts.update(

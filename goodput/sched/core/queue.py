@@ -25,7 +25,18 @@ class _Entry:
 
 
 class PendingQueue:
-    __slots__ = ("_fifo", "_short", "_class_short", "_class_count", "_count", "_member", "_levels", "_token", "_prios")
+    __slots__ = (
+        "_fifo",
+        "_short",
+        "_class_short",
+        "_class_count",
+        "_count",
+        "_member",
+        "_levels",
+        "_token",
+        "_prios",
+        "_tenant_fifo",
+    )
 
     def __init__(self) -> None:
         self._fifo: dict[Key, list[tuple[float, int, str, int]]] = {}
@@ -39,6 +50,9 @@ class PendingQueue:
         self._levels: dict[int, dict[str, set[Class]]] = {}  # priority -> tenant -> non-empty classes
         self._prios: list[int] = []  # sorted descending
         self._token = 0
+        # every class of one tenant at one priority in queue order: its first job breaks fair-share
+        # ties, found without looking at each class's head
+        self._tenant_fifo: dict[tuple[int, str], list[tuple[float, int, str, int]]] = {}
 
     def __len__(self) -> int:
         return len(self._member)
@@ -55,6 +69,7 @@ class PendingQueue:
         if key not in self._fifo:
             self._fifo[key], self._short[key], self._count[key] = [], [], 0
         heapq.heappush(self._fifo[key], (submit_s, seq, job_id, self._token))
+        heapq.heappush(self._tenant_fifo.setdefault((priority, tenant), []), (submit_s, seq, job_id, self._token))
         heapq.heappush(self._short[key], (limit_s, submit_s, seq, job_id, self._token))
         heapq.heappush(self._class_short.setdefault((priority, cls), []), (limit_s, submit_s, seq, job_id, self._token))
         self._class_count[(priority, cls)] = self._class_count.get((priority, cls), 0) + 1
@@ -82,7 +97,7 @@ class PendingQueue:
             level = self._levels[prio]
             level[tenant].discard(cls)
             if not level[tenant]:
-                del level[tenant]
+                del level[tenant], self._tenant_fifo[(prio, tenant)]
             if not level:
                 del self._levels[prio]
                 self._prios = sorted(self._levels, reverse=True)
@@ -99,6 +114,16 @@ class PendingQueue:
             submit_s, seq, job_id, token = heap[0]
             if self._live(job_id, token):
                 return submit_s, seq, job_id
+            heapq.heappop(heap)
+        return None
+
+    def tenant_head(self, priority: int, tenant: str) -> tuple[float, int] | None:
+        """(submit_s, seq) of the tenant's first job at this priority, whatever its class."""
+        heap = self._tenant_fifo.get((priority, tenant))
+        while heap:
+            submit_s, seq, job_id, token = heap[0]
+            if self._live(job_id, token):
+                return submit_s, seq
             heapq.heappop(heap)
         return None
 

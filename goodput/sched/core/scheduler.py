@@ -542,7 +542,7 @@ class Scheduler(Preemption):
 
             open_heads: dict[str, list[tuple[tuple[float, int, str], Class]]] = {}
             shares = self._shares(level, now)
-            heap = [(shares[t], self._tenant_first(t, prio, level), t) for t in level]
+            heap = [(shares[t], self._tenant_first(t, prio), t) for t in level]
             heapq.heapify(heap)
             while heap and not halted:
                 share, _, tn = heapq.heappop(heap)  # shares hold still within a pass (usage is history)
@@ -703,7 +703,7 @@ class Scheduler(Preemption):
         if not level:
             return None
         shares = self._shares(level, now)
-        firsts = {t: self._tenant_first(t, prio, level) for t in level}
+        firsts = {t: self._tenant_first(t, prio) for t in level}
         waiting = [t for t in level if firsts[t][0] < math.inf]  # a tenant whose classes emptied has none
         if not waiting:
             return None
@@ -717,15 +717,11 @@ class Scheduler(Preemption):
             return None
         return self.jobs[best[0][2]], best[1]
 
-    def _tenant_first(self, tn: str, prio: int, level: dict[str, set[Class]]) -> tuple[float, int]:
+    def _tenant_first(self, tn: str, prio: int) -> tuple[float, int]:
         """The tenant's earliest queued job at this priority (original submit time, submission
         order): what breaks a fair-share tie, never the tenant's name."""
-        best = (math.inf, 0)
-        for cls in level.get(tn, ()):
-            h = self.queue.head((prio, tn, cls))
-            if h is not None and (h[0], h[1]) < best:
-                best = (h[0], h[1])
-        return best
+        h = self.queue.tenant_head(prio, tn)
+        return (math.inf, 0) if h is None else h
 
     def _shares(self, level: dict[str, set[Class]], now: float) -> dict[str, float]:
         """Fair share at one priority: each tenant's usage decayed with ``usage_half_life_s``

@@ -54,7 +54,7 @@ import msgspec.inspect as mi
 
 from goodput.sched.core.model import TERMINAL, Job, Node, Tenant
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: events carry their job's tenant, the log a low-water mark (retention)
 WAL_KEEP_BYTES = 4 << 20  # SQLite: what a WAL is truncated to once checkpointed (journal_size_limit)
 _ENDED_STATES = frozenset(s.value for s in TERMINAL)  # a job row in one of these states has ended
 # tokens columns added after schema 1 shipped (ALTER TABLE ... ADD COLUMN on open, both dialects)
@@ -365,13 +365,15 @@ class Store:
         ]
 
     def _prepare(self) -> None:
-        """Create what is missing; refuse, before touching anything, a schema from a newer goodput."""
+        """Create what is missing; refuse, before touching anything, a schema from a newer goodput;
+        migrate one from an older goodput (schema 1: its events gain their tenant, below)."""
         with self._transaction(write=True) as cur:
+            version = None
             if self._table_exists(cur, "meta"):
                 cur.execute(self._sql("SELECT value FROM meta WHERE key = ?"), (_VERSION_KEY,))
                 row = cur.fetchone()
                 if row is not None:
-                    self._check_version(row[0])
+                    version = self._check_version(row[0])
             for ddl in self._ddl():
                 cur.execute(ddl)
             # columns added to the tokens table after schema 1 shipped: a store made before them gains them
@@ -379,26 +381,36 @@ class Store:
             for col, typ in _TOKEN_COLUMNS:
                 if col not in have:
                     cur.execute(f"ALTER TABLE tokens ADD COLUMN {col} {typ}")
-            # an events table made before its tenant column gains it, filled from the jobs it names
-            if "tenant" not in self._columns(cur, "events"):
+            # schema 2: each event carries its job's tenant, and the log's low-water mark may be raised
+            # (Store.prune_events). A schema 1 store gains the column, and its events without a tenant
+            # are given their job's: all of them, or (a store the retention wrote while still schema
+            # 1) those a previous goodput appended. A previous goodput refuses a schema 2 store: it
+            # would append events no tenant sees, and number them from 1 again once the log was
+            # pruned empty.
+            added = "tenant" not in self._columns(cur, "events")
+            if added:
                 cur.execute("ALTER TABLE events ADD COLUMN tenant TEXT NOT NULL DEFAULT ''")
+            if added or (version is not None and version < SCHEMA_VERSION):
                 self._fill_event_tenants(cur)
             cur.execute("CREATE INDEX IF NOT EXISTS events_tenant ON events (tenant, seq)")
             cur.execute(
-                self._sql("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO NOTHING"),
+                self._sql(
+                    "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+                ),
                 (_VERSION_KEY, json.dumps(SCHEMA_VERSION)),
             )
 
     def _fill_event_tenants(self, cur: Any) -> None:
-        """The tenant column of every event already stored (a migration, once): the tenant of the job
-        it names as the jobs table has it; '' where none (node events, jobs already removed)."""
+        """The tenant column of every stored event that has none (a migration from schema 1, once): the
+        tenant of the job it names as the jobs table has it; '' where none (node events, jobs already
+        removed)."""
         cur.execute("SELECT id, tenant FROM jobs")
         owner = {str(k): str(t) for k, t in cur.fetchall()}
         if not owner:
             return
         after = 0
         while True:
-            cur.execute(self._sql("SELECT seq, body FROM events WHERE seq > ? ORDER BY seq LIMIT ?"),
+            cur.execute(self._sql("SELECT seq, body FROM events WHERE tenant = '' AND seq > ? ORDER BY seq LIMIT ?"),
                         (after, _MIGRATE_BATCH))  # fmt: skip
             rows = cur.fetchall()
             if not rows:
@@ -413,7 +425,7 @@ class Store:
                 cur.executemany(self._sql("UPDATE events SET tenant = ? WHERE seq = ?"), sets)
             after = int(rows[-1][0])
 
-    def _check_version(self, raw: Any) -> None:
+    def _check_version(self, raw: Any) -> int:
         try:
             version = json.loads(raw)
         except (TypeError, ValueError):
@@ -425,8 +437,7 @@ class Store:
                 f"{_redact(self.url)}: schema_version {version} is newer than this goodput knows "
                 f"({SCHEMA_VERSION}); upgrade goodput to open this store"
             )
-        if version < SCHEMA_VERSION:  # no older schema exists yet: a migration goes here when one does
-            raise SchemaError(f"{_redact(self.url)}: schema_version {version} has no migration to {SCHEMA_VERSION}")
+        return version  # older: _prepare migrates it (schema 1 -> 2: the events' tenant column)
 
     # -- reading -------------------------------------------------------------------------------------------
 

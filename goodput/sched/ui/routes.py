@@ -135,8 +135,10 @@ class LiveFeed:
             # head (log_base records so far), so the list's index is the cursor less that
             base = getattr(svc, "log_base", 0)
             n = len(records)
-            if records is not self._records or base + n < self.cursor:
-                # another log (the service rebuilt its scheduler from the store): replay it from the start
+            if records is not self._records or base + n < self.cursor or self.cursor < base:
+                # another log (the service rebuilt its scheduler from the store), or records deleted
+                # before the feed read them (no viewer while the retention deleted past its place):
+                # replay the log as kept from its start, never a timeline with records skipped
                 self._records = records
                 self.cursor = base
                 self.timeline = None

@@ -83,3 +83,23 @@ def test_an_error_quoting_brackets_is_printed_not_read_as_markup(capsys) -> None
         sched._fail(msg)
     err = capsys.readouterr().err
     assert err.count("pair.cc:553]") == 2
+
+
+def test_sched_events_relays_every_line_and_returns_the_gap_record_that_ends_a_stream() -> None:
+    """`goodput sched events` exits 1 after a stream whose next events the retention deleted: the
+    `events_pruned` record that ends it is printed, then returned (a pipeline must not take the
+    output for the whole log)."""
+    from goodput.cli.sched import relay_events
+
+    printed: list[str] = []
+    lines = [b'{"t":1,"event":"submitted","job":"a"}\n', b'{"t":2,"event":"events_pruned","first_seq":9,"since":3}\n']
+    gap = relay_events(lines, lambda text, flush: printed.append(text))
+    assert gap == {"t": 2, "event": "events_pruned", "first_seq": 9, "since": 3}
+    assert printed == [x.decode().rstrip("\n") for x in lines]
+    # a job may be called events_pruned: only the record's event field counts
+    printed.clear()
+    assert (
+        relay_events([b'{"t":1,"event":"submitted","job":"events_pruned"}\n'], lambda t, flush: printed.append(t))
+        is None
+    )
+    assert len(printed) == 1

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -716,6 +719,20 @@ def resize_cmd(
     print(f"{r['id']} {r['state']} {r['nodes']}x{r['gpus_per_node']}")
 
 
+def relay_events(lines: Iterable[bytes], out: Callable[..., Any]) -> dict[str, Any] | None:
+    """Print each JSONL line of an /events stream; the ``events_pruned`` record that ends a stream
+    whose next events were deleted is printed too, and returned (None when the stream had no gap)."""
+    for line in lines:
+        text = line.decode().rstrip("\n")
+        out(text, flush=True)
+        if '"events_pruned"' in text:
+            with contextlib.suppress(ValueError):
+                rec = json.loads(text)
+                if isinstance(rec, dict) and rec.get("event") == "events_pruned":
+                    return rec
+    return None
+
+
 @app.command("events")
 def events_cmd(
     since: int | None = typer.Option(
@@ -731,5 +748,12 @@ def events_cmd(
     at = "" if since is None else f"since={since}&"
     r = _call(url, "GET", f"/events?{at}follow={'true' if follow else 'false'}", stream=True)
     with r:
-        for line in r:
-            print(line.decode().rstrip("\n"), flush=True)
+        gap = relay_events(r, print)
+    if gap is not None:
+        # the service deleted events this stream had not read yet: a pipeline must not take the
+        # output for the whole log (the record itself was printed, last)
+        _fail(
+            f"events after seq {gap.get('since')} were deleted by the service's event retention before they "
+            f"were read: the log keeps seq {gap.get('first_seq')} on (the stream ends here)",
+            1,
+        )

@@ -44,7 +44,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -601,23 +601,9 @@ class Service:
                 self._rebuild("an unexpected error in a scheduling pass")
             if not self.degraded:
                 self._catch_up_history()  # the pass's records: a view seldom pays for them
-                try:
-                    if self.retire_ended():
-                        self.wake.set()  # a backlog (a restart, a lowered limit): the next batch soon
-                except StoreUnavailable as e:  # nothing of it changed: the next pass tries again
-                    log.warning("retiring ended jobs: the store refused (retried next pass): %s", e)
-                except Exception:
-                    log.exception("retiring ended jobs failed")
-                    self._rebuild("an unexpected error retiring ended jobs")
+                self._upkeep("retiring ended jobs", self.retire_ended)
             if not self.degraded:
-                try:
-                    if self.prune_events():
-                        self.wake.set()  # a backlog (a restart, a lowered bound): the next batch soon
-                except StoreUnavailable as e:  # nothing of it changed: the next pass tries again
-                    log.warning("pruning the event log: the store refused (retried next pass): %s", e)
-                except Exception:
-                    log.exception("pruning the event log failed")
-                    self._rebuild("an unexpected error pruning the event log")
+                self._upkeep("pruning the event log", self.prune_events)
             nxt = self.sched.next_timer() if not self.degraded else math.inf
             ran = self.sched.passes != passes
             t2 = time.perf_counter()
@@ -822,6 +808,19 @@ class Service:
         if prune:
             log.info("removed %d ended jobs (retention)", len(prune))
         return more
+
+    def _upkeep(self, what: str, batch: Callable[[], bool]) -> None:
+        """One batch of a retention after a pass (the lock held): a backlog (a restart, a lowered
+        limit) wakes the loop for the next batch soon; a store that refuses changed nothing and the
+        next pass tries again; anything else rebuilds the scheduler from the store."""
+        try:
+            if batch():
+                self.wake.set()
+        except StoreUnavailable as e:
+            log.warning("%s: the store refused (retried next pass): %s", what, e)
+        except Exception:
+            log.exception("%s failed", what)
+            self._rebuild(f"an unexpected error {what}")
 
     # -- retention of events (limits.event_retention, limits.event_retention_s) ------------------------
 

@@ -406,6 +406,8 @@ def export_cmd(
         prog.stop()
     for k, why in res.skipped.items():
         err.print(f"[yellow]not exported[/yellow] {shown(k)}: {shown(str(why))}")
+    for key in res.aborted:
+        err.print(f"aborted the incomplete upload a killed export left: {shown(key)}")
     console.print(
         f"[green]ok[/green]: {shown(str(res.path))} ({res.tensors} tensors, {fmt_bytes(res.bytes)} in {len(res.files)} files: "
         f"{shown(', '.join(res.files[:3]))}{', ...' if len(res.files) > 3 else ''}; "

@@ -13,11 +13,29 @@ prefix that must hold nothing yet (``overwrite=True`` writes into a non-empty on
 object store each shard is written to a local temporary file first, then uploaded.
 
 An export that does not finish (killed, power lost) must leave nothing a loader takes for a
-model: before it touches the destination the export writes the marker :data:`EXPORTING` there
+model: before it touches the destination the export creates the marker :data:`EXPORTING` there
 (fsynced); on overwrite it then removes the earlier export (index first, then its shards, values
 and this exporter's own temporary files); it writes the shards, the values, the index last, and
 only then removes the marker. The Hugging Face loader refuses a directory holding the marker,
 and shards of a set without their index (:mod:`goodput.ckpt.loading.hf`).
+
+The marker is also the destination's lock (:func:`_acquire`): it is created only where no
+marker is (``link(2)`` locally, a conditional PUT ``If-None-Match: *`` on ``s3://``) and names
+its export (pid, host, boot, the process's start, when), so a second export into the same
+destination fails at once, naming the first, and touches nothing. Locally the export also holds
+``flock`` on the destination directory, which the kernel lets go when the process dies: a marker
+whose export held it and no longer does is a dead export's. Elsewhere (``s3://``, a file system
+without ``flock``) a marker is a dead export's when it names this host and its process is gone;
+one of another host cannot be judged from here and is never taken over: the error says to remove
+it. Only a dead export's marker is taken over, by ``overwrite`` (on ``s3://`` removed by a
+conditional DELETE ``If-Match`` its ETag, so two exports taking over one marker cannot both win),
+and on ``s3://`` the incomplete multipart uploads that export left are aborted
+(:func:`_abort_dead_uploads`): those of the exporter's own file names at the top of the
+destination opened while its marker stood, or of exactly the names this export writes, never
+another key under the prefix. The destination may not be inside the source checkpoint (by
+resolved path, or bucket and key components: ``ck2`` is not inside ``ck``); the source inside the
+destination is allowed: ``overwrite`` removes only the exporter's own file names at the top of the
+destination, never a directory.
 
 What is not a tensor goes beside the shards, never silently away. A safetensors file holds
 tensors only (its ``__metadata__`` is str -> str), and Hugging Face's tools read only the tensors,
@@ -34,11 +52,14 @@ them. ``transformers`` and ``safetensors`` ignore the file. They are listed in
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import re
+import socket
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,6 +126,7 @@ class ExportResult:
     skipped: dict[str, str] = field(default_factory=dict)  # name -> why it was not exported
     carried: list[str] = field(default_factory=list)  # values and blobs written to VALUES (names as written)
     seconds: float = 0.0
+    aborted: list[str] = field(default_factory=list)  # s3:// incomplete uploads a dead export left, aborted
 
 
 @dataclass
@@ -227,6 +249,8 @@ def _check_destination(storage: Storage, dst: Path, overwrite: bool, fmt: str) -
         if isinstance(e, NotADirectoryError) or (os.path.exists(dst) and not os.path.isdir(dst)):
             raise ExportError(f"the destination {display(dst)!r} exists and is not a directory") from None
         return
+    if any(e.name == EXPORTING for e in held):
+        _refuse_running(storage, dst)
     if held and not overwrite:
         unfinished = any(e.name == EXPORTING for e in held)
         raise ExportError(
@@ -234,6 +258,21 @@ def _check_destination(storage: Storage, dst: Path, overwrite: bool, fmt: str) -
             + ("; an earlier export into it did not finish" if unfinished else "")
             + "; pass overwrite=True / --overwrite to write into it)"
         )
+
+
+def _refuse_running(storage: Storage, dst: Path) -> None:
+    """Refuse, naming it, a destination whose marker's export runs (or cannot be judged)."""
+    fd, busy = _flock(dst) if isinstance(storage, PosixStorage) else (None, False)
+    try:
+        marker = _read_marker(storage, dst)
+        if marker is None:
+            return
+        alive = True if busy else _judge(storage, dst, marker, fd)
+        if alive is not False:
+            raise _running(dst, marker, alive)
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _remove_dead_temps(parent: Path, name: str) -> None:
@@ -331,6 +370,11 @@ def export(
     src_p, dst_p = Path(src), Path(dst)
     if _same_location(src_p, dst_p):
         raise ExportError(f"the destination {display(dst_p)!r} is the checkpoint itself; choose another")
+    if _contains(src_p, dst_p):
+        raise ExportError(
+            f"the destination {display(dst_p)!r} is inside the checkpoint {display(src_p)!r} (the export would "
+            "write into the checkpoint's own directory); choose a destination outside it"
+        )
     if prefix and not prefix.endswith("."):
         prefix += "."  # a dotted path: "model" must not take "model_ema.*" or write ".weight"
     ck = Checkpoint(src_p)
@@ -357,6 +401,7 @@ def export(
     if progress:
         progress("total", total)
     files: list[str] = []
+    aborted: list[str] = []
     if format == "torch":
         if total > max_shard_size:
             raise ExportError(
@@ -380,30 +425,39 @@ def export(
     else:
         fresh = not _holds_anything(storage, dst_p)
         storage.prepare(dst_p)
+        hold = _acquire(storage, dst_p, src_p, overwrite)  # refuses a running export's destination
         try:
-            _begin(storage, dst_p, src_p, overwrite)
-            _write_safetensors(
-                storage,
-                ck,
-                dst_p,
-                items,
-                (prefix, blobs, values),
-                max_shard_size,
-                files,
-                progress,
-                (read_buffer, threads),
-            )
-        except BaseException:
-            _undo(storage, dst_p, files, fresh)
-            raise
-        if blobs or values:
-            carried = sorted(k[len(prefix) if prefix else 0 :] for k in blobs + values)
-        if overwrite:  # what _begin could not remove: it would mislead a loader beside this export
-            _sweep(storage, dst_p, keep=files)
-        _finish(storage, dst_p)
+            try:
+                aborted = _abort_dead_uploads(
+                    storage, dst_p, hold, _names(items, max_shard_size, bool(blobs or values))
+                )
+                if overwrite:
+                    _sweep(storage, dst_p, keep=[EXPORTING])
+                _write_safetensors(
+                    storage,
+                    ck,
+                    dst_p,
+                    items,
+                    (prefix, blobs, values),
+                    max_shard_size,
+                    files,
+                    progress,
+                    (read_buffer, threads),
+                )
+            except BaseException:
+                _undo(storage, dst_p, files, fresh, hold)
+                raise
+            if blobs or values:
+                carried = sorted(k[len(prefix) if prefix else 0 :] for k in blobs + values)
+            if overwrite:  # what the first sweep could not remove: it would mislead a loader beside this export
+                _sweep(storage, dst_p, keep=[*files, EXPORTING])
+            _finish(storage, dst_p, hold)
+        finally:
+            hold.release()
     return ExportResult(
-        display(dst_p), format, files, len(items), total, skipped, carried, seconds=time.perf_counter() - t0
-    )
+        display(dst_p), format, files, len(items), total, skipped, carried,
+        seconds=time.perf_counter() - t0, aborted=aborted if format != "torch" else [],
+    )  # fmt: skip
 
 
 def _same_location(src: Path, dst: Path) -> bool:
@@ -420,6 +474,23 @@ def _same_location(src: Path, dst: Path) -> bool:
         except ValueError:
             return s.rstrip("/") == d.rstrip("/")
     return os.path.realpath(src) == os.path.realpath(dst)
+
+
+def _parts(location: Path | str) -> tuple[str, ...] | None:
+    """A location as components: ``("s3", bucket, *key parts)``, or a resolved local path's
+    parts; None for an ``s3://`` URL with no bucket."""
+    s = display(location)
+    if s.startswith("s3://"):
+        parts = tuple(p for p in s[len("s3://") :].split("/") if p not in ("", "."))
+        return ("s3", *parts) if parts else None
+    return Path(os.path.realpath(location)).parts
+
+
+def _contains(outer: Path | str, inner: Path | str) -> bool:
+    """Whether ``inner`` lies strictly inside ``outer``: by resolved path (``ck/../ck/hf``, a link
+    into ``ck``), by bucket and key components on an object store (``ck2`` is not in ``ck``)."""
+    o, i = _parts(outer), _parts(inner)
+    return o is not None and i is not None and len(i) > len(o) and i[: len(o)] == o
 
 
 def _stale(name: str) -> bool:
@@ -440,28 +511,342 @@ def _sweep(storage: Storage, dst: Path, keep: list[str]) -> None:
     storage.sync(dst)
 
 
-def _begin(storage: Storage, dst: Path, src: Path, overwrite: bool) -> None:
-    """The marker first (durable before anything in ``dst`` changes), then, on overwrite, the
-    earlier export out of the way."""
-    note = {"export_of": display(src), "pid": os.getpid(), "started": time.time()}
-    if overwrite:
-        storage.remove(dst, EXPORTING)  # an earlier one's (never written through: it could be a link)
-    storage.put(dst, EXPORTING, (json.dumps(note) + "\n").encode())
+def _finish(storage: Storage, dst: Path, hold: _Hold) -> None:
+    """Every file durably in place, then the marker removed (only if it is still this export's):
+    the export is whole."""
     storage.sync(dst)
-    if overwrite:
-        _sweep(storage, dst, keep=[EXPORTING])
-
-
-def _finish(storage: Storage, dst: Path) -> None:
-    """Every file durably in place, then the marker removed: the export is whole."""
-    storage.sync(dst)
-    storage.remove(dst, EXPORTING)
+    held = _read_marker(storage, dst)
+    if held is None or held.note.get("token") != hold.token:
+        other = f" ({_who(held.note)})" if held is not None else ""
+        raise ExportError(
+            f"the export into {display(dst)!r} wrote every file, but its marker {EXPORTING} was "
+            + ("removed" if held is None else f"replaced by another export's{other}")
+            + " while it ran (someone removed it by hand?): the files may be a mix of two exports; export again"
+        )
+    _remove_marker(storage, dst, hold.etag)
     storage.sync(dst)
     if storage.exists(dst, EXPORTING):
         raise ExportError(
             f"the export into {display(dst)!r} is complete, but its marker {EXPORTING} could not be removed "
             "(loaders refuse the directory while it is there); remove it"
         )
+
+
+@dataclass
+class _Marker:
+    note: dict[str, Any]  # as written ({} when it is not this exporter's JSON)
+    stamp: float | None  # when it was written, by the storage's clock (s3: the server's)
+    etag: str | None  # s3:// only
+
+
+@dataclass
+class _Hold:
+    """This export's hold on its destination: its marker (by ``token``), locally the ``flock``."""
+
+    token: str
+    fd: int | None = None  # the destination directory, flock()ed; None without flock
+    etag: str | None = None  # of our marker on s3://
+    since: float | None = None  # when our marker was written, by the server's clock (s3://)
+    taken_from: float | None = None  # when the dead export's marker we took over was written
+
+    def release(self) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)  # closing the descriptor lets the flock go
+            self.fd = None
+
+
+def _proc_start(pid: int) -> int | None:
+    """When the process started (clock ticks after boot, /proc/<pid>/stat field 22): tells a
+    reused pid from the one a marker names. None where there is no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _pid_ns() -> str | None:
+    """This process's PID namespace (``pid:[4026531836]``): a container sharing the host's name
+    (host networking) numbers its processes apart, so its pids mean nothing here."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def _alive(note: dict[str, Any]) -> bool | None:
+    """Whether the export a marker names still runs: True, False, or None when it cannot be told
+    from here (another host or PID namespace, or a marker that names no process)."""
+    pid, host = note.get("pid"), note.get("host")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or not isinstance(host, str):
+        return None
+    if host != socket.gethostname() or note.get("pidns") not in (None, _pid_ns()):
+        return None
+    boot = _boot_id()
+    if note.get("boot") and boot and note["boot"] != boot:
+        return False  # this host has rebooted since
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, under another user
+    except OverflowError:
+        return None
+    start = note.get("pid_start")
+    return start is None or _proc_start(pid) in (None, start)  # else the pid was reused: another process
+
+
+def _who(note: dict[str, Any]) -> str:
+    """The export a marker names, for an error."""
+    if not isinstance(note.get("pid"), int):
+        return "a marker that names no process"
+    started = note.get("started")
+    when = (
+        datetime.datetime.fromtimestamp(started, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        if isinstance(started, (int, float))
+        else "at an unknown time"
+    )
+    of = f", exporting {note['export_of']!r}" if isinstance(note.get("export_of"), str) else ""
+    return f"pid {note['pid']} on host {note.get('host', '(not recorded)')!r}, started {when}{of}"
+
+
+def _running(dst: Path, marker: _Marker, alive: bool | None) -> ExportError:
+    where = display(dst)
+    if alive:
+        return ExportError(
+            f"another export is writing into {where!r}: {_who(marker.note)}; wait for it to finish (or stop it), "
+            "or export somewhere else"
+        )
+    return ExportError(
+        f"another export may be writing into {where!r}: {_who(marker.note)} (its marker {EXPORTING}; whether it "
+        f"still runs cannot be told from this host); if it is not running, remove {where.rstrip('/') + '/' + EXPORTING!r} "
+        "and export again with --overwrite"
+    )
+
+
+def _judge(storage: Storage, dst: Path, marker: _Marker, fd: int | None) -> bool | None:
+    """Whether the marker's export runs. Locally, holding the destination's flock: an export that
+    held it is dead (the kernel let it go); one that did not (an older goodput, another host on a
+    file system without flock) is judged by its process."""
+    if fd is not None and marker.note.get("lock") == "flock":
+        return False  # it held the flock we now hold: the kernel let it go when the process ended
+    return _alive(marker.note)
+
+
+def _flock(dst: Path) -> tuple[int | None, bool]:
+    """``(fd, held by another)``: the destination directory opened and flock()ed; fd None where
+    the file system has no flock (NFS refuses it on a directory): the marker alone locks then."""
+    import fcntl
+
+    try:
+        fd = os.open(dst, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return None, False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None, True
+    except OSError:
+        os.close(fd)
+        return None, False
+    return fd, False
+
+
+def _s3(storage: Storage, dst: Path) -> tuple[Any, str, str]:
+    """``(client, bucket, key of the marker)`` on s3://."""
+    from ..storage.s3 import split
+
+    bucket, prefix = split(dst)
+    return storage.client(), bucket, (f"{prefix}/{EXPORTING}" if prefix else EXPORTING)  # type: ignore[attr-defined]
+
+
+def _code(e: Exception) -> str:
+    resp = getattr(e, "response", None) or {}
+    return str(resp.get("Error", {}).get("Code") or resp.get("ResponseMetadata", {}).get("HTTPStatusCode") or "")
+
+
+_UNSUPPORTED = ("NotImplemented", "501")
+
+
+def _server_time(resp: dict[str, Any]) -> float | None:
+    from email.utils import parsedate_to_datetime
+
+    with contextlib.suppress(Exception):
+        return parsedate_to_datetime(resp["ResponseMetadata"]["HTTPHeaders"]["date"]).timestamp()
+    return None
+
+
+def _create_marker(storage: Storage, dst: Path, data: bytes, hold: _Hold) -> bool:
+    """Create the marker only where there is none: False when one is there."""
+    if isinstance(storage, PosixStorage):
+        return storage.publish_new(dst, EXPORTING, data)  # link(2) of a written file: fails if the name exists
+    if not hasattr(storage, "client"):
+        if storage.exists(dst, EXPORTING):
+            return False
+        storage.put(dst, EXPORTING, data)
+        return True
+    client, bucket, key = _s3(storage, dst)
+    try:
+        r = client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+    except Exception as e:
+        code = _code(e)
+        if code in ("412", "PreconditionFailed", "409", "ConditionalRequestConflict"):
+            return False  # the caller reads it: our own PUT whose answer was lost reads as ours
+        if code not in _UNSUPPORTED:
+            raise ExportError(f"s3://{bucket}/{key}: creating the export's marker failed: {code}: {e}") from None
+        # a store without conditional PUTs: checked, then written; not exclusive (docs/S3.md)
+        if storage.exists(dst, EXPORTING):
+            return False
+        r = client.put_object(Bucket=bucket, Key=key, Body=data)
+    hold.etag, hold.since = r.get("ETag"), _server_time(r)
+    return True
+
+
+def _read_marker(storage: Storage, dst: Path) -> _Marker | None:
+    """The marker in ``dst``, or None when there is none."""
+    etag = stamp = None
+    if hasattr(storage, "client") and not isinstance(storage, PosixStorage):
+        client, bucket, key = _s3(storage, dst)
+        try:
+            r = client.get_object(Bucket=bucket, Key=key)
+            raw = r["Body"].read(1 << 16)
+        except Exception as e:
+            if _code(e) in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise ExportError(f"s3://{bucket}/{key}: the export marker cannot be read: {_code(e)}: {e}") from None
+        etag, stamp = r.get("ETag"), r["LastModified"].timestamp() if r.get("LastModified") else None
+    else:
+        raw = storage.get_if_exists(dst, EXPORTING, "export marker", 1 << 16)
+        if raw is None:
+            return None
+        with contextlib.suppress(OSError):
+            stamp = os.lstat(Path(dst) / EXPORTING).st_mtime
+    try:
+        note = json.loads(raw)
+    except ValueError:
+        note = {}
+    return _Marker(note if isinstance(note, dict) else {}, stamp, etag)
+
+
+def _remove_marker(storage: Storage, dst: Path, etag: str | None) -> bool:
+    """Remove the marker; on s3:// only while its ETag is ``etag`` (a conditional DELETE): False
+    when it has changed (another export took it). A store that ignores the condition deletes it."""
+    if etag is None or isinstance(storage, PosixStorage) or not hasattr(storage, "client"):
+        storage.remove(dst, EXPORTING)
+        return True
+    client, bucket, key = _s3(storage, dst)
+    try:
+        client.delete_object(Bucket=bucket, Key=key, IfMatch=etag)
+    except Exception as e:
+        code = _code(e)
+        if code in ("412", "PreconditionFailed", "409", "ConditionalRequestConflict"):
+            return False
+        if code in ("404", "NoSuchKey", "NotFound"):
+            return True
+        if code not in _UNSUPPORTED:
+            raise ExportError(f"s3://{bucket}/{key}: removing the export's marker failed: {code}: {e}") from None
+        storage.remove(dst, EXPORTING)
+    return True
+
+
+def _acquire(storage: Storage, dst: Path, src: Path, overwrite: bool) -> _Hold:
+    """Take the destination: create the marker where there is none (durable before anything in
+    ``dst`` changes). A running export's marker (or one whose export cannot be judged) is refused
+    at once, naming it; a dead export's is taken over with ``overwrite``."""
+    hold = _Hold(uuid.uuid4().hex)
+    held_by_other = False
+    if isinstance(storage, PosixStorage):
+        hold.fd, held_by_other = _flock(dst)
+    try:
+        note: dict[str, Any] = {
+            "export_of": display(src), "pid": os.getpid(), "host": socket.gethostname(), "boot": _boot_id(),
+            "pid_start": _proc_start(os.getpid()), "pidns": _pid_ns(), "started": time.time(), "token": hold.token,
+        }  # fmt: skip
+        if hold.fd is not None:
+            note["lock"] = "flock"
+        data = (json.dumps(note) + "\n").encode()
+        for _ in range(5):
+            if held_by_other:
+                marker = _read_marker(storage, dst) or _Marker({}, None, None)
+                if not marker.note:
+                    raise ExportError(f"another export is writing into {display(dst)!r}: it holds the directory's lock")
+                raise _running(dst, marker, True)
+            if _create_marker(storage, dst, data, hold):
+                storage.sync(dst)
+                return hold
+            marker = _read_marker(storage, dst)
+            if marker is None:
+                continue  # gone since: try again
+            if marker.note.get("token") == hold.token:  # our PUT, whose answer was lost
+                hold.etag = marker.etag
+                return hold
+            alive = _judge(storage, dst, marker, hold.fd)
+            if alive is not False:
+                raise _running(dst, marker, alive)
+            if not overwrite:
+                raise ExportError(
+                    f"the destination {display(dst)!r} holds {EXPORTING}: an earlier export into it did not finish "
+                    f"({_who(marker.note)}, no longer running); pass overwrite=True / --overwrite to write into it"
+                )
+            if _remove_marker(storage, dst, marker.etag) and marker.stamp is not None:  # a dead export's: taken over
+                hold.taken_from = marker.stamp if hold.taken_from is None else min(hold.taken_from, marker.stamp)
+        raise ExportError(
+            f"the destination {display(dst)!r}: its marker {EXPORTING} could not be created in 5 tries (other exports "
+            "keep creating and removing it); try again"
+        )
+    except BaseException:
+        hold.release()
+        raise
+
+
+def _names(items: list[_Item], max_shard_size: int, extras: bool) -> set[str]:
+    """The names this export writes."""
+    n = len(plan_shards(items, max_shard_size))
+    return {shard_name(i, n) for i in range(n)} | ({VALUES} if extras else set()) | ({INDEX} if n > 1 else set())
+
+
+def _abort_dead_uploads(storage: Storage, dst: Path, hold: _Hold, names: set[str]) -> list[str]:
+    """On s3://: abort the incomplete multipart uploads a dead export left in ``dst`` (a killed
+    upload holds billed space, and no listing shows it). Only keys ``dst/<name>`` of this
+    exporter's own file names, opened before this export took ``dst``, and either while the
+    dead export's marker (taken over) stood, or under exactly a name this export writes; never
+    another key under the prefix, nor one a level down: they may be someone else's. Best effort:
+    a failure leaves the upload (docs/S3.md). Returns the keys aborted."""
+    if isinstance(storage, PosixStorage) or not hasattr(storage, "client"):
+        return []
+    from ..storage.s3 import split
+
+    client = storage.client()  # type: ignore[attr-defined]
+    bucket, prefix = split(dst)
+    pre = f"{prefix}/" if prefix else ""
+    out: list[str] = []
+    with contextlib.suppress(Exception):
+        for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=pre):
+            for u in page.get("Uploads", []):
+                name = u["Key"][len(pre) :]
+                if "/" in name or not _stale(name) or _TEMP.match(name):
+                    continue
+                t = u["Initiated"].timestamp() if u.get("Initiated") else None
+                if t is not None and hold.since is not None and t > hold.since + 1:
+                    continue  # opened after this export took dst: not a dead one's
+                dead = t is not None and hold.taken_from is not None and t >= hold.taken_from - 2  # 1 s clocks
+                if not (dead or name in names):
+                    continue
+                with contextlib.suppress(Exception):
+                    client.abort_multipart_upload(Bucket=bucket, Key=u["Key"], UploadId=u["UploadId"])
+                    out.append(f"s3://{bucket}/{u['Key']}")
+    return out
 
 
 def _holds_anything(storage: Storage, dst: Path) -> bool:
@@ -471,17 +856,23 @@ def _holds_anything(storage: Storage, dst: Path) -> bool:
         return False
 
 
-def _undo(storage: Storage, dst: Path, files: list[str], fresh: bool) -> None:
+def _undo(storage: Storage, dst: Path, files: list[str], fresh: bool, hold: _Hold) -> None:
     """A failed export removes what it wrote: a shard without its index is not a model (a loader
     given ``strict=False`` would take part of one), and a destination it created is removed too.
-    Its marker goes last, and only when no export's file is left (a removal can fail)."""
+    Its marker goes last, only when it is still this export's and no export's file is left (a
+    removal can fail)."""
     for name in files:
         with contextlib.suppress(OSError):
             storage.remove(dst, name)
     files.clear()
     with contextlib.suppress(Exception):  # the export's own error is the one to raise
-        if not any(_stale(e.name) for e in storage.list(dst)):
-            storage.remove(dst, EXPORTING)
+        held = _read_marker(storage, dst)
+        if (
+            held is not None
+            and held.note.get("token") == hold.token
+            and not any(_stale(e.name) for e in storage.list(dst))
+        ):
+            _remove_marker(storage, dst, hold.etag)
     if fresh:
         with contextlib.suppress(OSError):
             if not storage.list(dst):

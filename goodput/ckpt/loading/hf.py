@@ -58,7 +58,8 @@ VALUES = "goodput_values.json"  # what goodput's export carried beside the tenso
 VALUES_FORMAT = "goodput.values"
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit on a header
 #: written by ``goodput ckpt export`` before it touches the destination, removed once the index
-#: (the last file) is in place: a directory holding it is an export that did not finish
+#: (the last file) is in place: a directory holding it is an export that did not finish (or is
+#: still running: the marker is also the export's lock on the destination, goodput.ckpt.compat.exporter)
 EXPORTING = ".goodput-export-in-progress"
 #: one file of a sharded set, ``<stem>-00001-of-00008.safetensors``: its set needs
 #: ``<stem>.safetensors.index.json`` (without it, nothing says whether the set is whole)
@@ -193,8 +194,9 @@ def _index_files(st: Storage, d: Path) -> tuple[list[str], dict[str, str] | None
     their index (a lone ``model.safetensors`` needs none: Hugging Face's unsharded layout)."""
     if st.exists(d, EXPORTING):
         raise CheckpointError(
-            f"{display(d)!r} holds {EXPORTING}: an export into it did not finish (it was killed or "
-            "failed partway), so its files may be part of one export or a mix of two; export again"
+            f"{display(d)!r} holds {EXPORTING}: an export into it did not finish (it is still "
+            "running, or it was killed or failed partway), so its files may be part of one export or a mix of two; "
+            "wait for it to finish, or export again"
         )
     where = display(d / INDEX)
     raw = st.get_if_exists(d, INDEX, "safetensors index", MAX_INDEX_BYTES)

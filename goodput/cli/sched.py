@@ -747,6 +747,13 @@ def events_cmd(
     """The event log as JSONL (the simulator's schema): pipe it into `goodput sched check`."""
     at = "" if since is None else f"since={since}&"
     r = _call(url, "GET", f"/events?{at}follow={'true' if follow else 'false'}", stream=True)
+    first = r.headers.get("X-Goodput-First-Seq", "1")
+    if since is None and first.isdigit() and int(first) > 1:
+        # the head of the log is gone: a job's first records may be missing (a checker replaying
+        # this output flags what it cannot see begin); said, never hidden
+        Console(stderr=True).print(
+            f"note: the service's event retention deleted events 1 to {int(first) - 1}: the log starts at seq {first}"
+        )
     with r:
         gap = relay_events(r, print)
     if gap is not None:

@@ -468,6 +468,29 @@ def test_cli_submit_ls_cancel_and_events(server, tmp_path):
     assert r.returncode != 0 and "404" in r.stderr
 
 
+def test_cli_events_says_when_the_retention_deleted_the_head_of_the_log(server, tmp_path):
+    """`goodput sched events` reads the log as kept and says on stderr that its head is gone; a
+    `--since` below the kept log exits 2 with the service's 410."""
+    s = server(limits={"event_retention": 3})
+    tok = s.token("alice")
+    s.start()
+    for i in range(3):  # submitted, then cancelled: at least 6 records, more than the 3 kept
+        code, j = s.post("/jobs", _spec(tmp_path / "r", 2000, name=f"w{i}"), tok)
+        assert code == 201, j
+        assert s.post(f"/jobs/{j['id']}/cancel", {}, tok)[0] == 200
+    env = {"GOODPUT_TOKEN": s._admin}
+    deadline = time.monotonic() + 30
+    while True:
+        r = _cli("sched", "events", "--url", s.url, env=env)
+        if "deleted events" in r.stderr or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert r.returncode == 0 and "the service's event retention deleted events 1 to" in r.stderr, r.stderr
+    assert 1 <= len(r.stdout.splitlines()) <= 3
+    r = _cli("sched", "events", "--since", "0", "--url", s.url, env=env)
+    assert r.returncode == 2 and "HTTP 410" in r.stderr and not r.stdout, (r.stdout, r.stderr)
+
+
 def test_a_group_killed_from_outside_is_an_infrastructure_loss_and_resumes(server, tmp_path):
     s = server(limits={"infra_backoff_s": 1})  # the backoff is honoured (below), not waited out for a minute
     tok = s.token("alice")

@@ -36,6 +36,7 @@ class PendingQueue:
         "_token",
         "_prios",
         "_tenant_fifo",
+        "_tenant_count",
     )
 
     def __init__(self) -> None:
@@ -53,6 +54,7 @@ class PendingQueue:
         # every class of one tenant at one priority in queue order: its first job breaks fair-share
         # ties, found without looking at each class's head
         self._tenant_fifo: dict[tuple[int, str], list[tuple[float, int, str, int]]] = {}
+        self._tenant_count: dict[tuple[int, str], int] = {}
 
     def __len__(self) -> int:
         return len(self._member)
@@ -68,12 +70,18 @@ class PendingQueue:
         self._member[job_id] = _Entry(key, self._token)
         if key not in self._fifo:
             self._fifo[key], self._short[key], self._count[key] = [], [], 0
+        pt, pc = (priority, tenant), (priority, cls)
         heapq.heappush(self._fifo[key], (submit_s, seq, job_id, self._token))
-        heapq.heappush(self._tenant_fifo.setdefault((priority, tenant), []), (submit_s, seq, job_id, self._token))
+        heapq.heappush(self._tenant_fifo.setdefault(pt, []), (submit_s, seq, job_id, self._token))
         heapq.heappush(self._short[key], (limit_s, submit_s, seq, job_id, self._token))
-        heapq.heappush(self._class_short.setdefault((priority, cls), []), (limit_s, submit_s, seq, job_id, self._token))
-        self._class_count[(priority, cls)] = self._class_count.get((priority, cls), 0) + 1
+        heapq.heappush(self._class_short.setdefault(pc, []), (limit_s, submit_s, seq, job_id, self._token))
+        self._class_count[pc] = self._class_count.get(pc, 0) + 1
+        self._tenant_count[pt] = self._tenant_count.get(pt, 0) + 1
         self._count[key] += 1
+        self._compact(self._fifo[key], self._count[key])
+        self._compact(self._short[key], self._count[key])
+        self._compact(self._tenant_fifo[pt], self._tenant_count[pt])
+        self._compact(self._class_short[pc], self._class_count[pc])
         if self._count[key] == 1:
             level = self._levels.get(priority)
             if level is None:
@@ -87,6 +95,7 @@ class PendingQueue:
             return False
         key = entry.key
         self._count[key] -= 1
+        self._tenant_count[(key[0], key[1])] -= 1
         pc = (key[0], key[2])
         self._class_count[pc] -= 1
         if not self._class_count[pc]:  # the class is empty at this priority: its heap goes with it
@@ -97,11 +106,20 @@ class PendingQueue:
             level = self._levels[prio]
             level[tenant].discard(cls)
             if not level[tenant]:
-                del level[tenant], self._tenant_fifo[(prio, tenant)]
+                del level[tenant], self._tenant_fifo[(prio, tenant)], self._tenant_count[(prio, tenant)]
             if not level:
                 del self._levels[prio]
                 self._prios = sorted(self._levels, reverse=True)
         return True
+
+    def _compact(self, heap: list, live: int) -> None:
+        """Removal is lazy: an entry whose job left while another held the top stays until it
+        surfaces. Once such entries outnumber the live ones twice over, they go, so a heap holds
+        about what is queued, not every job that passed while its head waited (a live service's
+        queue runs for months). The live entries keep their order: no decision changes."""
+        if len(heap) > 2 * live + 64:
+            heap[:] = [e for e in heap if self._live(e[-2], e[-1])]
+            heapq.heapify(heap)
 
     def _live(self, job_id: str, token: int) -> bool:
         e = self._member.get(job_id)

@@ -38,6 +38,11 @@ class CheckpointError(Exception):
         return Exception.__str__(self)
 
 
+class ExportError(CheckpointError):
+    """An export (``goodput ckpt export``) could not be done; the message names the tensor, file or
+    destination."""
+
+
 class SaveError(CheckpointError):
     """A save failed; nothing was committed. The message names the rank, key or file at fault."""
 

@@ -19,7 +19,7 @@ and this exporter's own temporary files); it writes the shards, the values, the 
 only then removes the marker. The Hugging Face loader refuses a directory holding the marker,
 and shards of a set without their index (:mod:`goodput.ckpt.loading.hf`).
 
-The marker is also the destination's lock (:func:`_acquire`): it is created only where no
+The marker is also the destination's lock (:func:`acquire`): it is created only where no
 marker is (``link(2)`` locally, a conditional PUT ``If-None-Match: *`` on ``s3://``) and names
 its export (pid, host, boot, the process's start, when), so a second export into the same
 destination fails at once, naming the first, and touches nothing. Locally the export also holds
@@ -52,20 +52,17 @@ them. ``transformers`` and ``safetensors`` ignore the file. They are listed in
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import os
 import re
-import socket
 import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError
+from ..errors import ExportError
 from ..format.dtypes import dtype as dtype_info
 from ..format.format import FORMAT_VERSION, decode_value, encode_value
 from ..loading.hf import EXPORTING, VALUES, VALUES_FORMAT  # values beside the tensors; the marker (module doc)
@@ -73,6 +70,7 @@ from ..loading.reader import Checkpoint
 from ..storage.base import Storage
 from ..storage.local import PosixStorage
 from ..storage.location import display, storage_for
+from .destination import Hold, acquire, read_marker, refuse_running, remove_marker, who
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -110,10 +108,6 @@ _FLOATS = {"float16", "bfloat16", "float32", "float64"}
 #: ``progress(event, n)``: ``("total", bytes)`` once, ``("read", bytes)`` after each tensor,
 #: ``("shard", index)`` after each file is written
 Progress = Callable[[str, int], None]
-
-
-class ExportError(CheckpointError):
-    """The export could not be done; the message names the tensor, file or destination."""
 
 
 @dataclass
@@ -250,7 +244,7 @@ def _check_destination(storage: Storage, dst: Path, overwrite: bool, fmt: str) -
             raise ExportError(f"the destination {display(dst)!r} exists and is not a directory") from None
         return
     if any(e.name == EXPORTING for e in held):
-        _refuse_running(storage, dst)
+        refuse_running(storage, dst)
     if held and not overwrite:
         unfinished = any(e.name == EXPORTING for e in held)
         raise ExportError(
@@ -258,21 +252,6 @@ def _check_destination(storage: Storage, dst: Path, overwrite: bool, fmt: str) -
             + ("; an earlier export into it did not finish" if unfinished else "")
             + "; pass overwrite=True / --overwrite to write into it)"
         )
-
-
-def _refuse_running(storage: Storage, dst: Path) -> None:
-    """Refuse, naming it, a destination whose marker's export runs (or cannot be judged)."""
-    fd, busy = _flock(dst) if isinstance(storage, PosixStorage) else (None, False)
-    try:
-        marker = _read_marker(storage, dst)
-        if marker is None:
-            return
-        alive = True if busy else _judge(storage, dst, marker, fd)
-        if alive is not False:
-            raise _running(dst, marker, alive)
-    finally:
-        if fd is not None:
-            os.close(fd)
 
 
 def _remove_dead_temps(parent: Path, name: str) -> None:
@@ -425,7 +404,7 @@ def export(
     else:
         fresh = not _holds_anything(storage, dst_p)
         storage.prepare(dst_p)
-        hold = _acquire(storage, dst_p, src_p, overwrite)  # refuses a running export's destination
+        hold = acquire(storage, dst_p, src_p, overwrite)  # refuses a running export's destination
         try:
             try:
                 aborted = _abort_dead_uploads(
@@ -511,19 +490,19 @@ def _sweep(storage: Storage, dst: Path, keep: list[str]) -> None:
     storage.sync(dst)
 
 
-def _finish(storage: Storage, dst: Path, hold: _Hold) -> None:
+def _finish(storage: Storage, dst: Path, hold: Hold) -> None:
     """Every file durably in place, then the marker removed (only if it is still this export's):
     the export is whole."""
     storage.sync(dst)
-    held = _read_marker(storage, dst)
+    held = read_marker(storage, dst)
     if held is None or held.note.get("token") != hold.token:
-        other = f" ({_who(held.note)})" if held is not None else ""
+        other = f" ({who(held.note)})" if held is not None else ""
         raise ExportError(
             f"the export into {display(dst)!r} wrote every file, but its marker {EXPORTING} was "
             + ("removed" if held is None else f"replaced by another export's{other}")
             + " while it ran (someone removed it by hand?): the files may be a mix of two exports; export again"
         )
-    _remove_marker(storage, dst, hold.etag)
+    remove_marker(storage, dst, hold.etag)
     storage.sync(dst)
     if storage.exists(dst, EXPORTING):
         raise ExportError(
@@ -532,291 +511,13 @@ def _finish(storage: Storage, dst: Path, hold: _Hold) -> None:
         )
 
 
-@dataclass
-class _Marker:
-    note: dict[str, Any]  # as written ({} when it is not this exporter's JSON)
-    stamp: float | None  # when it was written, by the storage's clock (s3: the server's)
-    etag: str | None  # s3:// only
-
-
-@dataclass
-class _Hold:
-    """This export's hold on its destination: its marker (by ``token``), locally the ``flock``."""
-
-    token: str
-    fd: int | None = None  # the destination directory, flock()ed; None without flock
-    etag: str | None = None  # of our marker on s3://
-    since: float | None = None  # when our marker was written, by the server's clock (s3://)
-    taken_from: float | None = None  # when the dead export's marker we took over was written
-
-    def release(self) -> None:
-        if self.fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.fd)  # closing the descriptor lets the flock go
-            self.fd = None
-
-
-def _proc_start(pid: int) -> int | None:
-    """When the process started (clock ticks after boot, /proc/<pid>/stat field 22): tells a
-    reused pid from the one a marker names. None where there is no /proc."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _boot_id() -> str | None:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
-
-
-def _pid_ns() -> str | None:
-    """This process's PID namespace (``pid:[4026531836]``): a container sharing the host's name
-    (host networking) numbers its processes apart, so its pids mean nothing here."""
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return None
-
-
-def _alive(note: dict[str, Any]) -> bool | None:
-    """Whether the export a marker names still runs: True, False, or None when it cannot be told
-    from here (another host or PID namespace, or a marker that names no process)."""
-    pid, host = note.get("pid"), note.get("host")
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or not isinstance(host, str):
-        return None
-    if host != socket.gethostname() or note.get("pidns") not in (None, _pid_ns()):
-        return None
-    boot = _boot_id()
-    if note.get("boot") and boot and note["boot"] != boot:
-        return False  # this host has rebooted since
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # alive, under another user
-    except OverflowError:
-        return None
-    start = note.get("pid_start")
-    return start is None or _proc_start(pid) in (None, start)  # else the pid was reused: another process
-
-
-def _who(note: dict[str, Any]) -> str:
-    """The export a marker names, for an error."""
-    if not isinstance(note.get("pid"), int):
-        return "a marker that names no process"
-    started = note.get("started")
-    when = (
-        datetime.datetime.fromtimestamp(started, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-        if isinstance(started, (int, float))
-        else "at an unknown time"
-    )
-    of = f", exporting {note['export_of']!r}" if isinstance(note.get("export_of"), str) else ""
-    return f"pid {note['pid']} on host {note.get('host', '(not recorded)')!r}, started {when}{of}"
-
-
-def _running(dst: Path, marker: _Marker, alive: bool | None) -> ExportError:
-    where = display(dst)
-    if alive:
-        return ExportError(
-            f"another export is writing into {where!r}: {_who(marker.note)}; wait for it to finish (or stop it), "
-            "or export somewhere else"
-        )
-    return ExportError(
-        f"another export may be writing into {where!r}: {_who(marker.note)} (its marker {EXPORTING}; whether it "
-        f"still runs cannot be told from this host); if it is not running, remove {where.rstrip('/') + '/' + EXPORTING!r} "
-        "and export again with --overwrite"
-    )
-
-
-def _judge(storage: Storage, dst: Path, marker: _Marker, fd: int | None) -> bool | None:
-    """Whether the marker's export runs. Locally, holding the destination's flock: an export that
-    held it is dead (the kernel let it go); one that did not (an older goodput, another host on a
-    file system without flock) is judged by its process."""
-    if fd is not None and marker.note.get("lock") == "flock":
-        return False  # it held the flock we now hold: the kernel let it go when the process ended
-    return _alive(marker.note)
-
-
-def _flock(dst: Path) -> tuple[int | None, bool]:
-    """``(fd, held by another)``: the destination directory opened and flock()ed; fd None where
-    the file system has no flock (NFS refuses it on a directory): the marker alone locks then."""
-    import fcntl
-
-    try:
-        fd = os.open(dst, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return None, False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None, True
-    except OSError:
-        os.close(fd)
-        return None, False
-    return fd, False
-
-
-def _s3(storage: Storage, dst: Path) -> tuple[Any, str, str]:
-    """``(client, bucket, key of the marker)`` on s3://."""
-    from ..storage.s3 import split
-
-    bucket, prefix = split(dst)
-    return storage.client(), bucket, (f"{prefix}/{EXPORTING}" if prefix else EXPORTING)  # type: ignore[attr-defined]
-
-
-def _code(e: Exception) -> str:
-    resp = getattr(e, "response", None) or {}
-    return str(resp.get("Error", {}).get("Code") or resp.get("ResponseMetadata", {}).get("HTTPStatusCode") or "")
-
-
-_UNSUPPORTED = ("NotImplemented", "501")
-
-
-def _server_time(resp: dict[str, Any]) -> float | None:
-    from email.utils import parsedate_to_datetime
-
-    with contextlib.suppress(Exception):
-        return parsedate_to_datetime(resp["ResponseMetadata"]["HTTPHeaders"]["date"]).timestamp()
-    return None
-
-
-def _create_marker(storage: Storage, dst: Path, data: bytes, hold: _Hold) -> bool:
-    """Create the marker only where there is none: False when one is there."""
-    if isinstance(storage, PosixStorage):
-        return storage.publish_new(dst, EXPORTING, data)  # link(2) of a written file: fails if the name exists
-    if not hasattr(storage, "client"):
-        if storage.exists(dst, EXPORTING):
-            return False
-        storage.put(dst, EXPORTING, data)
-        return True
-    client, bucket, key = _s3(storage, dst)
-    try:
-        r = client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
-    except Exception as e:
-        code = _code(e)
-        if code in ("412", "PreconditionFailed", "409", "ConditionalRequestConflict"):
-            return False  # the caller reads it: our own PUT whose answer was lost reads as ours
-        if code not in _UNSUPPORTED:
-            raise ExportError(f"s3://{bucket}/{key}: creating the export's marker failed: {code}: {e}") from None
-        # a store without conditional PUTs: checked, then written; not exclusive (docs/S3.md)
-        if storage.exists(dst, EXPORTING):
-            return False
-        r = client.put_object(Bucket=bucket, Key=key, Body=data)
-    hold.etag, hold.since = r.get("ETag"), _server_time(r)
-    return True
-
-
-def _read_marker(storage: Storage, dst: Path) -> _Marker | None:
-    """The marker in ``dst``, or None when there is none."""
-    etag = stamp = None
-    if hasattr(storage, "client") and not isinstance(storage, PosixStorage):
-        client, bucket, key = _s3(storage, dst)
-        try:
-            r = client.get_object(Bucket=bucket, Key=key)
-            raw = r["Body"].read(1 << 16)
-        except Exception as e:
-            if _code(e) in ("404", "NoSuchKey", "NotFound"):
-                return None
-            raise ExportError(f"s3://{bucket}/{key}: the export marker cannot be read: {_code(e)}: {e}") from None
-        etag, stamp = r.get("ETag"), r["LastModified"].timestamp() if r.get("LastModified") else None
-    else:
-        raw = storage.get_if_exists(dst, EXPORTING, "export marker", 1 << 16)
-        if raw is None:
-            return None
-        with contextlib.suppress(OSError):
-            stamp = os.lstat(Path(dst) / EXPORTING).st_mtime
-    try:
-        note = json.loads(raw)
-    except ValueError:
-        note = {}
-    return _Marker(note if isinstance(note, dict) else {}, stamp, etag)
-
-
-def _remove_marker(storage: Storage, dst: Path, etag: str | None) -> bool:
-    """Remove the marker; on s3:// only while its ETag is ``etag`` (a conditional DELETE): False
-    when it has changed (another export took it). A store that ignores the condition deletes it."""
-    if etag is None or isinstance(storage, PosixStorage) or not hasattr(storage, "client"):
-        storage.remove(dst, EXPORTING)
-        return True
-    client, bucket, key = _s3(storage, dst)
-    try:
-        client.delete_object(Bucket=bucket, Key=key, IfMatch=etag)
-    except Exception as e:
-        code = _code(e)
-        if code in ("412", "PreconditionFailed", "409", "ConditionalRequestConflict"):
-            return False
-        if code in ("404", "NoSuchKey", "NotFound"):
-            return True
-        if code not in _UNSUPPORTED:
-            raise ExportError(f"s3://{bucket}/{key}: removing the export's marker failed: {code}: {e}") from None
-        storage.remove(dst, EXPORTING)
-    return True
-
-
-def _acquire(storage: Storage, dst: Path, src: Path, overwrite: bool) -> _Hold:
-    """Take the destination: create the marker where there is none (durable before anything in
-    ``dst`` changes). A running export's marker (or one whose export cannot be judged) is refused
-    at once, naming it; a dead export's is taken over with ``overwrite``."""
-    hold = _Hold(uuid.uuid4().hex)
-    held_by_other = False
-    if isinstance(storage, PosixStorage):
-        hold.fd, held_by_other = _flock(dst)
-    try:
-        note: dict[str, Any] = {
-            "export_of": display(src), "pid": os.getpid(), "host": socket.gethostname(), "boot": _boot_id(),
-            "pid_start": _proc_start(os.getpid()), "pidns": _pid_ns(), "started": time.time(), "token": hold.token,
-        }  # fmt: skip
-        if hold.fd is not None:
-            note["lock"] = "flock"
-        data = (json.dumps(note) + "\n").encode()
-        for _ in range(5):
-            if held_by_other:
-                marker = _read_marker(storage, dst) or _Marker({}, None, None)
-                if not marker.note:
-                    raise ExportError(f"another export is writing into {display(dst)!r}: it holds the directory's lock")
-                raise _running(dst, marker, True)
-            if _create_marker(storage, dst, data, hold):
-                storage.sync(dst)
-                return hold
-            marker = _read_marker(storage, dst)
-            if marker is None:
-                continue  # gone since: try again
-            if marker.note.get("token") == hold.token:  # our PUT, whose answer was lost
-                hold.etag = marker.etag
-                return hold
-            alive = _judge(storage, dst, marker, hold.fd)
-            if alive is not False:
-                raise _running(dst, marker, alive)
-            if not overwrite:
-                raise ExportError(
-                    f"the destination {display(dst)!r} holds {EXPORTING}: an earlier export into it did not finish "
-                    f"({_who(marker.note)}, no longer running); pass overwrite=True / --overwrite to write into it"
-                )
-            if _remove_marker(storage, dst, marker.etag) and marker.stamp is not None:  # a dead export's: taken over
-                hold.taken_from = marker.stamp if hold.taken_from is None else min(hold.taken_from, marker.stamp)
-        raise ExportError(
-            f"the destination {display(dst)!r}: its marker {EXPORTING} could not be created in 5 tries (other exports "
-            "keep creating and removing it); try again"
-        )
-    except BaseException:
-        hold.release()
-        raise
-
-
 def _names(items: list[_Item], max_shard_size: int, extras: bool) -> set[str]:
     """The names this export writes."""
     n = len(plan_shards(items, max_shard_size))
     return {shard_name(i, n) for i in range(n)} | ({VALUES} if extras else set()) | ({INDEX} if n > 1 else set())
 
 
-def _abort_dead_uploads(storage: Storage, dst: Path, hold: _Hold, names: set[str]) -> list[str]:
+def _abort_dead_uploads(storage: Storage, dst: Path, hold: Hold, names: set[str]) -> list[str]:
     """On s3://: abort the incomplete multipart uploads a dead export left in ``dst`` (a killed
     upload holds billed space, and no listing shows it). Only keys ``dst/<name>`` of this
     exporter's own file names, opened before this export took ``dst``, and either while the
@@ -856,7 +557,7 @@ def _holds_anything(storage: Storage, dst: Path) -> bool:
         return False
 
 
-def _undo(storage: Storage, dst: Path, files: list[str], fresh: bool, hold: _Hold) -> None:
+def _undo(storage: Storage, dst: Path, files: list[str], fresh: bool, hold: Hold) -> None:
     """A failed export removes what it wrote: a shard without its index is not a model (a loader
     given ``strict=False`` would take part of one), and a destination it created is removed too.
     Its marker goes last, only when it is still this export's and no export's file is left (a
@@ -866,13 +567,13 @@ def _undo(storage: Storage, dst: Path, files: list[str], fresh: bool, hold: _Hol
             storage.remove(dst, name)
     files.clear()
     with contextlib.suppress(Exception):  # the export's own error is the one to raise
-        held = _read_marker(storage, dst)
+        held = read_marker(storage, dst)
         if (
             held is not None
             and held.note.get("token") == hold.token
             and not any(_stale(e.name) for e in storage.list(dst))
         ):
-            _remove_marker(storage, dst, hold.etag)
+            remove_marker(storage, dst, hold.etag)
     if fresh:
         with contextlib.suppress(OSError):
             if not storage.list(dst):

@@ -18,7 +18,8 @@ PKG = Path(gc.__file__).parent
 # buffer, the writer process's pipe, the note a rank's watcher leaves its writer (a local
 # temporary file between two of the rank's own threads or processes, never in the checkpoint), and the readers and writers of foreign formats: DCP's importer,
 # Hugging Face directories (read where they lie, local only) and the safetensors export (the
-# safetensors library writes a local file, which the exporter commits by replace or uploads)
+# safetensors library writes a local file, which the exporter commits by replace or uploads), and the
+# export's lock on its destination (flock on the local directory: a lock, not a file of the export)
 NOT_STORAGE = {
     "storage/local.py",
     "saving/staging.py",
@@ -27,6 +28,7 @@ NOT_STORAGE = {
     "compat/dcp_import.py",
     "loading/hf.py",
     "compat/exporter.py",
+    "compat/destination.py",
 }
 OS_OPS = {
     "open",

@@ -28,7 +28,9 @@ given nothing to decide (SchedMD's advice for an external scheduler):
   backoff), ``last_exit.tampered`` saying what changed.
 - **notify** is ``scancel -b --signal=USR1`` (checkpoint) or ``--signal=TERM`` (stop) to the batch
   step, which passes it to every task (:mod:`goodput.sched.live.slurm_launch`); the job's Checkpointer
-  commits and exits 75. **kill** is ``scancel``.
+  commits and exits 75 (TERM the batch step passes on with ``scancel --signal=TERM``, never to srun,
+  which would SIGKILL the step at once). **kill** is ``scancel``, asked again every
+  ``CANCEL_RETRY_S`` while Slurm still runs the job (a cancel asked while slurmctld was away).
 - **Exits** are read from one ``squeue --json`` per pass (no per-job polling): a job is gone when
   Slurm says it ended (never while ``COMPLETING``), so the nodes go back to the core only once
   Slurm has them free. ``COMPLETED`` → finished; exit 75 → preempted; cancelled by us, or dead of
@@ -46,7 +48,8 @@ given nothing to decide (SchedMD's advice for an external scheduler):
   API's ``/nodes/X/up`` is refused while Slurm holds X (:meth:`SlurmExecutor.node_request`).
 - The two reads of a pass go to slurmrestd's unix socket where one is configured, else (or when it
   fails) to ``squeue --json`` and ``sinfo --json``. One that fails (slurmctld restarting) changes
-  nothing: the next pass asks again.
+  nothing: the next pass asks again. (squeue and sinfo that cannot reach slurmctld exit 0 with an
+  ``errors`` list and no job or node: a failed read, never "every job is gone".)
 """
 
 from __future__ import annotations
@@ -98,6 +101,7 @@ LOST_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL", "PREEMPTED"})
 DOWN_NODE_STATES = frozenset({"down", "fail", "failing"})
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 COMMENT = re.compile(r"^goodput:([0-9a-f]{12}):([A-Za-z0-9._-]{1,128}):([0-9]{1,9})\Z")
+CANCEL_RETRY_S = 10.0  # a run goodput cancelled that Slurm still runs after this long is cancelled again
 META_KEY = "."  # the row of the slurm_runs table that holds this service's instance id
 DRAINED_KEY = ".drained"  # the row that holds the nodes goodput drained because Slurm had (a JSON list)
 
@@ -171,6 +175,14 @@ class Slurm:
                 self.reads["slurmrestd"] += 1
                 return d
         d = self.json(argv)
+        # squeue/sinfo --json that cannot reach slurmctld (restarting, down) exit 0 with "errors" and an
+        # empty list: read as "no job is left", every run was reported gone and started again while
+        # Slurm still ran it
+        errs = d.get("errors") or []
+        if errs:
+            raise SlurmError(f"{' '.join(argv)}: {str(errs)[:300]}")
+        if not isinstance(d.get(what), list):
+            raise SlurmError(f"{' '.join(argv)}: no {what!r} list")
         self.reads["cli"] += 1
         return d
 
@@ -602,6 +614,17 @@ class RunTable:
         return out
 
 
+CR_VAR = "_goodput_cr"  # the batch script's own (not exported) variable holding a carriage return
+
+
+def _sh_word(v: str) -> str:
+    """One shell word that expands to exactly ``v`` and holds no carriage return (``shlex.quote``'s
+    pieces joined by ``"$_goodput_cr"``, which the batch script sets first)."""
+    if "\r" not in v:
+        return shlex.quote(v)
+    return f'"${CR_VAR}"'.join(shlex.quote(piece) if piece else "" for piece in v.split("\r"))
+
+
 def _epoch_of(body: Any) -> int:
     try:
         return int(json.loads(body).get("epoch", -1))
@@ -676,6 +699,7 @@ class SlurmExecutor:
         self.view = View()
         self.failures: list[str] = []  # Slurm commands that failed (kept short): what /healthz may show
         self._unreleased: list[str] = []
+        self._cancelled_at: dict[int, float] = {}  # Slurm id -> when scancel was last asked for it
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -846,6 +870,15 @@ class SlurmExecutor:
                         self._cancel(run)
                         continue
                 if state in LIVE:
+                    if run.killed and state in ("PENDING", "RUNNING", "SUSPENDED", "CONFIGURING"):
+                        # a cancel Slurm never acted on (slurmctld away when it was asked, or a service
+                        # restarted since): asked again, or a run that ignores its stop holds its nodes
+                        # for ever
+                        if view.t - self._cancelled_at.get(run.slurm_id, 0.0) > CANCEL_RETRY_S:
+                            log.warning("slurm job %d of %s (epoch %d) is still %s after goodput cancelled it: "
+                                        "cancelled again", run.slurm_id, run.job, run.epoch, state)  # fmt: skip
+                            self._scancel(run.slurm_id)
+                        continue
                     if state == "PENDING" and run.released and not run.killed and self._stuck(run, j, view.t):
                         log.error("slurm job %d of %s stays pending (%s): cancelled, an infrastructure loss",
                                   run.slurm_id, run.job, j.get("state_reason"))  # fmt: skip
@@ -866,6 +899,7 @@ class SlurmExecutor:
                 )
                 done.append((run, st, _exit_detail(run, state, j.get("exit_code"))))
             self._cancel_strays(view)
+            self._cancelled_at = {k: t for k, t in self._cancelled_at.items() if k in view.jobs}
             if forgotten:  # accounting where it is kept (one sacct for all of them), else the status files
                 acct = self._sacct([r.slurm_id for r in forgotten])
                 for run in forgotten:
@@ -1021,12 +1055,14 @@ class SlurmExecutor:
         # the job's environment is set by its batch script, never through root's sbatch process (whose
         # own environment a tenant's SBATCH_*, SLURM_CONF, PATH or LD_PRELOAD must not reach); the
         # script goes on sbatch's stdin: no file the job's user could swap before root reads it
-        lines = ["#!/bin/sh"]
+        # sbatch refuses a script with a carriage return before a newline (a tenant's "a\r\nb" made
+        # every start of the job an infrastructure loss): no CR is written, a variable holds it
+        lines = ["#!/bin/sh", f"{CR_VAR}=$(printf '\\r')"]
         for k, v in sorted(env.items()):
             if not ENV_NAME.match(k) or "\0" in v:
                 raise ValueError(f"job {job.id!r}: environment variable {k!r} cannot be exported")
-            lines.append(f"export {k}={shlex.quote(v)}")
-        lines.append("exec " + shlex.join(argv))
+            lines.append(f"export {k}={_sh_word(v)}")
+        lines.append("exec " + " ".join(_sh_word(a) for a in argv))
         script = "\n".join(lines) + "\n"
         grace = max(1, int(job.ckpt.grace_s))
         cmd = [
@@ -1095,6 +1131,7 @@ class SlurmExecutor:
         self._scancel(run.slurm_id)
 
     def _scancel(self, slurm_id: int) -> None:
+        self._cancelled_at[slurm_id] = time.time()
         try:
             self.slurm.run(["scancel", str(slurm_id)])
         except SlurmError as e:

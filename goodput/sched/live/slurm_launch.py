@@ -75,6 +75,34 @@ def _write_status(rc: int, path: str | None = None) -> None:
         os.replace(tmp, path)
 
 
+def _pass_on(srun: subprocess.Popen, signum: int) -> None:
+    """A notice the batch step got, passed on to the job's tasks. srun forwards SIGUSR1 to its step, but
+    takes a SIGTERM as its own end: it SIGKILLs the whole step at once ("srun: forcing job
+    termination"), so that no task ever saw the TERM, a handler never ran, and the gang read as
+    killed by a signal goodput never sent (137: ``failed``). TERM goes to the job's steps through
+    Slurm instead (``scancel --signal=TERM JOBID``, the job's user signalling its own job: every step
+    but this batch step, each of its processes), srun left alone; srun's forced end only where
+    Slurm cannot be asked (the core's deadline kills the run anyway)."""
+    if signum == signal.SIGTERM:
+        jid = os.environ.get("SLURM_JOB_ID", "")
+        if jid.isdigit():
+            try:
+                r = subprocess.run(
+                    ["scancel", "--quiet", "--signal=TERM", jid], stdin=subprocess.DEVNULL,
+                    capture_output=True, text=True, timeout=10, check=False,
+                )  # fmt: skip
+            except (OSError, subprocess.SubprocessError) as e:
+                print(f"goodput.sched.live.slurm_launch: cannot pass SIGTERM on to job {jid}: {e}",
+                      file=sys.stderr, flush=True)  # fmt: skip
+            else:
+                if r.returncode == 0:
+                    return
+                print(f"goodput.sched.live.slurm_launch: scancel --signal=TERM {jid}: exit {r.returncode}: "
+                      f"{r.stderr.strip()[:300]}; srun ends the step instead", file=sys.stderr, flush=True)  # fmt: skip
+    with contextlib.suppress(ProcessLookupError):
+        srun.send_signal(signum)
+
+
 def batch(cmd: list[str]) -> int:
     early: list[int] = []
     child: list[subprocess.Popen] = []
@@ -83,8 +111,7 @@ def batch(cmd: list[str]) -> int:
     def forward(signum: int, _frame: object) -> None:
         received.append(signum)
         if child:
-            with contextlib.suppress(ProcessLookupError):
-                child[0].send_signal(signum)
+            _pass_on(child[0], signum)
         else:
             early.append(signum)
 
@@ -110,7 +137,7 @@ def batch(cmd: list[str]) -> int:
         _write_status(127)
         return 127
     child.append(p)
-    for sig in dict.fromkeys(early):
+    for sig in dict.fromkeys(early):  # before the command could start: srun's own end is the stop
         with contextlib.suppress(ProcessLookupError):
             p.send_signal(sig)
     while True:

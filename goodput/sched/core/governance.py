@@ -144,6 +144,17 @@ def _int(v: Any, at: str, lo: int | None = 0) -> int:
     return v
 
 
+def limit_value(key: str, v: Any) -> Any:
+    """One ``limits`` value checked as the cluster file's are (an error names ``limits.<key>``):
+    what another place that sets a limit (a Service argument) checks it with."""
+    kind, at = _LIMIT_KEYS[key], f"limits.{key}"
+    if kind == "prio":
+        return _int(v, at, None)
+    if kind in ("int", "count"):
+        return _int(v, at, 1 if kind == "count" else 0)
+    return _num(v, at, positive=kind == "pos")
+
+
 def _opt_str(v: Any, at: str) -> str | None:
     if v is None:
         return None
@@ -213,17 +224,10 @@ class Governance:
             if not isinstance(limits_obj, dict):
                 raise GovernanceError("limits", f"expected an object, got {type(limits_obj).__name__}")
             _unknown(limits_obj, tuple(_LIMIT_KEYS), "limits")
-            for key, kind in _LIMIT_KEYS.items():
+            for key in _LIMIT_KEYS:
                 v = limits_obj.get(key)
-                if v is None:
-                    continue
-                at = f"limits.{key}"
-                if kind == "prio":
-                    values[key] = _int(v, at, None)
-                elif kind in ("int", "count"):
-                    values[key] = _int(v, at, 1 if kind == "count" else 0)
-                else:
-                    values[key] = _num(v, at, positive=kind == "pos")
+                if v is not None:
+                    values[key] = limit_value(key, v)
         return cls(tenants=tenants, limits=Limits(**values))
 
     def to_obj(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:

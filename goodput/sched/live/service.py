@@ -56,7 +56,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from ..core.executor import WallClock
-from ..core.governance import Governance, GovernanceError, SubmissionRejected
+from ..core.governance import Governance, SubmissionRejected, limit_value
 from ..core.model import TERMINAL, Checkpointing, Health, Job, JobState, Pool
 from ..core.scheduler import Scheduler, SchedulerError
 from .local import LocalExecutor
@@ -306,17 +306,11 @@ class Caller:
 
 
 def _event_retention(gov: Governance, count: int | None, age_s: float | None) -> tuple[int, float | None]:
-    """The event retention's bounds: the Service's arguments, else the cluster's ``limits``; a bad
-    argument is a GovernanceError naming the limit, as the cluster file's own are."""
-    count = gov.limits.event_retention if count is None else count
-    age_s = gov.limits.event_retention_s if age_s is None else age_s
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise GovernanceError("limits.event_retention", f"expected an integer >= 1, got {count!r}")
-    if age_s is not None and (
-        isinstance(age_s, bool) or not isinstance(age_s, (int, float)) or not math.isfinite(age_s) or age_s <= 0
-    ):
-        raise GovernanceError("limits.event_retention_s", f"expected a finite number > 0, got {age_s!r}")
-    return count, None if age_s is None else float(age_s)
+    """The event retention's bounds: the Service's arguments (checked as the cluster file's are),
+    else the cluster's ``limits``."""
+    count = gov.limits.event_retention if count is None else limit_value("event_retention", count)
+    age_s = gov.limits.event_retention_s if age_s is None else limit_value("event_retention_s", age_s)
+    return count, age_s
 
 
 def _event_time(rec: dict[str, Any]) -> float:

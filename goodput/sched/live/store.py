@@ -472,12 +472,13 @@ class Store:
             raise CorruptRecord("meta", _FIRST_SEQ_KEY, f"the events' low-water mark is {v!r}, not a positive integer")
         return v
 
-    def _next_seq(self, cur: Any) -> int:
+    def _next_seq(self, cur: Any, first: int | None = None) -> int:
         """The seq the next event gets (in the caller's transaction): never one used before, even once
-        every row below it was pruned."""
+        every row below it was pruned. ``first``: the low-water mark, where the caller read it."""
         cur.execute("SELECT MAX(seq) FROM events")
         top = cur.fetchone()[0]
-        first = self._first_seq(cur)
+        if first is None:
+            first = self._first_seq(cur)
         return max(first, int(top) + 1) if top is not None else first
 
     @staticmethod
@@ -507,7 +508,7 @@ class Store:
             raise ValueError(f"limit must be positive, got {limit}")
         with self._use(), self._transaction(write=False) as cur:
             first = self._first_seq(cur)
-            last = self._next_seq(cur) - 1
+            last = self._next_seq(cur, first) - 1
             if tenant is None:
                 cur.execute(self._sql("SELECT seq, body FROM events WHERE seq > ? ORDER BY seq LIMIT ?"), (seq, limit))
             else:
@@ -558,7 +559,7 @@ class Store:
         counts = [(str(k), int(n)) for k, n in (pruned or {}).items() if n > 0]
         with self._use(), self._transaction(write=True) as cur:
             first = self._first_seq(cur)
-            upto = min(first_keep, self._next_seq(cur))
+            upto = min(first_keep, self._next_seq(cur, first))
             if upto <= first:
                 return first
             cur.execute(self._sql("DELETE FROM events WHERE seq < ?"), (upto,))

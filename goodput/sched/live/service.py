@@ -1697,10 +1697,14 @@ def create_app(svc: Service) -> FastAPI:
         cluster's whole log. Events the retention deleted are never skipped in silence: without
         ``since`` the log starts at its low-water mark (header ``X-Goodput-First-Seq``), a ``since``
         below it is a 410 naming ``first_seq``, and a stream that falls below it while
-        it runs ends with one ``events_pruned`` record saying so (docs/SCHED.md, "Event retention")."""
+        it runs ends with one ``events_pruned`` record saying so (docs/SCHED.md, "Event retention").
+        A tenant's mark is its own (the store's: one past the last of its events deleted): other
+        tenants' deleted events, which it could never read, cut no tenant's stream."""
         svc.stream_slot(c.tenant, check_only=True)
         tenant = None if c.role == "admin" else c.tenant
-        first = await anyio.to_thread.run_sync(svc.reader.first_event_seq, limiter=svc._read_limiter)
+        first = await anyio.to_thread.run_sync(
+            functools.partial(svc.reader.first_event_seq, tenant), limiter=svc._read_limiter
+        )
         if since is None:  # no place asked for: the log as kept, from its low-water mark (in a header)
             since = first - 1
         elif since + 1 < first:

@@ -54,7 +54,8 @@ import msgspec.inspect as mi
 
 from goodput.sched.core.model import TERMINAL, Job, Node, Tenant
 
-SCHEMA_VERSION = 2  # 2: events carry their job's tenant, the log a low-water mark (retention)
+# 2: events carry their job's tenant, the log a low-water mark (retention); 3: each tenant a mark of its own
+SCHEMA_VERSION = 3
 WAL_KEEP_BYTES = 4 << 20  # SQLite: what a WAL is truncated to once checkpointed (journal_size_limit)
 _ENDED_STATES = frozenset(s.value for s in TERMINAL)  # a job row in one of these states has ended
 # tokens columns added after schema 1 shipped (ALTER TABLE ... ADD COLUMN on open, both dialects)
@@ -63,7 +64,11 @@ _VERSION_KEY = "schema_version"
 # meta key of the event log's low-water mark: the first seq still kept (1 until the live service's event
 # retention first deletes some); seq numbers go on from above it, never reused (Store.prune_events)
 _FIRST_SEQ_KEY = "events_first_seq"
-_STORE_KEYS = frozenset((_VERSION_KEY, _FIRST_SEQ_KEY))  # meta keys that belong to the store, not its caller
+# meta key of the global mark when the per-tenant marks began (schema 3): a tenant's mark is never below it,
+# since what a store pruned before then is not known per tenant
+_TENANT_MARKS_KEY = "events_tenant_marks_from"
+# meta keys that belong to the store, not its caller
+_STORE_KEYS = frozenset((_VERSION_KEY, _FIRST_SEQ_KEY, _TENANT_MARKS_KEY))
 _MIGRATE_BATCH = 10_000  # events read at a time while an old events table gains its tenant column
 # pg_advisory_xact_lock key: serialises writers so that "next seq = max + 1" cannot race
 _PG_LOCK_KEY = 0x676F6F64707574  # "goodput"
@@ -346,6 +351,9 @@ class Store:
             " tenant TEXT NOT NULL DEFAULT '')",
             # per job, how many of its event records the event retention deleted (its view's history_dropped)
             "CREATE TABLE IF NOT EXISTS events_pruned (job TEXT PRIMARY KEY, n BIGINT NOT NULL)",
+            # per tenant, the last seq of its own events the retention deleted: a tenant's reader has lost
+            # events only below its own mark, never because other tenants' events went
+            "CREATE TABLE IF NOT EXISTS events_tenant_pruned (tenant TEXT PRIMARY KEY, last_seq BIGINT NOT NULL)",
             # the service's bearer tokens, by their sha256 only: a leaked store leaks no usable token
             "CREATE TABLE IF NOT EXISTS tokens (hash TEXT PRIMARY KEY, tenant TEXT NOT NULL, role TEXT NOT NULL,"
             " job TEXT NOT NULL, created REAL NOT NULL)",
@@ -366,9 +374,11 @@ class Store:
 
     def _prepare(self) -> None:
         """Create what is missing; refuse, before touching anything, a schema from a newer goodput;
-        migrate one from an older goodput (schema 1: its events gain their tenant, below)."""
+        migrate one from an older goodput (schema 1: its events gain their tenant; schema 2: its tenants
+        gain marks of their own, from the log's mark as it stands, below)."""
         with self._transaction(write=True) as cur:
             version = None
+            marks_new = not self._table_exists(cur, "events_tenant_pruned")
             if self._table_exists(cur, "meta"):
                 cur.execute(self._sql("SELECT value FROM meta WHERE key = ?"), (_VERSION_KEY,))
                 row = cur.fetchone()
@@ -393,6 +403,11 @@ class Store:
             if added or (version is not None and version < SCHEMA_VERSION):
                 self._fill_event_tenants(cur)
             cur.execute("CREATE INDEX IF NOT EXISTS events_tenant ON events (tenant, seq)")
+            if marks_new:  # schema 3: tenants' marks start here; what went before is not known per tenant
+                cur.execute(
+                    self._sql("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO NOTHING"),
+                    (_TENANT_MARKS_KEY, json.dumps(self._first_seq(cur))),
+                )
             cur.execute(
                 self._sql(
                     "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
@@ -437,7 +452,7 @@ class Store:
                 f"{_redact(self.url)}: schema_version {version} is newer than this goodput knows "
                 f"({SCHEMA_VERSION}); upgrade goodput to open this store"
             )
-        return version  # older: _prepare migrates it (schema 1 -> 2: the events' tenant column)
+        return version  # older: _prepare migrates it (1 -> 2: the events' tenant column; 2 -> 3: tenants' marks)
 
     # -- reading -------------------------------------------------------------------------------------------
 
@@ -463,14 +478,26 @@ class Store:
 
     def _first_seq(self, cur: Any) -> int:
         """The low-water mark (in the caller's transaction): the first seq the log still keeps."""
-        cur.execute(self._sql("SELECT value FROM meta WHERE key = ?"), (_FIRST_SEQ_KEY,))
+        return self._meta_seq(cur, _FIRST_SEQ_KEY)
+
+    def _meta_seq(self, cur: Any, key: str) -> int:
+        cur.execute(self._sql("SELECT value FROM meta WHERE key = ?"), (key,))
         row = cur.fetchone()
         if row is None:
             return 1
-        v = _loads("meta", _FIRST_SEQ_KEY, row[0])
+        v = _loads("meta", key, row[0])
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise CorruptRecord("meta", _FIRST_SEQ_KEY, f"the events' low-water mark is {v!r}, not a positive integer")
+            raise CorruptRecord("meta", key, f"the events' low-water mark is {v!r}, not a positive integer")
         return v
+
+    def _tenant_first_seq(self, cur: Any, tenant: str) -> int:
+        """A tenant's own low-water mark (in the caller's transaction): one past the last of its events
+        the retention deleted. Below it the tenant has lost events; between it and the log's mark only
+        other tenants' went, which it could never read."""
+        cur.execute(self._sql("SELECT last_seq FROM events_tenant_pruned WHERE tenant = ?"), (tenant,))
+        row = cur.fetchone()
+        own = int(row[0]) + 1 if row is not None else 1
+        return max(own, self._meta_seq(cur, _TENANT_MARKS_KEY))
 
     def _next_seq(self, cur: Any, first: int | None = None) -> int:
         """The seq the next event gets (in the caller's transaction): never one used before, even once
@@ -500,15 +527,18 @@ class Store:
     def read_events(
         self, seq: int, limit: int, *, tenant: str | None = None
     ) -> tuple[int, int, list[tuple[int, dict[str, Any]]]]:
-        """:meth:`events_since`, with the log's low-water mark (the first seq kept) and its last seq,
-        read in the same transaction: a reader whose ``seq + 1`` is below the mark has lost the events
-        in between to the event retention, and one given fewer than ``limit`` rows has seen everything
-        of its own up to the last seq (it may resume from there)."""
+        """:meth:`events_since`, with the low-water mark (the log's, or with ``tenant`` that tenant's:
+        :meth:`first_event_seq`) and the log's last seq, read in the same transaction: a reader whose
+        ``seq + 1`` is below the mark has lost events in between to the event retention, and one given
+        fewer than ``limit`` rows has seen everything of its own up to the last seq (it may resume
+        from there)."""
         if limit <= 0:
             raise ValueError(f"limit must be positive, got {limit}")
         with self._use(), self._transaction(write=False) as cur:
             first = self._first_seq(cur)
             last = self._next_seq(cur, first) - 1
+            if tenant is not None:
+                first = self._tenant_first_seq(cur, tenant)
             if tenant is None:
                 cur.execute(self._sql("SELECT seq, body FROM events WHERE seq > ? ORDER BY seq LIMIT ?"), (seq, limit))
             else:
@@ -531,10 +561,12 @@ class Store:
         with self._use(), self._transaction(write=False) as cur:
             return self._next_seq(cur) - 1
 
-    def first_event_seq(self) -> int:
-        """The low-water mark: the first seq the log still keeps (1 until :meth:`prune_events`)."""
+    def first_event_seq(self, tenant: str | None = None) -> int:
+        """The low-water mark: the first seq the log still keeps (1 until :meth:`prune_events`); with
+        ``tenant``, that tenant's own: one past the last of its events deleted (never below the
+        log's mark when this store first kept tenants' marks)."""
         with self._use(), self._transaction(write=False) as cur:
-            return self._first_seq(cur)
+            return self._first_seq(cur) if tenant is None else self._tenant_first_seq(cur, tenant)
 
     def events_pruned(self) -> dict[str, int]:
         """job id -> how many of its event records :meth:`prune_events` deleted (jobs still stored)."""
@@ -562,6 +594,18 @@ class Store:
             upto = min(first_keep, self._next_seq(cur, first))
             if upto <= first:
                 return first
+            cur.execute(
+                self._sql("SELECT tenant, MAX(seq) FROM events WHERE seq < ? AND tenant <> '' GROUP BY tenant"), (upto,)
+            )
+            marks = [(str(t), int(m)) for t, m in cur.fetchall()]
+            if marks:  # seqs only grow: a later batch's last is above every earlier one
+                cur.executemany(
+                    self._sql(
+                        "INSERT INTO events_tenant_pruned (tenant, last_seq) VALUES (?, ?)"
+                        " ON CONFLICT (tenant) DO UPDATE SET last_seq = excluded.last_seq"
+                    ),
+                    marks,
+                )
             cur.execute(self._sql("DELETE FROM events WHERE seq < ?"), (upto,))
             cur.execute(
                 self._sql(

@@ -270,10 +270,13 @@ def test_a_reader_below_the_mark_gets_410_naming_the_first_seq(make):
     svc.pass_once()
     first = svc.events_first
     assert first == 21
-    for c in (ALICE, BOB, ADMIN):
-        code, body = api.events(c)  # since=0: events 1..20 are gone
+    for c in (ALICE, ADMIN):
+        code, body = api.events(c)  # since=0: events 1..20 (all alice's) are gone
         assert code == 410 and body["first_seq"] == first and body["since"] == 0, body
         assert f"since={first - 1}" in body["detail"]
+    # bob lost none of his: alice's deleted events, which he could never read, do not cut him off
+    code, body = api.events(BOB)
+    assert code == 200 and [r["job"] for r in body] == [j for j in theirs for _ in range(2)]
     code, body = api.events(ADMIN, since=first - 1)
     assert code == 200 and len(body) == 10
     # no since asked for: the log as kept, from the mark, which a header names
@@ -286,6 +289,42 @@ def test_a_reader_below_the_mark_gets_410_naming_the_first_seq(make):
     assert not set(mine) & {r["job"] for r in api.events(ADMIN, since=first - 1)[1]}
 
 
+def test_each_tenant_has_a_mark_of_its_own(store_url):
+    """The retention deletes the log's oldest events, whoever's: a tenant has lost events only below
+    one past the last of its own that went."""
+    with open_store(store_url) as st:
+        st.commit(jobs=[_job(1, "alice"), _job(1, "bob")],
+                  events=[_ev(1, job="alice-1"), _ev(2, job="bob-1"), _ev(3, job="bob-1"), _ev(4, node="n0"),
+                          _ev(5, job="alice-1"), _ev(6, job="bob-1")])  # fmt: skip
+        assert (st.first_event_seq("alice"), st.first_event_seq("bob"), st.first_event_seq("carol")) == (1, 1, 1)
+        st.prune_events(3)  # 1 (alice's) and 2 (bob's) go
+        assert (st.first_event_seq(), st.first_event_seq("alice"), st.first_event_seq("bob")) == (3, 2, 3)
+        st.prune_events(5)  # 3 (bob's) and 4 (a node's) go
+        assert (st.first_event_seq(), st.first_event_seq("alice"), st.first_event_seq("bob")) == (5, 2, 4)
+        assert st.first_event_seq("carol") == 1  # none of carol's ever went
+        first, last, rows = st.read_events(1, 10, tenant="alice")
+        assert (first, last, [s for s, _ in rows]) == (2, 6, [5])
+    with open_store(store_url) as st:  # durable
+        assert (st.first_event_seq("alice"), st.first_event_seq("bob")) == (2, 4)
+
+
+def test_a_store_pruned_before_tenants_had_marks_gives_them_the_logs_mark(store_url):
+    """A schema 2 store does not know whose events it deleted: every tenant's mark is the log's mark
+    when the store is opened by this goodput, never below (a reader is told rather than skipped)."""
+    with open_store(store_url) as st:
+        st.commit(jobs=[_job(1, "alice")], events=[_ev(i, job="alice-1") for i in range(1, 6)])
+        st.prune_events(3)
+    with contextlib.closing(_raw(store_url)) as db:  # as the previous goodput left it
+        db.execute("DROP TABLE events_tenant_pruned")
+        db.execute("DELETE FROM meta WHERE key = 'events_tenant_marks_from'")
+        db.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+        db.commit()
+    with open_store(store_url) as st:
+        assert (st.first_event_seq("alice"), st.first_event_seq("bob")) == (3, 3)
+        st.prune_events(4)
+        assert (st.first_event_seq("alice"), st.first_event_seq("bob")) == (4, 3)
+
+
 def test_a_stream_that_falls_below_the_mark_ends_with_an_events_pruned_record(make):
     svc, api = make(event_retention=1000)
     _churn(svc, api, 5)  # seq 1..10
@@ -294,6 +333,21 @@ def test_a_stream_that_falls_below_the_mark_ends_with_an_events_pruned_record(ma
     svc.pass_once()  # 1..6 pruned before the stream's first read
     body = _body(r)
     assert body == [{"t": body[0]["t"], "event": PRUNED_EVENT, "first_seq": 7, "since": 0}]
+
+
+def test_a_tenants_stream_is_not_cut_by_another_tenants_deleted_events(make):
+    svc, api = make(event_retention=1000)
+    b = _churn(svc, api, 2, BOB)  # seq 1..4, bob's
+    a = _churn(svc, api, 3)  # seq 5..10, alice's
+    r = api.events_response(ALICE, since=0)
+    svc.event_retention = 6
+    svc.pass_once()  # 1..4 pruned before the stream's first read: none of them alice's
+    assert svc.events_first == 5
+    assert [x["job"] for x in _body(r)] == [j for j in a for _ in range(2)]
+    code, body = api.events(BOB)
+    assert code == 410 and body["first_seq"] == 5, body
+    assert api.events(BOB, since=4) == (200, [])
+    assert not set(b) & set(a)
 
 
 def test_history_dropped_counts_pruned_records_and_survives_a_restart(make):

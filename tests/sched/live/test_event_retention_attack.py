@@ -34,6 +34,7 @@ from .test_store import raw_execute
 REPO = Path(__file__).resolve().parents[3]
 # the last commit before the event retention: its store.py is "the previous goodput"
 BEFORE_RETENTION = "2f2a5d8"
+BEFORE_TENANT_MARKS = "40a1fa3"  # schema 2: the log's mark only
 
 
 def _stream(svc, api, c: Caller, since: int | None, follow: bool, stop: threading.Event) -> list[dict]:  # noqa: ANN001
@@ -173,16 +174,17 @@ def test_the_feed_keeps_its_place_across_pruning_it_had_read_past(make):  # noqa
 # ------------------------------------------------------------------ a previous goodput on this store
 
 
-def _old_store_module():  # noqa: ANN202
-    """store.py as the last goodput before the event retention had it (from git), or a skip."""
+def _old_store_module(commit: str = BEFORE_RETENTION):  # noqa: ANN202
+    """store.py as the goodput of ``commit`` had it (from git; by default the last before the event
+    retention), or a skip."""
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
-    r = subprocess.run(["git", "-C", str(REPO), "show", f"{BEFORE_RETENTION}:goodput/sched/live/store.py"],
+    r = subprocess.run(["git", "-C", str(REPO), "show", f"{commit}:goodput/sched/live/store.py"],
                        capture_output=True, text=True, timeout=30)  # fmt: skip
     if r.returncode != 0:
         pytest.skip(f"the previous goodput's store.py is not in this checkout's history: {r.stderr.strip()}")
-    name = "goodput.sched.live._store_before_retention"
-    path = Path(sys.modules["goodput.sched.live.store"].__file__).with_name("_store_before_retention.py")
+    name = f"goodput.sched.live._store_{commit}"
+    path = Path(sys.modules["goodput.sched.live.store"].__file__).with_name(f"_store_{commit}.py")
     spec = importlib.util.spec_from_loader(name, loader=None, origin=str(path))
     mod = importlib.util.module_from_spec(spec)
     mod.__package__ = "goodput.sched.live"
@@ -201,6 +203,16 @@ def test_a_store_the_retention_wrote_is_refused_by_the_previous_goodput(store_ur
         old.open_store(store_url)
     with open_store(store_url) as st:
         assert [e["i"] for _s, e in st.events_since(0, 10, tenant="alice")] == [1]
+
+
+def test_a_store_with_tenants_marks_is_refused_by_the_goodput_before_them(store_url):
+    """The schema 2 goodput would delete events without raising their tenants' marks: a tenant's
+    reader would then be moved past its own deleted events in silence."""
+    old = _old_store_module(BEFORE_TENANT_MARKS)
+    with open_store(store_url) as st:
+        st.commit(jobs=[_job(1, "alice")], events=[_ev(1, job="alice-1")])
+    with pytest.raises(old.SchemaError, match="newer than this goodput knows"):
+        old.open_store(store_url)
 
 
 def test_the_previous_goodputs_store_is_migrated_and_its_events_tagged(store_url):

@@ -299,6 +299,12 @@ def check_cmd(
     as_json: bool = typer.Option(False, "--json"),
     partition: str = typer.Option("", "--partition", help="--executor slurm: this Slurm partition's nodes (sinfo)."),
     slurm_conf: str = typer.Option("", "--slurm-conf", help="With --partition: slurm.conf (default: $SLURM_CONF)."),
+    partial: bool = typer.Option(
+        False,
+        "--partial",
+        help="The log's head is gone (the service's event retention deleted it): jobs first seen after their "
+        "submission are not followed, and the checks a partial log cannot prove are not judged.",
+    ),
 ) -> None:
     """Replay an event log with the independent checker and count invariant violations."""
     from goodput.sched.core.capacity import Capacity
@@ -328,11 +334,14 @@ def check_cmd(
         capacity = {n.name: n.gpus for n in built}
         node_pool = {n.name: n.pool for n in built}
         kinds = {p.name: p.kind.value for p in cl.pools}
-        rep = check_file(events, capacity, rules=rules_of(cl), pools=node_pool, pool_kinds=kinds)
+        rep = check_file(events, capacity, rules=rules_of(cl), pools=node_pool, pool_kinds=kinds, partial=partial)
     except (formats.WorkloadError, OSError, ValueError) as e:
         _fail(str(e))
     if as_json:
-        print(json.dumps({"violations": rep.violations, "total": rep.total, "examples": rep.examples}, indent=2))
+        out = {"violations": rep.violations, "total": rep.total, "examples": rep.examples}
+        if partial:
+            out.update(partial=True, joined=rep.joined, not_judged=list(rep.not_judged))
+        print(json.dumps(out, indent=2))
     else:
         _console().print(rep.summary())
         for e in rep.examples:
@@ -752,7 +761,8 @@ def events_cmd(
         # the head of the log is gone: a job's first records may be missing (a checker replaying
         # this output flags what it cannot see begin); said, never hidden
         Console(stderr=True).print(
-            f"note: the service's event retention deleted events 1 to {int(first) - 1}: the log starts at seq {first}"
+            f"note: the service's event retention deleted events 1 to {int(first) - 1}: the log starts at seq {first} "
+            "(check it with `goodput sched check --partial`)"
         )
     with r:
         gap = relay_events(r, print)

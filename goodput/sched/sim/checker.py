@@ -73,6 +73,14 @@ KINDS: tuple[str, ...] = (
 )
 SAFETY_KINDS: tuple[str, ...] = KINDS[:13]  # what no policy may break (a baseline included)
 POLICY_KINDS: tuple[str, ...] = KINDS[13:]  # what ours promises; a baseline may break them by design
+# what a log whose head is gone (``partial``) cannot prove: each counts the free GPUs, the reservations
+# or the victims of a cluster where jobs started before the log began hold GPUs the log never shows
+UNJUDGED_IF_PARTIAL: tuple[str, ...] = (
+    "reservation_delayed",
+    "priority_inversion",
+    "not_work_conserving",
+    "claim_dropped",
+)
 
 EXIT_STATUSES = frozenset({"finished", "preempted", "failed", "killed", "lost"})
 EPS = 1e-6  # progress and resume points are floats written by another program
@@ -123,6 +131,11 @@ class CheckReport:
     double_booked_gpu_s: float = 0.0  # over-capacity GPUs x seconds: how much physical sharing
     records: int = 0
     jobs: int = 0
+    # a partial log (its head deleted by a live service's event retention): jobs first seen after
+    # their submission are not followed (``joined``), and the kinds it cannot prove are not judged
+    partial: bool = False
+    joined: int = 0
+    not_judged: tuple[str, ...] = ()
 
     @property
     def total(self) -> int:
@@ -134,11 +147,17 @@ class CheckReport:
 
     def summary(self) -> str:
         """One line for a CLI or a test failure; the examples say where to look."""
+        scope = (
+            f" (a partial log: {self.joined} jobs first seen after their submission not followed; "
+            f"not judged: {', '.join(self.not_judged)})"
+            if self.partial
+            else ""
+        )
         if self.ok:
-            return f"ok: {self.records} records, {self.jobs} jobs, no violations"
+            return f"ok: {self.records} records, {self.jobs} jobs, no violations{scope}"
         bad = ", ".join(f"{k}={v}" for k, v in self.violations.items() if v)
         extra = f", double_booked_gpu_s={self.double_booked_gpu_s:g}" if self.double_booked_gpu_s else ""
-        return f"{self.total} violations in {self.records} records ({bad}{extra})"
+        return f"{self.total} violations in {self.records} records ({bad}{extra}){scope}"
 
 
 class _Job:
@@ -233,8 +252,15 @@ class _Auditor:
         rules: Rules | None = None,
         pools: Mapping[str, str] | None = None,
         pool_kinds: Mapping[str, str] | None = None,
+        partial: bool = False,
     ) -> None:
         self.cap: dict[str, int] = {str(k): int(v) for k, v in capacity.items()}
+        # a partial log: what jobs started before it began hold is unknown, so only a lower bound of
+        # each node's use is known (an overcommit found is real; free GPUs are not provably free)
+        self.partial = partial
+        self.unjudged = frozenset(UNJUDGED_IF_PARTIAL if partial else ())
+        self.joined: set[str] = set()
+        self.hinted = False
         self.bound: dict[str, int] = dict.fromkeys(self.cap, 0)
         self.occ: dict[str, int] = dict.fromkeys(self.cap, 0)
         self.on_node: dict[str, set[str]] = {n: set() for n in self.cap}  # live job ids per node
@@ -304,6 +330,8 @@ class _Auditor:
     # -- bookkeeping ---------------------------------------------------------------------------
 
     def flag(self, kind: str, t: float, who: str, msg: str) -> None:
+        if kind in self.unjudged:
+            return
         self.counts[kind] += 1
         ex = self.report.examples
         if len(ex) < self.max_examples:
@@ -343,6 +371,10 @@ class _Auditor:
         self.report.double_booked_gpu_s = acc
         self.report.records = n
         self.report.jobs = len(self.jobs)
+        if self.partial:
+            self.report.partial = True
+            self.report.joined = len(self.joined)
+            self.report.not_judged = UNJUDGED_IF_PARTIAL
         self.finish(last)
         return self.report
 
@@ -361,12 +393,22 @@ class _Auditor:
         jid = rec["job"]
         j = self.jobs.get(jid)
         if j is None:
-            self.flag("illegal_transition", t, f"job {jid}", f"{event} for a job never submitted")
+            self.never_submitted(jid, t, event)
             return None
         if j.phase == _TERMINAL:
             self.flag("illegal_transition", t, f"job {jid}", f"{event} after the job ended")
             return None
         return j
+
+    def never_submitted(self, jid: Any, t: float, event: str) -> None:
+        """A record of a job the log never submitted: illegal in a whole log; in a partial one, a job
+        submitted before the log begins, which is not followed (its state is unknown)."""
+        if self.partial:
+            self.joined.add(str(jid))
+            return
+        hint = "" if self.hinted else " (a log whose head is gone? `goodput sched check --partial`)"
+        self.hinted = True
+        self.flag("illegal_transition", t, f"job {jid}", f"{event} for a job never submitted{hint}")
 
     def occupy(self, j: _Job, names: tuple[str, ...], gpn: int) -> bool:
         """Put a run's processes on its nodes; True when that over-subscribes one."""
@@ -1025,7 +1067,7 @@ class _Auditor:
         jid = rec["job"]
         j = self.jobs.get(jid)
         if j is None:
-            self.flag("illegal_transition", t, f"job {jid}", "checkpoint_committed for a job never submitted")
+            self.never_submitted(jid, t, "checkpoint_committed")
             return
         epoch = rec.get("epoch")
         progress = float(rec["progress_s"])
@@ -1246,14 +1288,17 @@ def check(
     rules: Rules | None = None,
     pools: Mapping[str, str] | None = None,
     pool_kinds: Mapping[str, str] | None = None,
+    partial: bool = False,
 ) -> CheckReport:
     """Replay ``records`` (log order) against ``capacity`` (node name -> GPUs) and count violations.
 
     ``pools`` (node -> pool) and ``pool_kinds`` (pool -> "on-demand" | "spot") let the policy checks
     count every free node from the start and know that every job may use an on-demand pool its shape
     fits; without them a node counts once a start names its pool, and a job may use the pools it
-    started on (or the only pool)."""
-    return _Auditor(capacity, max_examples, rules, pools, pool_kinds).run(records)
+    started on (or the only pool). ``partial``: the log's head is gone (a live service's event
+    retention deleted it): a job first seen after its submission is not followed, and
+    :data:`UNJUDGED_IF_PARTIAL` is not judged; the rest holds, on what the log shows."""
+    return _Auditor(capacity, max_examples, rules, pools, pool_kinds, partial).run(records)
 
 
 def check_file(
@@ -1264,8 +1309,15 @@ def check_file(
     rules: Rules | None = None,
     pools: Mapping[str, str] | None = None,
     pool_kinds: Mapping[str, str] | None = None,
+    partial: bool = False,
 ) -> CheckReport:
     """Check a JSONL event log as the scheduler or a live service wrote it."""
     return check(
-        ev.read_jsonl(path), capacity, max_examples=max_examples, rules=rules, pools=pools, pool_kinds=pool_kinds
+        ev.read_jsonl(path),
+        capacity,
+        max_examples=max_examples,
+        rules=rules,
+        pools=pools,
+        pool_kinds=pool_kinds,
+        partial=partial,
     )

@@ -358,7 +358,9 @@ def export_cmd(
     prefix: str | None = typer.Option(
         None, "--prefix", help="Only tensors whose names start with this, written without it (e.g. model.)."
     ),
-    dtype: str | None = typer.Option(None, "--dtype", help="Cast floating tensors: bf16, fp16 or fp32."),
+    dtype: str | None = typer.Option(
+        None, "--dtype", help="Cast floating tensors (not 0-d ones: an optimizer's step): bf16, fp16 or fp32."
+    ),
     max_shard_size: str = typer.Option(
         "5GB", "--max-shard-size", help="Largest shard (one shard is in memory at a time); --format torch: the limit."
     ),

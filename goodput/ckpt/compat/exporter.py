@@ -157,8 +157,11 @@ def _select(
     ck: Checkpoint, prefix: str | None, cast: str | None, fmt: str = "safetensors"
 ) -> tuple[list[_Item], list[str], list[str]]:
     """(tensors to export, blobs, values): names as in the checkpoint, those under ``prefix``.
-    For safetensors, a tensor it cannot hold (a dtype it lacks, the name ``__metadata__``) is
-    refused here, before anything is written."""
+    ``cast`` applies to floating tensors of at least one dimension: a 0-d one is an optimizer's
+    counter (``torch.optim`` keeps ``step``, NAdam's ``mu_product``, as float32 scalars) or a
+    scalar parameter, costs nothing as saved, and cast would change value (step 1001 is 1000 in
+    bfloat16), so it is written as saved. For safetensors, a tensor it cannot hold (a dtype it
+    lacks, the name ``__metadata__``) is refused here, before anything is written."""
     items: list[_Item] = []
     blobs: list[str] = []
     for t in ck.metadata.tensors:
@@ -170,7 +173,7 @@ def _select(
             continue
         if not name:
             raise ExportError(f"tensor {t.name!r}: the prefix {prefix!r} leaves it no name")
-        out = cast if cast is not None and t.dtype in _FLOATS else t.dtype
+        out = cast if cast is not None and t.dtype in _FLOATS and len(t.shape) > 0 else t.dtype
         if fmt == "safetensors":
             _storable(t.name, name, t.dtype, out)
         numel = 1
@@ -234,6 +237,14 @@ def _tensor(ck: Checkpoint, it: _Item, read_buffer: int, threads: int) -> Any:
 
 def _check_destination(storage: Storage, dst: Path, overwrite: bool, fmt: str) -> None:
     if fmt == "torch":
+        # a local directory cannot be replaced by the file (os.replace fails after the whole model was
+        # read into memory); said first, and never as "pass --overwrite". (On s3://, an object and a
+        # prefix of one name coexist.)
+        if isinstance(storage, PosixStorage) and os.path.isdir(dst):
+            raise ExportError(
+                f"{display(dst)!r} is a directory; --format torch writes one file: name the file (e.g. "
+                f"{display(dst / 'model.pt')!r})"
+            )
         if storage.exists(dst.parent, dst.name) and not overwrite:
             raise ExportError(f"{display(dst)!r} exists (pass overwrite=True / --overwrite to replace it)")
         return
@@ -330,7 +341,7 @@ def export(
     ``{name: tensor}``, refused when the tensors exceed ``max_shard_size`` (it is built in memory).
     ``prefix``: only tensors under that dotted path, written without it (``"model."`` or
     ``"model"`` takes the model out of ``{"model": ..., "optim": ...}``, not ``model_ema``). ``dtype``: floating tensors cast to
-    ``"bf16"``, ``"fp16"`` or ``"fp32"``; others are written as saved.
+    ``"bf16"``, ``"fp16"`` or ``"fp32"``; others, and 0-d ones (an optimizer's ``step``), are written as saved.
     """
     t0 = time.perf_counter()
     if format not in FORMATS:

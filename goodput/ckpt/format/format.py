@@ -646,7 +646,7 @@ def encode_manifest(m: Manifest) -> bytes:
     return body[:-1] + b',"crc32c":%d}' % crc32c.crc32c(body)
 
 
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     keys = [k for k, _ in pairs]
     if len(set(keys)) != len(keys):
         dup = next(k for k in keys if keys.count(k) > 1)
@@ -667,7 +667,7 @@ def decode_sealed_manifest(raw: bytes, where: str) -> tuple[Manifest, bool]:
     if seal is not None and crc32c.crc32c(raw[: seal.start()] + b"}") != int(seal.group(1)):
         raise CheckpointError(f"{where}: manifest checksum does not match its content (corrupt)")
     try:
-        json.loads(raw, object_pairs_hook=_no_duplicate_keys)
+        json.loads(raw, object_pairs_hook=no_duplicate_keys)
         m = msgspec.json.decode(raw, type=Manifest)
     except (ValueError, msgspec.DecodeError, RecursionError) as e:
         raise CheckpointError(f"{where}: not a valid manifest ({e})") from None

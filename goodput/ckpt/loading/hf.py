@@ -43,6 +43,7 @@ from ..format.format import (
     TensorEntry,
     check_file_name,
     decode_value,
+    no_duplicate_keys,
     shape_error,
 )
 from ..storage.base import Source, Storage
@@ -186,6 +187,18 @@ def _storage(d: Path) -> Storage:
     return _LinkFollowingStorage() if isinstance(st, PosixStorage) else st
 
 
+def _json(raw: bytes, where: str) -> Any:
+    """A JSON file of the directory (the index, the carried values), refusing a duplicate key:
+    ``json`` keeps the last of two, so ``{"w": "a.safetensors", "w": "b.safetensors"}`` would
+    load ``w`` from whichever file the writer (or an attacker) put last, in silence."""
+    try:
+        return json.loads(raw, object_pairs_hook=no_duplicate_keys)
+    except ValueError as e:  # JSONDecodeError, and the hook's duplicate key
+        raise CheckpointError(f"{where!r} is not valid JSON: {e}") from None
+    except RecursionError:  # json's C scanner recurses per level: 200,000 brackets exhaust the stack
+        raise CheckpointError(f"{where!r} is nested too deeply to be read") from None
+
+
 def _index_files(st: Storage, d: Path) -> tuple[list[str], dict[str, str] | None]:
     """The safetensors files of the directory and the index's weight map (None without index).
 
@@ -201,12 +214,7 @@ def _index_files(st: Storage, d: Path) -> tuple[list[str], dict[str, str] | None
     where = display(d / INDEX)
     raw = st.get_if_exists(d, INDEX, "safetensors index", MAX_INDEX_BYTES)
     if raw is not None:
-        try:
-            doc = json.loads(raw)
-        except ValueError as e:
-            raise CheckpointError(f"{where!r} is not JSON: {e}") from None
-        except RecursionError:
-            raise CheckpointError(f"{where!r} is nested too deeply to be read") from None
+        doc = _json(raw, where)
         wm = doc.get("weight_map") if isinstance(doc, dict) else None
         if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
             raise CheckpointError(f"{where!r} has no weight_map of tensor name -> file name")
@@ -311,9 +319,8 @@ def hf_metadata(d: Path, storage: Storage | None = None) -> tuple[Metadata, dict
             if k in where:
                 raise CheckpointError(f"{display(d)!r}: tensor {k!r} is in both {where[k]!r} and {name!r}")
             if weight_map is not None and weight_map.get(k) != name:
-                raise CheckpointError(
-                    f"{display(d / name)!r} holds tensor {k!r}, which {INDEX} places in {weight_map.get(k)!r}"
-                )
+                placed = f"places in {weight_map[k]!r}" if k in weight_map else "does not list"
+                raise CheckpointError(f"{display(d / name)!r} holds tensor {k!r}, which {INDEX} {placed}")
             where[k] = name
             tensors.append(TensorEntry(k, gdt, shape))
             rows.append((fid, pos, n, shape))
@@ -358,12 +365,7 @@ def _carried(st: Storage, d: Path) -> tuple[dict[str, Any], int, dict[str, bytes
     raw = st.get_if_exists(d, VALUES, "goodput values", MAX_INDEX_BYTES)
     if raw is None:
         return {}, FORMAT_VERSION, {}
-    try:
-        doc = json.loads(raw)
-    except ValueError as e:
-        raise CheckpointError(f"{where!r} is not JSON: {e}") from None
-    except RecursionError:  # json's C scanner recurses per level: 200,000 brackets exhaust the stack
-        raise CheckpointError(f"{where!r} is nested too deeply to be read") from None
+    doc = _json(raw, where)
     ok = isinstance(doc, dict) and doc.get("format") == VALUES_FORMAT and isinstance(doc.get("version"), int)
     values, blobs = (doc.get("values"), doc.get("blobs")) if ok else (None, None)
     if not (isinstance(values, dict) and isinstance(blobs, dict) and all(isinstance(v, str) for v in blobs.values())):

@@ -6,7 +6,9 @@ import contextlib
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -728,18 +730,83 @@ def resize_cmd(
     print(f"{r['id']} {r['state']} {r['nodes']}x{r['gpus_per_node']}")
 
 
+EVENTS_PAGE = 10_000  # records a request asks for (the service's default limit; at most 100,000)
+_SEQ_AT_END = re.compile(rb',"seq":(\d+)}\s*$')  # the service appends each record's seq last
+
+
+@dataclass
+class EventRelay:
+    """What ``goodput sched events`` has printed of a log: how many records, the seq of the last one
+    (where the next request goes on from) and the ``events_pruned`` record that ended a stream whose
+    next events the retention deleted (a pipeline must not take the output for the whole log)."""
+
+    out: Callable[..., Any]
+    count: int = 0
+    seq: int | None = None
+    gap: dict[str, Any] | None = None
+
+    def feed(self, lines: Iterable[bytes]) -> int:
+        """Print each JSONL line of one response; how many records it held. Stops at a gap record."""
+        n = 0
+        for line in lines:
+            if not line.strip():
+                continue
+            self.out(line.decode().rstrip("\n"), flush=True)
+            m = _SEQ_AT_END.search(line)
+            if m is not None:
+                self.seq = int(m.group(1))
+                n += 1
+                self.count += 1
+            elif b'"events_pruned"' in line:
+                with contextlib.suppress(ValueError):
+                    rec = json.loads(line)
+                    if isinstance(rec, dict) and rec.get("event") == "events_pruned":
+                        self.gap = rec
+                        return n
+        return n
+
+
 def relay_events(lines: Iterable[bytes], out: Callable[..., Any]) -> dict[str, Any] | None:
     """Print each JSONL line of an /events stream; the ``events_pruned`` record that ends a stream
     whose next events were deleted is printed too, and returned (None when the stream had no gap)."""
-    for line in lines:
-        text = line.decode().rstrip("\n")
-        out(text, flush=True)
-        if '"events_pruned"' in text:
-            with contextlib.suppress(ValueError):
-                rec = json.loads(text)
-                if isinstance(rec, dict) and rec.get("event") == "events_pruned":
-                    return rec
-    return None
+    relay = EventRelay(out)
+    relay.feed(lines)
+    return relay.gap
+
+
+class _StreamBroke(Exception):
+    """The service could not be reached, or answered that it cannot serve now (restarting, busy)."""
+
+
+def _events_request(url: str, since: int | None, follow: bool, page: int):  # noqa: ANN202
+    """One ``GET /events`` (a response to read as lines). An HTTP error fails the command (exit 2; a
+    410 says the retention deleted events after ``since``); an unreachable service, or a 502/503/504,
+    raises :class:`_StreamBroke`."""
+    import urllib.error
+    import urllib.request
+
+    token = os.environ.get("GOODPUT_TOKEN", "")
+    if not token:
+        _fail("set GOODPUT_TOKEN to your token (goodput sched token add TENANT --db URL)")
+    at = "" if since is None else f"since={since}&"
+    req = urllib.request.Request(
+        f"{url.rstrip('/')}/events?{at}limit={page}&follow={'true' if follow else 'false'}",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    try:
+        return urllib.request.urlopen(req, timeout=None)
+    except urllib.error.HTTPError as e:
+        # restarting, or its store busy; a follower's stream slot not yet freed after a broken
+        # connection (the service notices within a second): the same request may succeed
+        if e.code in (502, 503, 504) or (follow and e.code == 429):
+            raise _StreamBroke(f"HTTP {e.code}") from None
+        try:
+            detail = json.loads(e.read()).get("detail")
+        except ValueError:
+            detail = e.reason
+        _fail(f"HTTP {e.code}: {detail}")
+    except OSError as e:  # URLError is one: refused, reset, unreachable
+        raise _StreamBroke(f"cannot reach {url}: {getattr(e, 'reason', e)}") from None
 
 
 @app.command("events")
@@ -750,27 +817,58 @@ def events_cmd(
         help="Start after this sequence number (an error if the event retention deleted events after it); "
         "default: from the oldest event the service keeps.",
     ),
-    follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming new records."),
+    follow: bool = typer.Option(
+        False, "--follow", "-f", help="Keep streaming new records (through the service's restarts)."
+    ),
+    page: int = typer.Option(EVENTS_PAGE, "--page", min=1, max=100_000, help="Records asked for per request."),
     url: str = _URL,
 ) -> None:
-    """The event log as JSONL (the simulator's schema): pipe it into `goodput sched check`."""
-    at = "" if since is None else f"since={since}&"
-    r = _call(url, "GET", f"/events?{at}follow={'true' if follow else 'false'}", stream=True)
-    first = r.headers.get("X-Goodput-First-Seq", "1")
-    if since is None and first.isdigit() and int(first) > 1:
-        # the head of the log is gone: a job's first records may be missing (a checker replaying
-        # this output flags what it cannot see begin); said, never hidden
-        Console(stderr=True).print(
-            f"note: the service's event retention deleted events 1 to {int(first) - 1}: the log starts at seq {first} "
-            "(check it with `goodput sched check --partial`)"
-        )
-    with r:
-        gap = relay_events(r, print)
-    if gap is not None:
-        # the service deleted events this stream had not read yet: a pipeline must not take the
-        # output for the whole log (the record itself was printed, last)
-        _fail(
-            f"events after seq {gap.get('since')} were deleted by the service's event retention before they "
-            f"were read: the log keeps seq {gap.get('first_seq')} on (the stream ends here)",
-            1,
-        )
+    """The event log as JSONL (the simulator's schema, each record with its `seq`): pipe it into
+    `goodput sched check`. The whole log is read, a page of records per request; with --follow, a
+    broken connection is resumed after the last record printed, never skipped or repeated."""
+    import http.client
+    import time
+
+    relay = EventRelay(print)
+    err = Console(stderr=True)
+    first_request = True
+    wait = 0.5
+    while True:
+        try:
+            r = _events_request(url, relay.seq if relay.seq is not None else since, follow, page)
+            if first_request:
+                first = r.headers.get("X-Goodput-First-Seq", "1")
+                if since is None and first.isdigit() and int(first) > 1:
+                    # the head of the log is gone: a job's first records may be missing; said, never hidden
+                    err.print(
+                        f"note: the service's event retention deleted events 1 to {int(first) - 1}: the log starts "
+                        f"at seq {first} (check it with `goodput sched check --partial`)"
+                    )
+                first_request = False
+            with r:
+                got = relay.feed(r)
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+        except (_StreamBroke, http.client.HTTPException, OSError) as e:
+            if not follow:
+                where = f"after seq {relay.seq}: go on with --since {relay.seq}" if relay.seq is not None else ""
+                # records printed: a partial output (1); none: the command failed (2)
+                _fail(f"the event stream broke {where or 'before any record'} ({e})", 1 if relay.count else 2)
+            err.print(f"note: the event stream broke ({e}); resuming after seq {relay.seq} in {wait:g} s")
+            time.sleep(wait)
+            wait = min(wait * 2, 5.0)
+            continue
+        if relay.gap is None and follow and got == 0:
+            time.sleep(wait)  # a follow stream the service ended with nothing (shutting down): not a busy loop
+            wait = min(wait * 2, 5.0)
+        else:
+            wait = 0.5
+        if relay.gap is not None:
+            # the service deleted events this stream had not read yet (the record itself was printed, last)
+            _fail(
+                f"events after seq {relay.gap.get('since')} were deleted by the service's event retention before "
+                f"they were read: the log keeps seq {relay.gap.get('first_seq')} on (the stream ends here)",
+                1,
+            )
+        if not follow and got < page:
+            return  # the log as it stood: a short page is its end

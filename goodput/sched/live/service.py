@@ -1755,7 +1755,10 @@ def create_app(svc: Service) -> FastAPI:
                         # are its tenant's, a removed job's only while the service remembers whose it was
                         if visible(rec):
                             sent += 1
-                            chunk.append(json.dumps(svc.redact(c, rec), separators=(",", ":")) + "\n")
+                            # its place in the log: what a reader passes as since to go on after it
+                            # (a tenant's stream skips other tenants' seqs, so it cannot count them)
+                            out = {**svc.redact(c, rec), "seq": s}
+                            chunk.append(json.dumps(out, separators=(",", ":")) + "\n")
                     if len(rows) < want:
                         seq = max(seq, last)  # nothing more of ours up to the log's last seq
                     if chunk:

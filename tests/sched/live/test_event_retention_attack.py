@@ -107,7 +107,7 @@ def test_a_follower_racing_the_pruning_never_loses_or_doubles_an_event_in_silenc
             assert notice["since"] >= since and notice["first_seq"] > notice["since"] + 1, notice
             end = notice["since"]
         mine = [
-            full[s]
+            {**full[s], "seq": s}  # each streamed record says its place in the log
             for s in sorted(full)
             if s > since and (end is None or s <= end) and (c is ADMIN or owner.get(full[s].get("job")) == "alice")
         ]

@@ -1193,12 +1193,21 @@ class PostgresStore(Store):
         except psycopg.OperationalError as e:  # connection lost, server shutting down, ...
             raise StoreUnavailable(f"PostgreSQL store {_redact(self.url)}: {e}") from e
 
+    # both in the schema where this store's unqualified DDL creates its tables (current_schema()): a
+    # table of the same name in another schema of the database is not ours (its columns would make a
+    # migration think a column exists that ours lacks)
     def _table_exists(self, cur: Any, name: str) -> bool:
-        cur.execute("SELECT to_regclass(%s) IS NOT NULL", (name,))
-        return bool(cur.fetchone()[0])
+        cur.execute(
+            "SELECT 1 FROM information_schema.tables WHERE table_schema = current_schema() AND table_name = %s", (name,)
+        )
+        return cur.fetchone() is not None
 
     def _columns(self, cur: Any, table: str) -> set[str]:
-        cur.execute("SELECT column_name FROM information_schema.columns WHERE table_name = %s", (table,))
+        cur.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema()"
+            " AND table_name = %s",
+            (table,),
+        )
         return {str(r[0]) for r in cur.fetchall()}
 
     # Past a few hundred rows COPY beats even pipelined executemany several times over (a first commit of

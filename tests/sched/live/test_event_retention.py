@@ -112,6 +112,28 @@ def test_an_old_events_table_without_the_tenant_column_opens_and_is_filled(store
         assert len(st.load().events) == 4
 
 
+def test_a_table_of_the_same_name_in_another_schema_is_not_taken_for_ours(store_url):
+    """PostgreSQL: another schema's ``events`` with a ``tenant`` column made the migration think
+    ours had it (no ALTER; the index on it then failed, and the store did not open)."""
+    if not store_url.startswith("postgresql"):
+        pytest.skip("schemas are PostgreSQL's")
+    with open_store(store_url) as st:
+        st.commit(jobs=[_job(1, "alice")], events=[_ev(1, job="alice-1")])
+    with contextlib.closing(_raw(store_url)) as db:
+        db.execute("CREATE SCHEMA other")
+        db.execute("CREATE TABLE other.events (seq BIGINT, body TEXT, tenant TEXT)")
+        db.execute("CREATE TABLE other.events_tenant_pruned (tenant TEXT, last_seq BIGINT)")
+        db.execute("DROP INDEX events_tenant")
+        db.execute("ALTER TABLE events DROP COLUMN tenant")
+        db.execute("DROP TABLE events_tenant_pruned")
+        db.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+        db.commit()
+    with open_store(store_url) as st:
+        assert [e["i"] for _s, e in st.events_since(0, 10, tenant="alice")] == [1]
+        st.prune_events(2)
+        assert st.first_event_seq("alice") == 2
+
+
 def test_pruned_counts_are_kept_per_job_and_go_with_the_job(store_url):
     with open_store(store_url) as st:
         st.commit(jobs=[_job(1, "alice")], events=[_ev(i, job="alice-1") for i in range(1, 6)])

@@ -328,6 +328,8 @@ def activations(
     ):
         whole(v, o)
     check(recompute in RECOMPUTE, f"must be one of {', '.join(RECOMPUTE)}", "--recompute")
+    check(heads % tp == 0, f"must divide --heads {heads} (each rank holds whole heads)", "--tp")
+    check(not sp or seq % tp == 0, f"with --sp must divide --seq {seq}", "--tp")
     try:
         r = run(seq, hidden, heads, layers, micro_batch, tp, sp, recompute, flash)
         finite(r.bytes_total, "the activation bytes", "--seq/--hidden/--heads/--micro-batch/--layers")

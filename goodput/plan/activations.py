@@ -47,6 +47,12 @@ def per_layer(
         raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
     if min(s, b, h, a, t) <= 0:
         raise ValueError("seq, micro-batch, hidden, heads and TP must be positive")
+    # the formulas split whole heads, and with SP whole sequence positions, over the t ranks (as
+    # Megatron asserts): any other t is a layout no framework runs, whose figure would mislead
+    if a % t:
+        raise ValueError(f"TP {t} must divide the heads {a}: each rank holds a/t whole heads")
+    if sp and s % t:
+        raise ValueError(f"with sequence parallelism TP {t} must divide the sequence length {s}")
     sbh = s * b * h
     if recompute == "full":
         return 2 * sbh / (t if sp else 1)
@@ -71,8 +77,9 @@ def activations(
         "selective": per_layer(*args, recompute="selective"),
         "full": per_layer(*args, recompute="full"),
         "tp_without_sp": per_layer(seq, micro_batch, hidden, heads, tp, False),
-        "tp_with_sp": per_layer(seq, micro_batch, hidden, heads, tp, True),
     }
+    if seq % tp == 0:  # sequence parallelism splits whole positions: an option only where t divides s
+        options["tp_with_sp"] = per_layer(seq, micro_batch, hidden, heads, tp, True)
     return ActivationReport(
         seq=seq, hidden=hidden, heads=heads, layers=layers, micro_batch=micro_batch, tp=tp, sp=sp,
         recompute=recompute, flash=flash, bytes_per_layer=b, bytes_total=b * layers,

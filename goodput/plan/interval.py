@@ -126,6 +126,8 @@ def _one_plus_w0(eps: float) -> float:
     for _ in range(200):
         if not lo < v < hi:
             v = (lo + hi) / 2
+            if not lo < v < hi:  # lo and hi are adjacent doubles (v next to 1 for ε near 40): v is known
+                return lo
         g = _v_plus_log1p_minus_v(v) + eps  # decreasing in v: g(0) = ε > 0, g(1⁻) = −∞
         if g > 0:
             lo = v

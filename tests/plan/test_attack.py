@@ -459,3 +459,26 @@ def test_spot_rate_too_high_to_plot(tmp_path):
     r = plan("run", str(cfg), "--out", str(tmp_path / "out"))
     assert r.exit_code == 0, r.output
     assert not (tmp_path / "out" / "spot.png").exists() and "cost ratio inf" in r.output
+
+
+def test_activations_refuse_a_tp_that_splits_a_head_or_a_sequence_position():
+    """Korthikanti's per-rank terms hold a/t whole heads (and s/t positions with SP); a t that does
+    not divide them gave a figure for a layout no framework runs."""
+    from goodput.plan.activations import activations, per_layer
+
+    with pytest.raises(ValueError, match="TP 3 must divide the heads 32"):
+        per_layer(2048, 1, 4096, 32, 3)
+    with pytest.raises(ValueError, match="must divide the sequence length 1000"):
+        activations(1000, 4096, 32, 2, tp=16, sp=True)
+    r = activations(1001, 4096, 32, 2, tp=8)  # without SP each rank holds the whole sequence
+    assert r.bytes_total > 0 and "tp_with_sp" not in r.options and "tp_without_sp" in r.options
+    r = plan("activations", "--seq", "2048", "--hidden", "4096", "--heads", "32", "--layers", "2", "--tp", "3")
+    assert r.exit_code == 2 and "--tp" in r.output and "must divide --heads 32" in " ".join(r.output.split())
+
+
+def test_optimal_exact_near_its_large_stall_branch_has_no_domain_error():
+    """For δ/M just below 40 the root v sits a few doubles below 1: the bisection's midpoint rounded
+    to 1 and ln(1 - v) raised 'math domain error' (a hypothesis run of spot() found it)."""
+    taus = [optimal_exact(e * 1000.0, 1000.0) for e in (39.5 + i * 0.0005 for i in range(2001))]
+    assert all(math.isfinite(t) and 0 < t <= 1000.0 for t in taus)
+    assert all(a <= b for a, b in zip(taus, taus[1:], strict=False))  # τ* grows with the stall

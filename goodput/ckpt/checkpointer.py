@@ -70,7 +70,7 @@ import torch
 import torch.distributed as dist
 
 from . import collective, rng
-from .errors import CheckpointError, StorageError, describe
+from .errors import CheckpointError, SaveError, StorageError, describe
 from .format.dtypes import dtype
 from .format.format import LATEST, MANIFEST, MAX_MANIFEST_BYTES, STEP_DIR, decode_manifest, step_dir_name
 from .loading.loader import load
@@ -187,6 +187,7 @@ class Checkpointer:
         self._last_step: int | None = None
         self._preempt_signal: int | None = None
         self._preempt_step: int | None = None
+        self._final_step: int | None = None  # close(step, state)'s: drained whatever drain_every says
         self._lock = threading.Lock()
         self._damaged_seen: set[str] = set()  # damaged step directories already logged
         self.storage.prepare(self.root)
@@ -284,7 +285,7 @@ class Checkpointer:
     def _save(self, step: int, state: dict[str, Any], data: Any, if_busy: str | None) -> AsyncSave | None:
         if (if_busy or self.saver.if_busy) == "skip" and self.saver.busy():
             return None  # skipped before the RNG and the loader's state_dict() are taken for nothing
-        full = self._full_state(state, data if data is not None else self.data)
+        full = self._own_state(step, state, data if data is not None else self.data)
         if self.fast is not None:  # written to the fast tier, committed through the durable one
             h = self.saver.save(
                 full,
@@ -323,14 +324,17 @@ class Checkpointer:
                 f"step {newest[0]}, {age:.1f} s ago" if newest is not None and age is not None else "none in this run",
             )
         for fn in list(self._skip_listeners):
-            with contextlib.suppress(Exception):
-                fn(ev)
+            _tell(fn, ev)
 
     def preempt_now(self, step: int, state: dict[str, Any], *, data: Any = None) -> None:
         """Finish the in-flight save, save ``step`` now, wait for its commit, then exit (75)."""
         self.saver.wait()
-        with contextlib.suppress(Exception):
-            self.saver.raise_pending()  # an earlier failure must not stop the preemption save
+        try:
+            self.saver.raise_pending()
+        except SaveError as e:
+            # an earlier failure must not stop the preemption save, nor go unsaid: its handle
+            # may never be read, and this was the last call that would raise it
+            log.error("%s; the preemption saves step %s all the same", e, step)
         newest = self.fast if self.fast is not None else self.root
         need = step != self._last_step or not storage_for(newest).exists(step_dir(newest, step), MANIFEST)
         if self.world > 1:  # every rank decides alike, or the save's collective would hang
@@ -355,6 +359,27 @@ class Checkpointer:
         self.close()
         if self.exit_on_preempt:
             sys.exit(PREEMPTED_EXIT)
+
+    def _own_state(self, step: int, state: dict[str, Any], data: Any) -> dict[str, Any]:
+        """:meth:`_full_state`, agreed by every rank before the save's planning collective: the
+        loader's ``state_dict()`` (or the RNG's capture) failing on one rank must fail the save on
+        every rank, naming it, not leave the others waiting in that collective for a rank that
+        raised (they hung, or died of gloo's "connection closed by peer" when it exited)."""
+        if self.world == 1:
+            return self._full_state(state, data)
+        error: Exception | None = None
+        full: dict[str, Any] = state
+        try:
+            full = self._full_state(state, data)
+        except Exception as e:  # every rank hears of it below
+            error = e
+        (fine,) = self._all([error is None])
+        if fine:
+            return full
+        why = collective.all_gather_bytes(describe(error).encode() if error is not None else b"", self.group)
+        errs = "; ".join(f"rank {r}: {w.decode(errors='replace')}" for r, w in enumerate(why) if w)
+        msg = f"save of step {step} to {display(step_dir(self.root, step))!r} failed before planning: {errs}"
+        raise SaveError(collective.name_ranks(msg, self.group)) from error
 
     def _full_state(self, state: dict[str, Any], data: Any) -> dict[str, Any]:
         if "_goodput" in state:
@@ -662,7 +687,8 @@ class Checkpointer:
         )
         if self.fast is not None:
             assert self.drainer is not None and handle.step is not None
-            if self._drain_due(handle.step) or ev.preempted:  # a preemption's step always drains
+            # a preemption's step and the final step of close(step, state) always drain
+            if self._drain_due(handle.step) or ev.preempted or handle.step == self._final_step:
                 self.drainer.submit(
                     Drain(
                         handle.step,
@@ -685,8 +711,7 @@ class Checkpointer:
 
     def _emit(self, ev: CommitEvent) -> None:
         for fn in list(self.listeners):
-            with contextlib.suppress(Exception):
-                fn(ev)
+            _tell(fn, ev)
 
     def _drain_due(self, step: int) -> bool:
         return self.drain_every is None or step % self.drain_every == 0
@@ -865,32 +890,68 @@ class Checkpointer:
         in-flight save and its drain, stop the writer, give the signal handlers back.
 
         ``close(step, state)`` is how a run keeps its last step: it raises :class:`SaveError`
-        when that save (or the one in flight before it) failed. A plain ``close()`` never saves;
-        a failure of the save in flight is logged, not lost."""
-        if step is not None:
-            if state is None:
-                raise TypeError("close(step, state): the final save needs the state")
-            try:
-                h = self._last_handle
-                if step != self._last_step or h is None:
-                    h = self.save(step, state, data=data)
-                h.result()
-            except BaseException:
-                self._close()
-                raise
+        when that save failed. An earlier save's failure does not cost the run its final step:
+        the step is saved all the same, then the earlier failure is raised (saying that the final
+        step was committed). Tiered, the final step is drained
+        to the durable tier whatever ``drain_every`` says (the fast tier may go with the job's
+        nodes), and a failure of that drain raises too. A plain ``close()`` never saves; a
+        failure of the save in flight is logged, not lost."""
+        if step is None:
+            self._close()
+            return
+        if state is None:
+            raise TypeError("close(step, state): the final save needs the state")
+        earlier: SaveError | None = None
+        try:
+            h = self._last_handle
+            if step != self._last_step or h is None:
+                self.saver.wait()
+                try:
+                    self.saver.raise_pending()  # every rank takes its own: the save below goes on everywhere
+                except SaveError as e:
+                    earlier = e
+                self._final_step = step
+                h = self.save(step, state, data=data)
+            h.result()
+            if self.drainer is not None and not self.drainer.has(h.save_id):
+                self.drainer.submit(  # saved before close, when its drain was not due
+                    Drain(step, h.save_id, Path(h.path), step_dir(self.root, step), time.perf_counter())
+                )
+        except BaseException:
+            if earlier is not None:  # raised only below, when the final step has been committed
+                log.error("an earlier save was lost too: %s", earlier)
+            self._close()
+            raise
         self._close()
+        out = self._drained(h.save_id) if self.drainer is not None else None
+        if out is not None and not out.ok:
+            raise SaveError(
+                f"the final step {step} is committed on the fast tier only ({display(out.drain.fast_dir)!r}): "
+                f"its drain to {display(out.drain.durable_dir)!r} failed: {out.error}"
+            ) from earlier
+        if earlier is not None:
+            raise SaveError(
+                f"the final step {step} was committed, but an earlier save was lost: {earlier}"
+            ) from earlier
+
+    def _drained(self, save_id: str) -> Drained | None:
+        """This rank's outcome of the drain of one save, once it has ended."""
+        assert self.drainer is not None
+        return next((o for o in reversed(self.drainer.history) if o.drain.save_id == save_id), None)
 
     def _close(self) -> None:
         self.saver.wait()
-        err = self.saver.pending_error
+        err, self.saver.pending_error = self.saver.pending_error, None  # said here, not again by the saver
         if err is not None:
             log.error("the last asynchronous save failed and nothing after it was saved: %s", err)
         if self._owed and self.skipped:  # the run ended before a skipped due save was made up
+            # the newest *commit*: the save the skip found in flight (the last one started) may have failed
+            newest = self._newest
             log.warning(
                 "the due checkpoint of step %s was skipped and the run ended before it was made up: "
-                "the newest checkpoint is step %s; close(step, state) saves the final step",
+                "the newest checkpoint is %s; close(step, state) saves the final step",
                 self.skipped[-1].step,
-                self._last_step,
+                f"step {newest[0]}" if newest is not None else "none committed by this run",
             )
         self.saver.close()
         if self.drainer is not None:
@@ -900,6 +961,21 @@ class Checkpointer:
                 with contextlib.suppress(ValueError, TypeError):
                     signal.signal(sig, old)
         self._old_handlers = {}
+
+
+def _tell(fn: Callable[[CommitEvent], None], ev: CommitEvent) -> None:
+    """Call one listener: its failure (a reporter that cannot reach its scheduler) stops neither
+    the other listeners nor the run, and is logged, never dropped."""
+    try:
+        fn(ev)
+    except Exception as e:  # noqa: BLE001 - logged: a listener is the user's code
+        log.warning(
+            "checkpoint listener %s failed on the %s event of step %s: %s",
+            getattr(fn, "__qualname__", repr(fn)),
+            ev.kind,
+            ev.step,
+            describe(e),
+        )
 
 
 def _data_state(data: Any) -> Any:

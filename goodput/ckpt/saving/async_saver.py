@@ -268,6 +268,8 @@ class AsyncSaver:
         except BaseException as e:
             msg = f"staging failed: {type(e).__name__}: {e}"
             threading.Thread(target=self._abort, args=(job, msg), daemon=True).start()
+            if not isinstance(e, Exception):
+                raise  # a Ctrl-C stops the loop as itself, not as a SaveError a retrying loop catches
             raise SaveError(f"asynchronous save to {display(path)!r}: {msg}") from e
         t2 = time.perf_counter()
         timings = SaveTimings(step, plan_s=t1 - t0, stage_s=t2 - t1, stall_s=t2 - t0, staging=self.staging)
@@ -409,8 +411,23 @@ class AsyncSaver:
             raise (StorageSaveError(msg) if isinstance(err, StorageError) else save_error(msg)) from err
 
     def close(self) -> None:
+        """Wait for the save in flight, stop the writer, free the buffer. A failed save nobody
+        was told of (its handle never read, no save after it) is logged: at the end of a run
+        (``atexit`` for :func:`async_save`), this is the last word of it."""
         with contextlib.suppress(Exception):
             self.wait(self.timeout + 60)
+        h = self.inflight
+        if h is not None and not h.done():  # the writer is stopped below: this save's failure comes too late to be said
+            log.error(
+                "closing with the save of step %s to %s still being written after %.0f s: it is abandoned, "
+                "and committed only if its write ends before this process does",
+                h.step,
+                display(h.path),
+                self.timeout + 60,
+            )
+        err, self.pending_error = self.pending_error, None
+        if err is not None:
+            log.error("the last asynchronous save failed and nothing after it was saved: %s", err)
         with contextlib.suppress(Exception):
             self.retire()
         for hk in self._hooks:
@@ -510,8 +527,12 @@ class AsyncSaver:
         self.history.append(tm)
         if out.get("ok"):
             for fn in list(self.listeners):  # before the future resolves: a waiter sees their effects
-                with contextlib.suppress(Exception):
+                try:
                     fn(handle)
+                except Exception:  # noqa: BLE001 - the commit stands; what failed after it is said
+                    log.exception(
+                        "after the commit of %s (step %s), a listener failed", display(handle.path), handle.step
+                    )
             handle.committed.set_result(tm)
         else:
             err = save_error(

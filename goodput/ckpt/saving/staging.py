@@ -637,6 +637,13 @@ class CopyJob:
                 finished = self._running == 0 and (self.error is not None or self._copied == self._total)
             if finished:
                 self._done.set()
+            if err is not None and not isinstance(err, Exception):
+                # a Ctrl-C (KeyboardInterrupt, SystemExit) on a thread lending itself to the copy
+                # (a protected step waiting for a lazy copy) fails the copy, and must also stop
+                # that thread as itself: recorded only, it was swallowed and training went on.
+                # The other threads' chunks end first, so nothing writes into the buffer after
+                self._done.wait()
+                raise err
 
     def wait(self) -> None:
         self._done.wait()

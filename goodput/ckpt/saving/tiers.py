@@ -287,6 +287,11 @@ class Drainer:
                 self._thread.start()
         self._queue.put(d)
 
+    def has(self, save_id: str) -> bool:
+        """Whether a drain of this save was submitted here (pending, or ended)."""
+        with self._lock:
+            return save_id in self._pending or any(o.drain.save_id == save_id for o in self.history)
+
     def pending(self) -> set[int]:
         """Steps committed on the fast tier whose drain has not finished (fast retention keeps them)."""
         with self._lock:
@@ -334,8 +339,10 @@ class Drainer:
             except BaseException as e:  # noqa: BLE001 - reported, never fatal to training
                 out = Drained(d, False, describe(e), 0, 0.0, 0.0)
             self.history.append(out)
-            with contextlib.suppress(Exception):
+            try:
                 self.on_done(out)
+            except Exception:  # noqa: BLE001 - the drain's outcome stands; what failed after it is said
+                log.exception("after the drain of step %s, its bookkeeping failed", d.step)
             with self._idle:
                 self._pending.pop(d.save_id, None)
                 self._idle.notify_all()

@@ -25,6 +25,7 @@ from .. import collective
 from ..collective import name_ranks
 from ..dcp_compat import check_planner, location
 from ..errors import CheckpointError, StorageError, describe, rank_errors
+from ..format.dtypes import DTYPES
 from ..format.dtypes import dtype as dtype_info
 from ..format.format import MAX_VALUE_DEPTH, decode_value, value_repr
 from ..state import TensorLeaf, dest_bytes, expand_stateful, flatten, materialize_meta
@@ -48,6 +49,11 @@ class LoadResult:
     # saved entries under a dict the state dict holds (not its top level) that the dict lacks:
     # left in the checkpoint, so reported (a warning) rather than dropped in silence
     unloaded: list[str] = field(default_factory=list)
+    # the other direction: entries of the state dict the checkpoint lacks, left as they were.
+    # Only a non-strict load gets this far with any (a strict one raises); listed, and warned
+    # of, so that ``strict=False`` for one known gap does not hide every other one. A target
+    # tied to one that loaded (the same tensor under two names) was filled and is not listed.
+    missing: list[str] = field(default_factory=list)
 
 
 def load(
@@ -85,7 +91,14 @@ def load(
     ``load_state_dict()``; an ``io.BytesIO`` is refilled with the saved bytes; a meta-device
     tensor is replaced in its dict by a real one, then filled (DCP does the same). ``strict=False``
     (or ``allow_partial_load=True``, or DCP's ``DefaultLoadPlanner(allow_partial_load=True)``)
-    skips what the checkpoint lacks.
+    skips what the checkpoint lacks, naming it in the result's ``missing`` and a warning.
+    A floating tensor is never cast into an integer or bool target, nor a complex one into a
+    real target (the values would be truncated in silence): refused, naming the tensor.
+
+    Tied weights: a target the checkpoint lacks that is the same tensor as one it holds (the
+    same memory seen the same way: one Parameter under two names, as ``lm_head.weight`` and
+    ``embed_tokens.weight`` with ``tie_word_embeddings``, which ``save_pretrained`` writes
+    once) is filled by that one's load, and is not missing, strict or not.
 
     ``path`` may also be a Hugging Face checkpoint directory (``*.safetensors``, with
     ``model.safetensors.index.json`` when sharded): its tensors load into any layout the same
@@ -170,6 +183,8 @@ def _load(
     requests: list[Request] = []
     staged: list[TensorLeaf] = []
     blobs: list[TensorLeaf] = []
+    absent: list[TensorLeaf] = []  # targets the checkpoint lacks: tied to a loaded one, or missing
+    present: list[TensorLeaf] = []  # targets a saved tensor fills
     for lf in leaves:
         t = saved.get(lf.name)
         if t is None:
@@ -177,11 +192,9 @@ def _load(
                 raise CheckpointError(
                     f"{lf.name!r} was saved as a value ({value_repr(ck.metadata.values[lf.name])}), not a tensor"
                 )
-            if strict:
-                raise CheckpointError(
-                    f"tensor {lf.name!r} is not in the checkpoint at {display(path)!r} ({_near(lf.name, saved)})"
-                )
+            absent.append(lf)
             continue
+        present.append(lf)
         if lf.kind == "bytes":
             if t.kind != "bytes":
                 raise CheckpointError(f"{lf.name!r} was saved as a tensor, the state dict holds an io.BytesIO")
@@ -194,8 +207,9 @@ def _load(
         if lf.region.numel == 0:
             continue
         if t.dtype != lf.dtype:
-            if strict_dtype or not castable(t.dtype, lf):
-                raise CheckpointError(f"tensor {lf.name!r}: saved as {t.dtype}, loading into {lf.dtype}")
+            why = "strict_dtype=True" if strict_dtype else cast_refusal(t.dtype, lf)
+            if why is not None:
+                raise CheckpointError(f"tensor {lf.name!r}: saved as {t.dtype}, loading into {lf.dtype} ({why})")
             staged.append(dataclasses.replace(lf, dtype=t.dtype))  # read as saved, cast into the target
             continue
         dest = dest_bytes(lf.local)
@@ -203,6 +217,16 @@ def _load(
             staged.append(lf)
         else:
             requests.append(Request(lf.name, lf.region, dest))
+    missing: set[str] = set()
+    filled = {alias_key(lf) for lf in present} - {None} if absent else set()
+    for lf in absent:
+        if lf.kind != "bytes" and alias_key(lf) in filled:
+            continue  # tied: the same memory, seen the same way, as a target that loads
+        if strict:
+            raise CheckpointError(
+                f"tensor {lf.name!r} is not in the checkpoint at {display(path)!r} ({_near(lf.name, saved)})"
+            )
+        missing.add(lf.name)
     in_tuples: dict[int, tuple[str, dict[int, Any]]] = {}  # id(tuple) -> (its name, {index: new value})
     for v in value_leaves:
         if v.name not in ck.metadata.values:
@@ -212,6 +236,7 @@ def _load(
                 )
             if strict:
                 raise CheckpointError(f"value {v.name!r} is not in the checkpoint at {display(path)!r}")
+            missing.add(v.name)
             continue
         new = restore_like(decode_value(ck.metadata.values[v.name], v.name, ck.metadata.version), v.value)
         if isinstance(v.parent, tuple):  # immutable: the whole tuple is rebuilt in its parent, below
@@ -251,7 +276,52 @@ def _load(
             ", ".join(unloaded[:UNLOADED_NAMED]),
             ", ..." if len(unloaded) > UNLOADED_NAMED else "",
         )
-    return LoadResult(path, ck.step, stats, {"total_s": time.perf_counter() - t0}, unloaded)
+    if missing:
+        log.warning(
+            "load from %r (strict=False) left %d entr%s of the state dict that the checkpoint lacks as they were: "
+            "%s%s (listed in the result's missing)",
+            display(path),
+            len(missing),
+            "y" if len(missing) == 1 else "ies",
+            ", ".join(sorted(missing)[:UNLOADED_NAMED]),
+            ", ..." if len(missing) > UNLOADED_NAMED else "",
+        )
+    return LoadResult(path, ck.step, stats, {"total_s": time.perf_counter() - t0}, unloaded, sorted(missing))
+
+
+def alias_key(lf: TensorLeaf) -> tuple | None:
+    """What makes two targets one tensor (tied weights): the same memory, seen the same way
+    (address, storage offset, shape, strides, dtype, conjugate/negative bits: for a DTensor,
+    its local tensor), holding the same part of the same global shape. Filling one then fills
+    the other. ``module.state_dict()`` detaches each name separately, so one Parameter under
+    two names is two tensor objects there: identity would not see the tie, the memory does.
+    Sharing storage is not enough (a transposed view, a row of it is another tensor), and
+    equal values are not either. None where no memory can be named (no storage, a wrapper
+    subclass): such a target is never taken for tied."""
+    if lf.kind == "bytes":
+        return None  # the leaf holds a copy of the BytesIO's bytes, not its memory
+    x = lf.local
+    if isinstance(x, np.ndarray):
+        ptr = int(x.__array_interface__["data"][0])
+        view: tuple = ("numpy", ptr, x.shape, x.strides, x.dtype.str)
+    else:
+        try:
+            ptr = x.untyped_storage().data_ptr()
+            view = (
+                str(x.device),
+                ptr,
+                x.storage_offset(),
+                tuple(x.shape),
+                x.stride(),
+                x.dtype,
+                x.is_conj(),
+                x.is_neg(),
+            )
+        except (RuntimeError, NotImplementedError, TypeError):
+            return None
+    if not ptr:
+        return None  # no memory at all: two empty tensors are not one
+    return (tuple(lf.global_shape), lf.region, view)
 
 
 def unloaded_entries(state_dict: dict[str, Any], loaded: set[str], saved: list[str]) -> list[str]:
@@ -361,12 +431,40 @@ def open_for_load(path: Path, storage: Storage | None = None) -> Any:
         raise
 
 
+#: element kinds by the format's dtype name: a cast from a later kind into an earlier one loses
+#: what makes the later one (a fraction, an imaginary part)
+_KIND = {"bool": 0, **{n: 1 for n in DTYPES if "int" in n}, **{n: 3 for n in DTYPES if n.startswith("complex")}}
+
+
+def _kind(name: str) -> int:
+    """0 bool, 1 integer, 2 floating (float*, bfloat16, the float8 family), 3 complex."""
+    return _KIND.get(name, 2)
+
+
+def cast_refusal(saved: str, lf: TensorLeaf) -> str | None:
+    """Why a tensor saved as ``saved`` must not be cast into this target, None when it may be.
+
+    Allowed, as DCP's ``copy_`` does: any cast that keeps the kind of number or widens it (float
+    widths, bf16 <-> fp32, int widths, bool or int into float, real into complex). Refused: a
+    floating tensor into an integer or bool target (``copy_`` truncates toward zero: float64
+    ``randn`` becomes int64 zeros, in silence), and a complex one into a real target (the
+    imaginary part dropped). Into a numpy target, also any dtype numpy lacks."""
+    if isinstance(lf.local, np.ndarray) and dtype_info(saved).numpy is None:
+        return f"numpy has no {saved}"
+    if not isinstance(lf.local, np.ndarray) and not hasattr(torch, saved):
+        return f"torch has no {saved}"
+    src, dst = _kind(saved), _kind(lf.dtype)
+    if src == 3 and dst < 3:
+        return "a complex tensor does not load into a real target: its imaginary part would be dropped"
+    if src == 2 and dst < 2:
+        target = "an integer" if dst == 1 else "a bool"
+        return f"a floating tensor does not load into {target} target: its values would be truncated"
+    return None
+
+
 def castable(saved: str, lf: TensorLeaf) -> bool:
-    """Whether a tensor saved as ``saved`` can be cast into this target: any torch dtype into a
-    torch target (as DCP's ``copy_``); into a numpy target only from dtypes numpy has."""
-    if isinstance(lf.local, np.ndarray):
-        return dtype_info(saved).numpy is not None
-    return hasattr(torch, saved)
+    """Whether a tensor saved as ``saved`` may be cast into this target (:func:`cast_refusal`)."""
+    return cast_refusal(saved, lf) is None
 
 
 def _near(name: str, saved: dict) -> str:

@@ -90,12 +90,24 @@ def _why_missing(storage: Storage, path: Path) -> str:
             return "nothing is stored under it"
         return "it does not exist"
     except NotADirectoryError:
-        return "it is not a directory"
+        return f"it is not a directory{_file_hint(path)}"
     except StorageError:
         raise
     except (OSError, CheckpointError, ValueError):
         pass
     return f"no {MANIFEST}"
+
+
+def _file_hint(path: Path) -> str:
+    """What to pass instead of a file of a checkpoint: its directory. Passing the file a user
+    sees (``model.safetensors``, the manifest) is the natural mistake; "not a directory" alone
+    does not say which directory is meant."""
+    name, parent = path.name, display(path.parent)
+    if name.endswith(".safetensors") or name.endswith(".safetensors.index.json"):
+        return f": {name!r} is a file; pass the directory holding the safetensors files, {parent!r}"
+    if name in (MANIFEST, DCP_METADATA):
+        return f": {name!r} is a checkpoint's file; pass the checkpoint directory, {parent!r}"
+    return ""
 
 
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's global metadata file

@@ -188,6 +188,11 @@ class Checkpointer:
         self._preempt_signal: int | None = None
         self._preempt_step: int | None = None
         self._final_step: int | None = None  # close(step, state)'s: drained whatever drain_every says
+        # the newest step committed under the root before this run's first save (listed once), and the
+        # highest step this run has saved: a save below either is refused (_check_not_behind)
+        self._root_newest: int | None = None
+        self._root_listed = False
+        self._max_saved: int | None = None
         self._lock = threading.Lock()
         self._damaged_seen: set[str] = set()  # damaged step directories already logged
         self.storage.prepare(self.root)
@@ -285,6 +290,7 @@ class Checkpointer:
     def _save(self, step: int, state: dict[str, Any], data: Any, if_busy: str | None) -> AsyncSave | None:
         if (if_busy or self.saver.if_busy) == "skip" and self.saver.busy():
             return None  # skipped before the RNG and the loader's state_dict() are taken for nothing
+        self._check_not_behind(step)
         full = self._own_state(step, state, data if data is not None else self.data)
         if self.fast is not None:  # written to the fast tier, committed through the durable one
             h = self.saver.save(
@@ -299,6 +305,7 @@ class Checkpointer:
             h = self.saver.save(full, step_dir(self.root, step), step=step, user={"step": step}, if_busy=if_busy)
         if h is not None:
             self._last_save_time = time.monotonic()
+            self._max_saved = step if self._max_saved is None else max(self._max_saved, step)
             self._last_step = step
             self._last_handle = h
             self._owed = False
@@ -359,6 +366,37 @@ class Checkpointer:
         self.close()
         if self.exit_on_preempt:
             sys.exit(PREEMPTED_EXIT)
+
+    def _check_not_behind(self, step: int) -> None:
+        """Refuse a save of a step below one already committed under the root (or saved by this
+        run): ``restore`` takes the highest step and retention keeps the highest ``keep``, so the
+        lower saves would be deleted one by one as they commit (each is the oldest) and a resume
+        would go back to the other timeline, both in silence. A run started again from step 0 in
+        an old run's directory, or a rollback to an earlier step, meets this at its first save.
+        Rank 0 lists the root once; every rank decides on its answer, so all raise together."""
+        if not self._root_listed:
+            answer: list = [None, None]
+            if self.rank == 0:
+                try:
+                    committed = scan_checkpoints(self.root).committed
+                    steps = [m.step for p, m in committed if STEP_DIR.match(p.name) and m.step is not None]
+                    answer = [max(steps, default=None), None]
+                except Exception as e:  # every rank raises it, none waits for rank 0
+                    answer = [None, describe(e)]
+            if self.world > 1:
+                answer = collective.broadcast_obj(answer, 0, self.group)
+            if answer[1] is not None:
+                raise StorageError(f"save of step {step}: cannot list {display(self.root)!r}: {answer[1]}")
+            self._root_newest, self._root_listed = answer[0], True
+        ahead = max((s for s in (self._root_newest, self._max_saved) if s is not None), default=None)
+        if ahead is not None and step < ahead:
+            raise CheckpointError(
+                f"save of step {step} refused: step {ahead} is already committed under {display(self.root)!r} "
+                "(or saved by this run). A resume takes the highest step and retention keeps the highest "
+                f"`keep`, so step {step} and the saves after it would be deleted as they commit and a resume "
+                f"would go back to step {ahead}. Restarting from scratch or rolling back: move the step "
+                f"directories above {step} out of {display(self.root)!r}, or save to another directory"
+            )
 
     def _own_state(self, step: int, state: dict[str, Any], data: Any) -> dict[str, Any]:
         """:meth:`_full_state`, agreed by every rank before the save's planning collective: the

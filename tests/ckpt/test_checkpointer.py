@@ -241,3 +241,47 @@ def test_data_state_with_other_keys_is_what_the_checkpoint_holds(tmp_path: Path,
     assert torch.equal(data["gen"]["seed"], torch.arange(3))
     (msg,) = [r.getMessage() for r in caplog.records if "data loader" in r.getMessage()]
     assert "lacks 'dp_rank_1'" in msg and "'dp_rank_0'" in msg and "'gen.seed'" in msg
+
+
+def test_a_save_below_a_committed_step_is_refused_before_retention_deletes_it(tmp_path: Path) -> None:
+    """A run started again from step 0 in an old run's directory (or rolled back): with keep=2,
+    each new save was the oldest and retention deleted it as it committed, and a restore went back
+    to the old run's step 10, both in silence."""
+    old = gc.Checkpointer(tmp_path, interval=1, keep=2, mode="thread")
+    for step in (9, 10):
+        old.save(step, {"w": torch.full((4,), float(step))}).result()
+    old.close()
+    new = gc.Checkpointer(tmp_path, interval=1, keep=2, mode="thread")
+    with pytest.raises(gc.CheckpointError, match=r"save of step 1 refused: step 10 is already committed"):
+        new.save(1, {"w": torch.zeros(4)})
+    with pytest.raises(gc.CheckpointError, match="move the step directories above 3"):
+        new.maybe_save(3, {"w": torch.zeros(4)})
+    assert new.save(10, {"w": torch.full((4,), 10.0)}).result()  # the same step again: replaced
+    assert new.save(11, {"w": torch.full((4,), 11.0)}).result()
+    with pytest.raises(gc.CheckpointError, match="step 11 is already committed"):
+        new.save(5, {"w": torch.zeros(4)})  # below this run's own saves too
+    new.close()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("step_")) == [
+        "step_000000010",
+        "step_000000011",
+    ]
+    fresh = gc.Checkpointer(tmp_path / "elsewhere", interval=1, keep=2, mode="thread")
+    assert fresh.save(1, {"w": torch.zeros(4)}).result()  # an empty directory: any step
+    fresh.close()
+
+
+def _save_behind(rank: int, world: int, root: str) -> str:
+    ck = gc.Checkpointer(root, interval=1, keep=2, mode="thread")
+    try:
+        ck.save(2, {"w": gc.LocalShard(torch.zeros(4), (4 * world,), (4 * rank,))})
+    except gc.CheckpointError as e:
+        return str(e)
+    finally:
+        ck.close()
+    return "saved"
+
+
+def test_every_rank_refuses_a_save_behind_the_root_together(tmp_path: Path) -> None:
+    gc.save({"w": torch.ones(8)}, tmp_path / "step_000000007", step=7)
+    said = run_ranks(_save_behind, 2, str(tmp_path), timeout=120)
+    assert all("save of step 2 refused: step 7" in s for s in said), said

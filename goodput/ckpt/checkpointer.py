@@ -73,7 +73,7 @@ from . import collective, rng
 from .errors import CheckpointError, SaveError, StorageError, describe
 from .format.dtypes import dtype
 from .format.format import LATEST, MANIFEST, MAX_MANIFEST_BYTES, STEP_DIR, decode_manifest, step_dir_name
-from .loading.loader import load
+from .loading.loader import CHECKPOINTER_KEY, load
 from .loading.reader import Checkpoint, DamagedCheckpoint, latest, manifest_or_damage, scan_checkpoints
 from .saving.async_saver import AsyncSave, AsyncSaver, SaveTimings
 from .saving.background import abort_name
@@ -420,8 +420,8 @@ class Checkpointer:
         raise SaveError(collective.name_ranks(msg, self.group)) from error
 
     def _full_state(self, state: dict[str, Any], data: Any) -> dict[str, Any]:
-        if "_goodput" in state:
-            raise ValueError("the key '_goodput' is reserved for the Checkpointer's per-rank state")
+        if CHECKPOINTER_KEY in state:
+            raise ValueError(f"the key {CHECKPOINTER_KEY!r} is reserved for the Checkpointer's per-rank state")
         mine: dict[str, Any] = {}
         if self.save_rng:
             mine["rng"] = rng.capture()

@@ -169,8 +169,8 @@ def main() -> None:
             ck.maybe_save(step + 1, state)
         print(json.dumps({"step": step + 1, "loss": loss.hex(), "s": time.perf_counter() - t0}), flush=True)
     if ck is not None:
-        ck.wait()
-        ck.close()
+        # the final step kept: saved and committed (a due save skipped at the end is made up), or an error
+        ck.close(a.steps, {"model": model.state_dict(), "optim": opt.state_dict()})
     if a.world > 1:
         dist.destroy_process_group()
     sys.exit(0)

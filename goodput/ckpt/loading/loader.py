@@ -265,7 +265,11 @@ def _load(
         holder.write(data.tobytes())
         holder.seek(0)
     loaded = {lf.name for lf in leaves} | {v.name for v in value_leaves}
-    unloaded = unloaded_entries(state_dict, loaded, list(saved) + list(ck.metadata.values))
+    # the Checkpointer's own entries (its reserved key, per saved rank) are left by design on a
+    # resume with fewer ranks: the other ranks' RNG and loader state, which no rank here takes
+    unloaded = unloaded_entries(
+        state_dict, loaded, [n for n in (*saved, *ck.metadata.values) if not n.startswith(CHECKPOINTER_KEY + ".")]
+    )
     if unloaded:
         log.warning(
             "load from %r left %d saved entr%s that the state dict's dicts lack: %s%s (as DCP, a load fills "
@@ -322,6 +326,9 @@ def alias_key(lf: TensorLeaf) -> tuple | None:
     if not ptr:
         return None  # no memory at all: two empty tensors are not one
     return (tuple(lf.global_shape), lf.region, view)
+
+
+CHECKPOINTER_KEY = "_goodput"  # the Checkpointer's reserved top-level key (its per-rank RNG and loader state)
 
 
 def unloaded_entries(state_dict: dict[str, Any], loaded: set[str], saved: list[str]) -> list[str]:

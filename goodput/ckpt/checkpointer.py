@@ -670,7 +670,7 @@ class Checkpointer:
         fs = storage_for(self.fast)
         for s in fast_committed(self.fast):
             if s > step:
-                fs.remove_tree(step_dir(self.fast, s))
+                _retire(fs, step_dir(self.fast, s))
         assert manifest is not None or committed
         same_world = manifest is not None and decode_manifest(manifest, "manifest").world_size == self.world
         if committed or not whole or not same_world or not self._drain_due(step):
@@ -738,12 +738,12 @@ class Checkpointer:
                         ev.preempted,
                     )
                 )
-            with contextlib.suppress(OSError):
+            with _said("the fast tier's retention after step %s", handle.step):
                 self._fast_cleanup(committed_step=handle.step)
         elif self.rank == 0:
-            with contextlib.suppress(OSError):
+            with _said("the latest pointer of step %s", handle.step):
                 self.storage.publish(self.root, LATEST, handle.path.name.encode())
-            with contextlib.suppress(OSError):
+            with _said("retention after step %s", handle.step):
                 self.cleanup(orphans=False, committed_step=handle.step)
         self._emit(ev)
 
@@ -765,9 +765,9 @@ class Checkpointer:
             # a drain commits a step the fast tier committed before: never a newer one than it
             self._newest = (d.step, out.time)
         if self.rank == 0:
-            with contextlib.suppress(OSError):
+            with _said("the latest pointer of step %s", d.step):
                 self.storage.publish(self.root, LATEST, d.durable_dir.name.encode())
-            with contextlib.suppress(OSError):
+            with _said("retention after step %s", d.step):
                 self.cleanup(orphans=False, committed_step=d.step)
         self._emit(
             CommitEvent(
@@ -783,7 +783,7 @@ class Checkpointer:
                 "durable",
             )  # fmt: skip
         )
-        with contextlib.suppress(OSError):
+        with _said("the fast tier's retention after the drain of step %s", d.step):
             self._fast_cleanup()
 
     def _fast_cleanup(self, startup: bool = False, committed_step: int | None = None) -> list[Path]:
@@ -817,8 +817,7 @@ class Checkpointer:
                     continue
                 if s not in committed and self._unreadable_manifest(fs, self.fast / e.name):
                     continue
-                if s in committed or startup or (steps and s < steps[-1]):
-                    fs.remove_tree(self.fast / e.name)
+                if (s in committed or startup or (steps and s < steps[-1])) and _retire(fs, self.fast / e.name):
                     removed.append(self.fast / e.name)
             return removed
 
@@ -871,8 +870,7 @@ class Checkpointer:
                 # tiered: a step newer than the newest durable one may be committed on the fast
                 # tier and not yet drained; its directory holds what a restore on new nodes needs
                 whole = orphans and (self.fast is None or (newest is not None and s < newest))
-                if whole or (committed_step is not None and s < committed_step):
-                    self.storage.remove_tree(p)
+                if (whole or (committed_step is not None and s < committed_step)) and _retire(self.storage, p):
                     removed.append(p)
             if orphans:  # no save is in flight: every incomplete upload under the root is an orphan
                 with contextlib.suppress(Exception):
@@ -890,8 +888,8 @@ class Checkpointer:
             for p, s in committed:
                 if s in keep or _being_read(self.storage, p):
                     continue
-                self.storage.remove_tree(p)
-                removed.append(p)
+                if _retire(self.storage, p):
+                    removed.append(p)
         return removed
 
     def _report_damaged(self, d: DamagedCheckpoint) -> None:
@@ -999,6 +997,31 @@ class Checkpointer:
                 with contextlib.suppress(ValueError, TypeError):
                     signal.signal(sig, old)
         self._old_handlers = {}
+
+
+@contextlib.contextmanager
+def _said(what: str, *args: Any) -> Any:
+    """Bookkeeping after a commit (the latest pointer, retention): its failure does not undo the
+    commit, so it is not raised, and is logged, never dropped: retention that stops in silence
+    fills the disk, and the run learns it only when a save fails for space."""
+    try:
+        yield
+    except OSError as e:
+        log.warning("%s failed: %s", what % args, describe(e))
+
+
+def _retire(storage: Storage, directory: Path) -> bool:
+    """Delete a checkpoint directory, its manifest first: a crash (or a failure) part-way then
+    leaves a directory that is no longer committed, which start-up cleanup removes, never a
+    committed one with data files missing. False (logged) when it could not be removed."""
+    try:
+        storage.remove(directory, MANIFEST)
+        storage.remove_tree(directory)
+    except OSError as e:
+        log.warning("could not remove %r: %s (it stays; retention tries again after the next commit)",
+                    display(directory), describe(e))  # fmt: skip
+        return False
+    return True
 
 
 def _tell(fn: Callable[[CommitEvent], None], ev: CommitEvent) -> None:

@@ -287,3 +287,30 @@ def test_every_rank_refuses_a_save_behind_the_root_together(tmp_path: Path) -> N
     gc.save({"w": torch.ones(8)}, tmp_path / "step_000000007", step=7)
     said = run_ranks(_save_behind, 2, str(tmp_path), timeout=120)
     assert all("save of step 2 refused: step 7" in s for s in said), said
+
+
+def test_retention_that_cannot_remove_a_checkpoint_says_so_and_uncommits_it_first(tmp_path: Path, caplog) -> None:
+    """A removal that fails (here: a busy mount point inside the step directory, EBUSY) was
+    ignored in silence (rmtree(ignore_errors=True)): retention stopped and the disk filled with no
+    word. It is logged now, and the manifest goes first, so what is left is never a committed
+    checkpoint with data files missing; once removable, the next commit's cleanup takes it."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    ck = gc.Checkpointer(tmp_path, interval=1, keep=1, mode="thread")
+    ck.save(1, {"w": torch.ones(4)}).result()
+    busy = tmp_path / "step_000000001" / "busy"
+    busy.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(busy)], capture_output=True).returncode:
+        ck.close()
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        ck.save(2, {"w": torch.full((4,), 2.0)}).result()
+        ck.wait()
+        assert any("could not remove" in r.getMessage() and "step_000000001" in r.getMessage() for r in caplog.records)
+        assert not (tmp_path / "step_000000001" / MANIFEST).exists()  # uncommitted, not torn
+        assert gc.latest(tmp_path) == tmp_path / "step_000000002"
+    finally:
+        subprocess.run(["umount", "-l", str(busy)], check=False)
+    ck.save(3, {"w": torch.full((4,), 3.0)}).result()
+    ck.close()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("step_")) == ["step_000000003"]

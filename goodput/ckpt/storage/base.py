@@ -132,7 +132,9 @@ class Storage:
         raise NotImplementedError
 
     def remove_tree(self, directory: Path) -> None:
-        """Remove a whole checkpoint directory (retention), best effort."""
+        """Remove a whole directory (retention); one already gone is no error. A failure raises
+        (an ``OSError``): the caller says it, since retention that stops in silence fills the disk.
+        A committed checkpoint's caller removes its manifest first."""
         raise NotImplementedError
 
     def abort_uploads(self, directory: Path) -> int:

@@ -301,7 +301,10 @@ class PosixStorage(Storage):
         remove_quietly(Path(directory) / name)
 
     def remove_tree(self, directory: Path) -> None:
-        shutil.rmtree(directory, ignore_errors=True)
+        try:
+            shutil.rmtree(directory)
+        except FileNotFoundError:
+            return  # gone already (another rank's retention, a person)
 
 
 POSIX = PosixStorage()

@@ -626,8 +626,8 @@ class S3Storage(Storage):
                 if keys:
                     c.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
             self.abort_uploads(directory)
-        except Exception:  # noqa: BLE001, S110 - best effort by contract
-            pass
+        except Exception as e:  # the caller says it: retention that stops in silence fills the bucket
+            raise StorageError(f"'s3://{bucket}/{prefix}/' cannot be removed: {_why(e)}") from e
 
     def uploads(self, directory: Path) -> list[tuple[str, str]]:
         """Incomplete multipart uploads under ``directory``: ``(key, upload id)``. Their keys name

@@ -529,7 +529,7 @@ class AsyncSaver:
             for fn in list(self.listeners):  # before the future resolves: a waiter sees their effects
                 try:
                     fn(handle)
-                except Exception:  # noqa: BLE001 - the commit stands; what failed after it is said
+                except BaseException:  # noqa: BLE001 - the commit stands (a sys.exit() too); what failed is said
                     log.exception(
                         "after the commit of %s (step %s), a listener failed", display(handle.path), handle.step
                     )
@@ -545,8 +545,32 @@ class AsyncSaver:
 def _serve(jobs: queue.SimpleQueue) -> None:
     while (item := jobs.get()) is not None:
         fn, args = item
-        with contextlib.suppress(Exception):  # each job reports its own failure on its futures
-            fn(*args)
+        try:
+            fn(*args)  # each job reports its own failure on its handle's futures
+        except BaseException as e:  # noqa: BLE001 - one that raised instead is failed here, and said
+            _orphaned(fn, args[0], e)
+
+
+def _orphaned(fn: Callable[..., None], handle: AsyncSave, e: BaseException) -> None:
+    """A save's background job raised where it reports nothing itself (not a storage error: those
+    fail the save through its futures): its handle fails with it, the saver holds it as its
+    pending error, and a lazy copy's waiters are released, or ``wait()``, a protected step and
+    the next save would wait for ever for a thread that went on to the next job."""
+    log.error("the background work of the save of step %s to %s raised: %r", handle.step, display(handle.path), e)
+    err = SaveError(
+        f"asynchronous save to {display(handle.path)!r} (step {handle.step}) failed in the background: "
+        f"{type(e).__name__}: {e}"
+    )
+    err.__cause__ = e
+    if handle._lazy is not None:
+        handle._lazy.done.set()
+    if not handle.staged.done():
+        handle.staged.set_exception(err)
+    if not handle.done():
+        saver = getattr(fn, "__self__", None)
+        if isinstance(saver, AsyncSaver):
+            saver.pending_error = err
+        handle.set_exception(err)
 
 
 _default: dict[Any, AsyncSaver] = {}

@@ -289,3 +289,40 @@ def test_a_save_close_gives_up_on_is_said(tmp_path: Path, monkeypatch, caplog) -
     with pytest.raises(gc.SaveError):
         h.result(timeout=30)
     assert gc.latest(tmp_path / "c") is None
+
+
+def test_a_commit_listener_that_exits_neither_kills_the_writer_thread_nor_hangs_the_handle(tmp_path: Path) -> None:
+    """A listener calling sys.exit() on the saver's thread raised SystemExit, which the thread's
+    suppress(Exception) let through: the thread died, the handle never resolved, and result()
+    (and every later save) waited for ever. The commit stands, and the failure is said."""
+    import sys
+
+    saver = gc.AsyncSaver(mode="thread")
+    saver.listeners.append(lambda h: sys.exit(3))
+    try:
+        h = saver.save({"w": torch.ones(8)}, tmp_path / "a", step=1)
+        assert h.result(timeout=60) is not None
+        assert gc.open(tmp_path / "a").step == 1
+        assert saver.save({"w": torch.ones(8)}, tmp_path / "b", step=2).result(timeout=60) is not None
+    finally:
+        saver.listeners.clear()
+        saver.close()
+
+
+def test_background_work_that_raises_unexpectedly_fails_its_handle_instead_of_hanging(tmp_path: Path) -> None:
+    """The thread's safety net: background work that raises outside its own error handling (here
+    a handle without timings, which no real save makes) fails that handle and becomes the saver's
+    pending error; before, wait() and the next save waited for ever."""
+    from goodput.ckpt.saving.async_saver import AsyncSave
+
+    saver = gc.AsyncSaver(mode="thread")
+    try:
+        broken = AsyncSave(tmp_path / "x", 7, "0123456789abcdef", timings=None)
+        saver._submit(saver._background, (broken, {"rank": 0}, 0, time.perf_counter()))
+        with pytest.raises(gc.SaveError, match=r"step 7\) failed in the background"):
+            broken.result(timeout=60)
+        with pytest.raises(gc.SaveError, match="failed in the background"):
+            saver.raise_pending()
+        assert saver.save({"w": torch.ones(8)}, tmp_path / "c", step=8).result(timeout=60) is not None
+    finally:
+        saver.close()

@@ -53,6 +53,7 @@ from .read_exec import DEFAULT_READ_BUFFER, ReadStats, read_requests
 from .read_plan import ReadPlanner, Request
 
 INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"  # Hugging Face's unsharded layout: read alone when there is no index
 SINGLE = "model.safetensors"
 MAX_INDEX_BYTES = 64 << 20
 VALUES = "goodput_values.json"  # what goodput's export carried beside the tensors
@@ -240,6 +241,20 @@ def _index_files(st: Storage, d: Path) -> tuple[list[str], dict[str, str] | None
                 "a sharded checkpoint needs its index to say which files make it whole (an export that "
                 "did not finish leaves shards without it); export again, or restore the index"
             )
+    stems = {m["stem"] if (m := SHARDED.match(f)) else f for f in files}
+    if len(stems) > 1:
+        # Hugging Face's unsharded layout is model.safetensors alone (a sharded set, one stem, with
+        # its index: diffusers' names); beside it a directory often holds other models' files (a
+        # PEFT adapter_model.safetensors, Mistral's consolidated file): merged in, their tensors
+        # were loaded too, or set aside, without a word
+        if SINGLE in files:
+            return [SINGLE], None
+        raise CheckpointError(
+            f"{display(d)!r} holds {len(files)} .safetensors files ({', '.join(files[:4])}"
+            f"{', ...' if len(files) > 4 else ''}) and no {INDEX} nor {SINGLE}: which of them make the model is "
+            f"not said; add the index (weight_map: tensor name -> file), or pass a directory holding only the "
+            "model's file"
+        )
     return files, None
 
 

@@ -159,9 +159,11 @@ def test_links_are_followed_into_the_hub_cache_blobs_and_nowhere_else(tmp_path: 
     os.symlink(tmp_path / "secret.safetensors", elsewhere / "model.safetensors")
     with pytest.raises(gc.CheckpointError, match=r"is a link to .*secret\.safetensors'?, outside the directory"):
         gc.load({"w": torch.zeros(8, 8)}, elsewhere)
-    os.symlink("../../../secret.safetensors", snap / "model-2.safetensors")  # out of the snapshot's repo
+    snap2 = repo / "snapshots" / "rev2"
+    snap2.mkdir()
+    os.symlink("../../../secret.safetensors", snap2 / "model.safetensors")  # out of the snapshot's repo
     with pytest.raises(gc.CheckpointError, match="outside the directory"):
-        gc.load({"w": torch.zeros(8, 8)}, snap)
+        gc.load({"w": torch.zeros(8, 8)}, snap2)
 
 
 def test_plan_shards_bounds_each_shard() -> None:

@@ -164,3 +164,24 @@ def test_a_sharded_save_of_every_dtype_exports_bitwise_and_loads_back_reading_it
     for r in run_ranks(_load_mixed, 2, str(tmp_path / "hf")):
         assert all(r["equal"].values()), r["equal"]
         assert r["needed"] == r["local"] and r["read"] <= 1.1 * r["needed"], r
+
+
+def test_without_an_index_model_safetensors_is_read_alone_and_other_files_are_not_merged(tmp_path: Path) -> None:
+    """Hugging Face reads model.safetensors alone when there is no index; goodput merged every
+    *.safetensors of the directory, so a PEFT adapter or a leftover copy beside the model was read
+    as part of it (here the leftover holds the same name: the load failed as a tensor in two
+    files). Several files with neither an index nor model.safetensors are refused, named."""
+    d = tmp_path / "hf"
+    d.mkdir()
+    w = torch.randn(4, 4)
+    save_file({"w": w}, d / "model.safetensors")
+    save_file({"w": torch.zeros(4, 4), "lora_A": torch.ones(2, 4)}, d / "adapter_model.safetensors")
+    got = {"w": torch.empty(4, 4)}
+    gc.load(got, d)
+    assert torch.equal(got["w"], w)
+    (d / "model.safetensors").rename(d / "weights.safetensors")
+    with pytest.raises(gc.CheckpointError, match=r"holds 2 \.safetensors files \(adapter_model\.safetensors, weights"):
+        gc.load({"w": torch.empty(4, 4)}, d)
+    (d / "adapter_model.safetensors").unlink()
+    gc.load(got, d)  # one file, whatever its name: the model
+    assert torch.equal(got["w"], w)

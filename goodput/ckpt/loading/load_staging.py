@@ -14,6 +14,7 @@ from math import prod
 import numpy as np
 import torch
 
+from ..errors import CheckpointError
 from ..format.dtypes import dtype as dtype_info
 from ..format.geometry import Region
 from ..state import TensorLeaf
@@ -120,9 +121,12 @@ class StagingBuffer:
                 if isinstance(target, np.ndarray):
                     saved = dtype_info(p.leaf.dtype).numpy
                     view = self.bytes[p.offset : p.end].view(saved or target.dtype).reshape(p.shape)
+                    _fits(p.leaf.name, view, target.dtype)
                     np.copyto(target[p.slices] if p.slices else target[...], view, casting="unsafe")
                     continue
                 view = self.tensor[p.offset : p.end].view(getattr(torch, p.leaf.dtype)).view(p.shape)
+                if not (view.dtype.is_floating_point or view.dtype.is_complex or view.dtype == torch.bool):
+                    _fits(p.leaf.name, view.numpy(), target.dtype)
                 dst = target[p.slices] if p.slices else target
                 if self.pinned and dst.device.type == "cuda":
                     dst.copy_(view, non_blocking=True)
@@ -131,6 +135,31 @@ class StagingBuffer:
                     dst.copy_(view, non_blocking=False)
         for dev in devices:  # pragma: no cover - exercised on GPU machines
             torch.cuda.current_stream(dev).synchronize()
+
+
+def _fits(name: str, saved: np.ndarray, target: torch.dtype | np.dtype) -> None:
+    """An integer tensor cast into a narrower integer or a bool target: every value must fit, or
+    the cast would wrap around (int64 300 into int8 is 44) or fold to True, in silence. Checked
+    on the saved values as read; a widening cast, or one between floats, is not checked."""
+    if saved.dtype.kind not in "iu" or saved.size == 0:
+        return
+    t = np.dtype(target) if not isinstance(target, torch.dtype) else torch.empty((), dtype=target).numpy().dtype
+    if t.kind == "b":
+        lo, hi = 0, 1
+    elif t.kind in "iu":
+        lo, hi = int(np.iinfo(t).min), int(np.iinfo(t).max)
+    else:
+        return
+    src = np.iinfo(saved.dtype)
+    if lo <= int(src.min) and int(src.max) <= hi:
+        return  # every value of the saved dtype fits
+    mn, mx = int(saved.min()), int(saved.max())
+    if mn < lo or mx > hi:
+        bad = mn if mn < lo else mx
+        raise CheckpointError(
+            f"tensor {name!r}: saved as {saved.dtype}, loading into {t}: the value {bad} does not fit "
+            f"({lo} to {hi}); the cast would change it in silence"
+        )
 
 
 def staging_like(staged: list[TensorLeaf], nbytes: int) -> StagingBuffer:

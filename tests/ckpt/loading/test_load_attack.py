@@ -228,3 +228,31 @@ def test_a_safetensors_file_or_a_manifest_passed_for_its_directory_says_which_to
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(gc.CheckpointError, match=r"it is not a directory"):
         gc.load({"w": torch.zeros(2)}, tmp_path / "notes.txt")
+
+
+def test_an_integer_cast_that_does_not_fit_its_target_is_refused_naming_the_value(tmp_path) -> None:
+    """int64 300 loaded into int8 became 44, -5 into uint8 became 251, 2 into bool became True,
+    in silence (DCP's copy_ does the same). A narrowing cast whose values all fit still loads;
+    bf16 and other floats are not checked (their casts round, by design)."""
+    gc.save(
+        {
+            "big": torch.tensor([1, 300, -5]),
+            "small": torch.tensor([1, 2, 3]),
+            "two": torch.tensor([0, 2]),
+            "h": torch.ones(3, dtype=torch.bfloat16),
+        },
+        tmp_path / "ck",
+    )
+    got = {"small": torch.zeros(3, dtype=torch.int8), "h": torch.zeros(3)}
+    gc.load(got, tmp_path / "ck", strict=False)
+    assert got["small"].tolist() == [1, 2, 3] and got["h"].tolist() == [1.0, 1.0, 1.0]
+    for target, value in ((torch.zeros(3, dtype=torch.int8), 300), (torch.zeros(3, dtype=torch.uint8), -5)):
+        with pytest.raises(gc.CheckpointError, match=rf"tensor 'big': saved as int64, loading into .*value {value}"):
+            gc.load({"big": target}, tmp_path / "ck", strict=False)
+    with pytest.raises(gc.CheckpointError, match="tensor 'two'.*value 2 does not fit"):
+        gc.load({"two": torch.zeros(2, dtype=torch.bool)}, tmp_path / "ck", strict=False)
+    with pytest.raises(gc.CheckpointError, match="tensor 'big'.*value 300"):
+        gc.load({"big": np.zeros(3, dtype=np.int8)}, tmp_path / "ck", strict=False)
+    wide = {"big": np.zeros(3, dtype=np.int16)}
+    gc.load(wide, tmp_path / "ck", strict=False)
+    assert wide["big"].tolist() == [1, 300, -5]

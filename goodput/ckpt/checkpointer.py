@@ -1042,7 +1042,11 @@ def _tell(fn: Callable[[CommitEvent], None], ev: CommitEvent) -> None:
 def _data_state(data: Any) -> Any:
     """What is saved of the data loader: a Stateful's ``state_dict()``, or the dict itself."""
     if is_stateful(data):
-        sd = data.state_dict()
+        try:
+            sd = data.state_dict()
+        except Exception as e:  # its own exception, as raised, named (see state.expand_stateful)
+            e.add_note(f"goodput: raised by the state_dict() of the Checkpointer's data ({type(data).__name__})")
+            raise
         if not isinstance(sd, dict):
             raise TypeError(f"data: state_dict() returned a {type(sd).__name__}, not a dict")
         return sd

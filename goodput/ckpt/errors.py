@@ -73,8 +73,10 @@ def save_error(msg: str) -> SaveError:
 
 
 def describe(e: BaseException) -> str:
-    """An exception as one line of a message carried to other ranks."""
-    return f"{type(e).__name__}: {e}"
+    """An exception as one line of a message carried to other ranks, with its notes (what goodput
+    added on the way: which object of the state raised)."""
+    notes = "".join(f" ({n})" for n in getattr(e, "__notes__", ()) if isinstance(n, str))
+    return f"{type(e).__name__}: {e}{notes}"
 
 
 def rank_errors(reports: Iterable[dict[str, Any]]) -> str | None:

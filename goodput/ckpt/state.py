@@ -138,7 +138,13 @@ def expand_stateful(state: Any) -> tuple[Any, list[Stateful]]:
     # (FSDP's do) then runs them in the same order on every rank, whatever each dict's order
     for k, v in sorted(state.items(), key=lambda kv: str(kv[0])):
         if is_stateful(v):
-            sd = v.state_dict()
+            try:
+                sd = v.state_dict()
+            except Exception as e:
+                # the caller's own exception, as raised (a loop may catch its type), named: a save
+                # holds many objects, and the traceback alone does not say which one failed
+                e.add_note(f"goodput: raised by the state_dict() of {str(k)!r} ({type(v).__name__}) while saving")
+                raise
             if not isinstance(sd, dict):
                 raise TypeError(f"{str(k)!r}: state_dict() returned a {type(sd).__name__}, not a dict")
             out[k] = sd

@@ -156,7 +156,11 @@ def load(
         if id(state_dict[k]) not in stateful_keys:
             state_dict[k] = expanded[k]
     for s in statefuls:
-        s.obj.load_state_dict(s.state)
+        try:
+            s.obj.load_state_dict(s.state)
+        except Exception as e:  # its own exception, as raised, named (see expand_stateful)
+            e.add_note(f"goodput: raised by the load_state_dict() of {str(s.key)!r} ({type(s.obj).__name__})")
+            raise
     return result
 
 

@@ -256,3 +256,36 @@ def test_an_integer_cast_that_does_not_fit_its_target_is_refused_naming_the_valu
     wide = {"big": np.zeros(3, dtype=np.int16)}
     gc.load(wide, tmp_path / "ck", strict=False)
     assert wide["big"].tolist() == [1, 300, -5]
+
+
+class _Raises:
+    """A Stateful whose own methods fail, as a data loader's may."""
+
+    def __init__(self, on_save: bool) -> None:
+        self.on_save = on_save
+
+    def state_dict(self) -> dict:
+        if self.on_save:
+            raise RuntimeError("loader exploded")
+        return {"pos": 1}
+
+    def load_state_dict(self, sd: dict) -> None:
+        raise ValueError("cannot take it")
+
+
+def test_a_statefuls_own_exception_names_its_key(tmp_path) -> None:
+    """The exception a Stateful raises is kept (a loop may catch its type) and says which entry
+    of the state raised: a save holds many objects, and the message alone did not say."""
+    with pytest.raises(gc.SaveError, match=r"loader exploded \(goodput: raised by the state_dict\(\) of 'loader'"):
+        gc.save({"m": torch.ones(2), "loader": _Raises(True)}, tmp_path / "a")
+    gc.save({"m": torch.ones(2), "loader": _Raises(False)}, tmp_path / "b")
+    with pytest.raises(ValueError, match="cannot take it") as e:
+        gc.load({"m": torch.ones(2), "loader": _Raises(False)}, tmp_path / "b")
+    assert "load_state_dict() of 'loader' (_Raises)" in e.value.__notes__[0]
+    ck = gc.Checkpointer(tmp_path / "ck", interval=1, mode="thread")
+    try:
+        with pytest.raises(RuntimeError, match="loader exploded") as e:
+            ck.save(1, {"m": torch.ones(2)}, data=_Raises(True))
+        assert "the Checkpointer's data (_Raises)" in e.value.__notes__[0]
+    finally:
+        ck.close()

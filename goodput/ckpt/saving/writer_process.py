@@ -28,6 +28,7 @@ import os
 import queue
 import re
 import signal
+import subprocess
 import sys
 import threading
 from concurrent.futures import Future
@@ -65,8 +66,6 @@ class WriterProcess:
     """The trainer's handle on its writer process."""
 
     def __init__(self) -> None:
-        import subprocess
-
         root = str(Path(__file__).resolve().parents[3])
         env = dict(os.environ)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -99,8 +98,23 @@ class WriterProcess:
         _send(self.proc.stdin, [job, shm_name, size])
         out = _recv(self.proc.stdout)
         if out is None:
-            raise RuntimeError(f"the writer process exited (status {self.proc.poll()})")
+            raise RuntimeError(f"the writer process (pid {self.proc.pid}) {self._how_it_ended()}")
         return out
+
+    def _how_it_ended(self) -> str:
+        """Its pipe closed: how it ended (a signal names the killer: the OOM killer's SIGKILL, a
+        person's), waiting a moment for the exit status that follows the pipe's end."""
+        try:
+            rc = self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            return "closed its pipe and is still running"
+        if rc < 0:
+            try:
+                name = signal.Signals(-rc).name
+            except ValueError:
+                name = f"signal {-rc}"
+            return f"was killed by {name}" + (" (the OOM killer's, or a person's)" if -rc == signal.SIGKILL else "")
+        return f"exited with status {rc}"
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -326,3 +326,21 @@ def test_background_work_that_raises_unexpectedly_fails_its_handle_instead_of_ha
         assert saver.save({"w": torch.ones(8)}, tmp_path / "c", step=8).result(timeout=60) is not None
     finally:
         saver.close()
+
+
+def test_a_writer_killed_mid_write_is_named_with_its_signal(tmp_path: Path, monkeypatch) -> None:
+    """The failure said "the writer process exited (status None)": the status was read before the
+    exit landed, and a SIGKILL (the OOM killer's) was not named."""
+    monkeypatch.setenv(SLOW_WRITE_ENV, "30")  # the writer process reads it: a write that lasts
+    saver = gc.AsyncSaver(mode="process")
+    try:
+        saver.start()
+        h = saver.save({"w": torch.ones(1024)}, tmp_path / "a", step=1)
+        pid = saver._proc.proc.pid
+        time.sleep(0.5)
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(gc.SaveError, match=rf"writer process \(pid {pid}\) was killed by SIGKILL"):
+            h.result(timeout=60)
+    finally:
+        monkeypatch.delenv(SLOW_WRITE_ENV)
+        saver.close()

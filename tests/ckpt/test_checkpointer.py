@@ -17,6 +17,7 @@ import torch
 
 import goodput.ckpt as gc
 from goodput.ckpt.format.format import MANIFEST
+from tests.ckpt.tmpfs import mounted_tmpfs
 from tests.distributed import run_ranks
 from tests.forkserver import REPO, Child, shared
 
@@ -294,23 +295,19 @@ def test_retention_that_cannot_remove_a_checkpoint_says_so_and_uncommits_it_firs
     ignored in silence (rmtree(ignore_errors=True)): retention stopped and the disk filled with no
     word. It is logged now, and the manifest goes first, so what is left is never a committed
     checkpoint with data files missing; once removable, the next commit's cleanup takes it."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
     ck = gc.Checkpointer(tmp_path, interval=1, keep=1, mode="thread")
     ck.save(1, {"w": torch.ones(4)}).result()
-    busy = tmp_path / "step_000000001" / "busy"
-    busy.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(busy)], capture_output=True).returncode:
-        ck.close()
-        pytest.skip("cannot mount a tmpfs here")
     try:
-        ck.save(2, {"w": torch.full((4,), 2.0)}).result()
-        ck.wait()
-        assert any("could not remove" in r.getMessage() and "step_000000001" in r.getMessage() for r in caplog.records)
-        assert not (tmp_path / "step_000000001" / MANIFEST).exists()  # uncommitted, not torn
-        assert gc.latest(tmp_path) == tmp_path / "step_000000002"
-    finally:
-        subprocess.run(["umount", "-l", str(busy)], check=False)
+        with mounted_tmpfs(tmp_path / "step_000000001" / "busy", "64k"):
+            ck.save(2, {"w": torch.full((4,), 2.0)}).result()
+            ck.wait()
+            said = [r.getMessage() for r in caplog.records]
+            assert any("could not remove" in m and "step_000000001" in m for m in said), said
+            assert not (tmp_path / "step_000000001" / MANIFEST).exists()  # uncommitted, not torn
+            assert gc.latest(tmp_path) == tmp_path / "step_000000002"
+    except BaseException:
+        ck.close()
+        raise
     ck.save(3, {"w": torch.full((4,), 3.0)}).result()
     ck.close()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("step_")) == ["step_000000003"]

@@ -6,9 +6,7 @@ limit (RLIMIT_FSIZE, EFBIG) in a child process: either way the writes really fai
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -19,26 +17,15 @@ import torch
 
 import goodput.ckpt as gc
 from goodput.ckpt.format.format import MANIFEST
+from tests.ckpt.tmpfs import mounted_tmpfs
 
 REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
 def small_fs(tmp_path: Path):
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    ok = (
-        os.geteuid() == 0
-        and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)], capture_output=True).returncode
-        == 0
-    )
-    if not ok:
-        pytest.skip("cannot mount a tmpfs here (not root); the RLIMIT_FSIZE test covers the full-disk path")
-    try:
+    with mounted_tmpfs(tmp_path / "small", "6m", "; the RLIMIT_FSIZE test covers the full-disk path") as mnt:
         yield mnt
-    finally:
-        with contextlib.suppress(Exception):
-            subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_enospc_sync_and_async_keep_the_previous_checkpoint(small_fs: Path) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch
 import goodput.ckpt as gc
 from goodput.ckpt.format.format import MANIFEST
 from goodput.ckpt.saving.background import SLOW_WRITE_ENV
+from tests.ckpt.tmpfs import mounted_tmpfs
 from tests.distributed import run_ranks
 
 
@@ -197,19 +197,8 @@ def test_an_exception_of_a_listener_is_said(tmp_path: Path, caplog) -> None:
 @pytest.fixture
 def small_durable(tmp_path: Path):
     """A real 1 MiB file system (tmpfs) for the durable tier, where root may mount one."""
-    mnt = tmp_path / "durable"
-    mnt.mkdir()
-    ok = (
-        os.geteuid() == 0
-        and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True).returncode
-        == 0
-    )
-    if not ok:
-        pytest.skip("cannot mount a tmpfs here (not root)")
-    try:
+    with mounted_tmpfs(tmp_path / "durable", "1m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_close_with_the_final_step_raises_when_its_drain_fails(tmp_path: Path, small_durable: Path) -> None:

@@ -283,6 +283,18 @@ def _remove_dead_temps(parent: Path, name: str) -> None:
                 continue  # alive under another user, or no such pid: left as it is
 
 
+def _umask() -> int:
+    """The process's umask, read without setting it (``os.umask`` sets it: a race with threads
+    creating files meanwhile)."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _write(storage: Storage, dst: Path, name: str, fill: Callable[[str], None]) -> None:
     """Write one file: ``fill(local_path)`` makes it; on POSIX it is renamed into place, on an
     object store it is uploaded (in slices: never a second copy in memory) and the local
@@ -291,6 +303,9 @@ def _write(storage: Storage, dst: Path, name: str, fill: Callable[[str], None]) 
         tmp = dst / f".{name}.tmp-{os.getpid()}"
         try:
             fill(str(tmp))
+            # as any file the user's process makes (safetensors' writer creates it 0600): an
+            # exported model is for others to read, which the user's umask decides
+            os.chmod(tmp, 0o666 & ~_umask())
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
             os.replace(tmp, dst / name)

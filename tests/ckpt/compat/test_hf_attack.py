@@ -185,3 +185,20 @@ def test_without_an_index_model_safetensors_is_read_alone_and_other_files_are_no
     (d / "adapter_model.safetensors").unlink()
     gc.load(got, d)  # one file, whatever its name: the model
     assert torch.equal(got["w"], w)
+
+
+def test_exported_files_are_readable_as_the_umask_says(tmp_path: Path) -> None:
+    """safetensors' writer creates its file 0600: shards came out readable by their owner alone
+    (the index beside them 0644), so a model exported for a team could not be read by it."""
+    import os
+    import stat
+
+    gc.save({"model": {"a": torch.ones(300), "b": torch.ones(300)}}, tmp_path / "ck")
+    old = os.umask(0o022)
+    try:
+        gc.export(tmp_path / "ck", tmp_path / "hf", prefix="model.", max_shard_size="2KB")
+        gc.export(tmp_path / "ck", tmp_path / "pt" / "model.pt", format="torch")
+    finally:
+        os.umask(old)
+    files = [*sorted((tmp_path / "hf").iterdir()), tmp_path / "pt" / "model.pt"]
+    assert len(files) == 4 and {oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {"0o644"}, files

@@ -535,6 +535,16 @@ class Checkpointer:
             held = {n for n in names if n.startswith(f"_goodput.rank.{src}.data.")}
             if data is not None and held:
                 mine["data"], differs = _data_template(_data_state(data), held, f"_goodput.rank.{src}.data", ck)
+            elif data is not None or held:
+                # one side only: the loader goes on from where it is, or its saved place is left
+                # unread; either way not the resume a user expects, so said
+                log.warning(
+                    "rank %s: %s; the data loader is not restored and goes on from where it is",
+                    self.rank,
+                    f"{display(path)!r} holds no data loader state for rank {src} (saved without data=)"
+                    if data is not None
+                    else f"{display(path)!r} holds the data loader's state, but restore was given no data=",
+                )
             target = {**state, "_goodput": {"rank": {src: mine}}} if mine else state
         except Exception as e:  # every rank hears of it below
             error = e

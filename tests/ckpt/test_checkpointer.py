@@ -311,3 +311,28 @@ def test_retention_that_cannot_remove_a_checkpoint_says_so_and_uncommits_it_firs
     ck.save(3, {"w": torch.full((4,), 3.0)}).result()
     ck.close()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("step_")) == ["step_000000003"]
+
+
+def test_a_restore_that_leaves_the_loader_where_it_is_says_so(tmp_path: Path, caplog) -> None:
+    """A checkpoint saved without data= restored with a loader (or the other way round): the
+    loader silently started over (or its saved place was never read)."""
+    ck = gc.Checkpointer(tmp_path / "a", interval=1, mode="thread")
+    ck.close(3, {"w": torch.ones(2)})  # no data=
+    ck = gc.Checkpointer(tmp_path / "a", interval=1, mode="thread")
+    loader = {"pos": 0}
+    assert ck.restore({"w": torch.zeros(2)}, data=loader) == 3 and loader == {"pos": 0}
+    ck.close()
+    assert "holds no data loader state for rank 0 (saved without data=)" in caplog.text
+    caplog.clear()
+    ck = gc.Checkpointer(tmp_path / "b", interval=1, mode="thread")
+    ck.close(4, {"w": torch.ones(2)}, data={"pos": 9})
+    ck = gc.Checkpointer(tmp_path / "b", interval=1, mode="thread")
+    assert ck.restore({"w": torch.zeros(2)}) == 4
+    ck.close()
+    assert "holds the data loader's state, but restore was given no data=" in caplog.text
+    caplog.clear()
+    ck = gc.Checkpointer(tmp_path / "b", interval=1, mode="thread")
+    loader = {"pos": 0}
+    assert ck.restore({"w": torch.zeros(2)}, data=loader) == 4 and loader == {"pos": 9}
+    ck.close()
+    assert "data loader" not in caplog.text

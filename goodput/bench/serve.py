@@ -327,6 +327,8 @@ def run(
     if not 0.0 < kill_at < 1.0:
         raise ValueError("kill_at is a fraction of the submissions, strictly between 0 and 1")
     say = on_step or (lambda _msg: None)
+    if directory:
+        Path(directory).mkdir(parents=True, exist_ok=True)  # as the other benches' --dir
     work = Path(tempfile.mkdtemp(prefix="goodput-bench-serve-", dir=directory))
     db = f"sqlite:///{work / 'sched.db'}"
     svc = _Service(work, db, nodes, gpus_per_node, tick_s)

@@ -534,11 +534,13 @@ class Service:
             return ["--allow-root-jobs: tenants without a Unix user run their jobs as root (a single-user machine)"]
         return ["jobs run as their tenant's Unix user; tenants without one are refused"]
 
-    def start(self) -> None:
+    def start(self, *, notes: bool = True) -> None:
+        """Start the loop and the watchers. ``notes``: log :meth:`startup_notes` (``serve`` prints
+        them itself, once)."""
         self.executor.start_watcher()
         self._loop.start()
         self._refresher.start()
-        for note in self.startup_notes():
+        for note in self.startup_notes() if notes else ():
             log.warning("%s", note)
 
     def close(self) -> None:
@@ -1928,7 +1930,7 @@ def serve(
     )
     if on_start is not None:
         on_start(svc.startup_notes())
-    svc.start()
+    svc.start(notes=on_start is None)
     try:
         # h11, not httptools: httptools buffers a header block of any size (4 connections of 100 MiB
         # of unfinished headers grew the service by 400 MB, no token needed); h11 refuses one past

@@ -695,3 +695,13 @@ def test_a_run_past_its_time_limit_is_stopped_and_fails_with_reason_time_limit(s
     # the stop's checkpoint committed (its cadence, a million steps, made none) and is kept
     assert j["checkpoint"]["committed_s"] > 0, j["checkpoint"]
     assert [p.name for p in root.iterdir() if p.name.startswith("step_")], sorted(os.listdir(root))
+
+
+def test_serve_says_its_start_up_note_once(server, tmp_path):
+    """`goodput sched serve` printed each start-up note twice: once itself, once as a log line."""
+    s = server()
+    s.start()
+    s.stop()
+    text = " ".join((tmp_path / "serve.log").read_text().split())
+    said = [k for k in ("single-user machine", "not root", "tenants without one are refused") if k in text]
+    assert len(said) == 1 and text.count(said[0]) == 1, text[:2000]

@@ -20,7 +20,7 @@ class Claims(SchedulerState):
         self._starts += 1
         self._mutations += 1
         self.queue.remove(job.id)
-        limit = job.backfill_limit()
+        limit = job.backfill_limit(self.gov.limits.max_restart_s)
         held = self._reservation_cache[1] if self._reservation_cache is not None else None
         if held is not None and now + limit + self._margin(job) > held.t and not held.nodes.isdisjoint(nodes):
             self._reservation_cache = None  # it did not go around the reservation: that one no longer holds

@@ -142,10 +142,12 @@ class Job:
     def shape(self) -> tuple[int, int]:
         return (self.nodes, self.gpus_per_node)
 
-    def backfill_limit(self) -> float:
-        """Seconds this run may hold its GPUs by its declaration: restart plus remaining work."""
+    def backfill_limit(self, max_restart_s: float = math.inf) -> float:
+        """Seconds this run may hold its GPUs by its declaration: restart plus remaining work. The
+        restart is counted within ``max_restart_s`` (the cluster's cap, which binds a job accepted
+        before the operator lowered it: its declared day would otherwise be a day's time limit)."""
         limit = self.limit_s if self.limit_s > 0 else self.duration_s
-        return self.ckpt.restart_s * (self.epoch > 0) + max(0.0, limit - self.committed_s)
+        return min(self.ckpt.restart_s, max_restart_s) * (self.epoch > 0) + max(0.0, limit - self.committed_s)
 
 
 @dataclass(slots=True)

@@ -3,6 +3,7 @@ wait, the request to leave, and quota reclaims; and the time limit's preemption.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,6 +39,14 @@ class Preemption(Reservations):
         ask = self.policy.ask_checkpoint and job.ckpt.fits_grace(grace)
         self._preempt(job, "time_limit", "", now + grace, checkpoint=ask, candidates=None)
         self._dirty = True
+
+    def _limit_kill(self, job: Job) -> float:
+        """When the time limit's kill of the current run comes: its hold, ``over_time_limit_s``,
+        then its grace (never, without a declared limit or with time limits not enforced)."""
+        over = self.gov.limits.over_time_limit_s
+        if job.limit_s <= 0 or not math.isfinite(over):
+            return math.inf
+        return job.started_s + job.run_limit_s + over + self._grace(job)
 
     # ------------------------------------------------------------------ preemption
 
@@ -381,6 +390,10 @@ class Preemption(Reservations):
         """Ask a running job to leave by ``deadline_s``; ``reason`` says why (never a job id) and
         ``preemptor`` which job it makes room for ('' for none)."""
         now = self.clock.now()
+        # a notice never outlasts the run's time limit: a drain or a reclaim an hour away given to
+        # a run due to stop in a minute kept it going for the hour (a run lasts at most its hold,
+        # over_time_limit_s and its grace, whatever asks it to leave first)
+        deadline_s = min(deadline_s, self._limit_kill(job))
         victim_of = preemptor or reason
         lost = self._sunk_restart(job, now) if checkpoint else self._uncommitted(job, now)
         self._mutations += 1

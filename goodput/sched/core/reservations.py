@@ -7,9 +7,13 @@ import math
 
 from . import events as ev
 from .claims import Claims
-from .model import Health, Job
+from .model import Health, Job, JobState
 from .queue import Class
 from .state import Reservation
+
+# displaced heads remembered (each displaced by one of higher priority: at most one per priority level
+# in a pass's order, so a few): past this the oldest is forgotten
+MAX_DISPLACED = 16
 
 
 class Reservations(Claims):
@@ -23,8 +27,30 @@ class Reservations(Claims):
                 self.on_reservation(r)
 
     def _note_reservation(self, r: Reservation | None) -> None:
-        """Keep the pass's reservation for the next passes; log it whenever it is set or moves."""
+        """Keep the pass's reservation for the next passes; log it whenever it is set or moves.
+
+        A head that a head of higher priority displaces is remembered (``_displaced``): once that
+        one no longer waits (it started, or claimed nodes its victims leave, or was cancelled), the
+        displaced head is the held head again. Before, it fell back into fair-share order, and a
+        job of another tenant took the nodes it was reserved although the higher-priority job
+        never did: a refused preemptor that took the reservation and, 30 s later, evicted
+        elsewhere moved a gang's start from 1,090 s to 51,090 s."""
         old = self._head_res
+        if r is not None and r.job in self._displaced:
+            self._displaced.remove(r.job)
+        if r is not None and old is not None and old.job != r.job:
+            was, now_head = self.jobs.get(old.job), self.jobs.get(r.job)
+            if (
+                was is not None
+                and now_head is not None
+                and now_head.priority > was.priority
+                and was.state is JobState.PENDING
+                and was.id in self.queue
+            ):
+                if was.id in self._displaced:
+                    self._displaced.remove(was.id)
+                self._displaced.append(was.id)
+                del self._displaced[:-MAX_DISPLACED]
         self.reservation = r
         self._head_res = r
         self._pass_res = None

@@ -537,7 +537,10 @@ class Scheduler(Preemption):
                     if not self.policy.backfill:
                         halted = True
                         break
-                head = None
+                # it no longer waits (started or claimed) and set no reservation: a head it
+                # displaced holds its place again, at that head's level (never itself again)
+                nxt = self._held_head() if reservation is None else None
+                head = nxt if nxt is not head else None
             level = self.queue.tenants(prio)
 
             open_heads: dict[str, list[tuple[tuple[float, int, str], Class]]] = {}
@@ -556,7 +559,7 @@ class Scheduler(Preemption):
                         if h is None:
                             continue
                         if cls in blocked or (prio, cls) in held_off_classes:
-                            if cls in blocked and reclaimable:
+                            if reclaimable:  # shut for backfill, not for a tenant's guarantee
                                 shut.append((h, cls))
                             continue
                         heads.append((h, cls))
@@ -573,7 +576,7 @@ class Scheduler(Preemption):
                         or (prio, tn, cls) in held_off
                         or (prio, cls) in held_off_classes
                     ):
-                        if cls in blocked and reclaimable:
+                        if reclaimable and (cls in blocked or (prio, cls) in held_off_classes):
                             started += self._reclaim_blocked(prio, tn, cls, now, reservation, quota_blocked)
                         heapq.heappop(heads)
                         continue
@@ -663,9 +666,11 @@ class Scheduler(Preemption):
         reservation: Reservation | None,
         tried: set[tuple[str, Class]],
     ) -> int:
-        """A class the reservation blocks is still a tenant's guarantee: a tenant under its quota
-        whose job there fits no free GPUs takes borrowed ones back (once a pass a class), or a
-        borrower's head of the same shape would keep it out for ever."""
+        """A class the reservation blocks, or holds off (every tenant's job of it too long to
+        backfill), is still a tenant's guarantee: a tenant under its quota whose job there fits no
+        free GPUs takes borrowed ones back (once a pass a class), or a borrower's head of the same
+        shape, or another tenant's job of it first by fair share, would keep it out until the head
+        started."""
         if (tn, cls) in tried:
             return 0
         tried.add((tn, cls))
@@ -687,14 +692,18 @@ class Scheduler(Preemption):
         return under and over
 
     def _held_head(self) -> Job | None:
-        """The head whose reservation the last pass made, if it still waits in the queue."""
+        """The head whose reservation the last pass made, if it still waits in the queue; else the
+        latest head a higher-priority one displaced that still waits (see ``_note_reservation``)."""
         r = self._head_res
-        if r is None:
-            return None
-        job = self.jobs.get(r.job)
-        if job is None or job.state is not JobState.PENDING or job.id not in self.queue:
-            return None
-        return job
+        job = self.jobs.get(r.job) if r is not None else None
+        if job is not None and job.state is JobState.PENDING and job.id in self.queue:
+            return job
+        while self._displaced:
+            job = self.jobs.get(self._displaced[-1])
+            if job is not None and job.state is JobState.PENDING and job.id in self.queue:
+                return job
+            self._displaced.pop()
+        return None
 
     def _first_at(self, prio: int, now: float) -> tuple[Job, Class] | None:
         """The job a pass would look at first at this priority: the tenant first by fair share

@@ -100,6 +100,9 @@ class SchedulerState:
         # takes its place): the next pass begins with it, before any other job is looked at
         self._head_res: Reservation | None = None
         self._pass_res: Reservation | None = None  # the reservation in force during this pass
+        # heads displaced by a head of higher priority, the latest last: one holds again once the
+        # heads above it no longer wait (reservations.py, _note_reservation)
+        self._displaced: list[str] = []
         self._plan_on_clock = False  # the last plan depended on the clock alone (see _reserve)
         self._plan_until = math.inf  # and the clock past this makes it stale (see _reserve)
         self.passes = 0
@@ -183,6 +186,7 @@ class SchedulerState:
             "health_gen": self._health_gen,
             "freed": self._freed,
             "reservation_cache": cache,
+            "displaced": list(self._displaced),
             "head_reservation": None
             if self._head_res is None
             else {
@@ -200,6 +204,7 @@ class SchedulerState:
         for pool, n in (meta.get("freed") or {}).items():
             if pool in self._freed:
                 self._freed[pool] = int(n)
+        self._displaced = [str(j) for j in meta.get("displaced") or ()]
         head = meta.get("head_reservation")
         if isinstance(head, dict) and head.get("pool") in self.cap.pools:
             names = [n for n in head.get("nodes", ()) if n in self.cap.nodes]
@@ -247,7 +252,7 @@ class SchedulerState:
         work left), then ``over_time_limit_s`` and its grace before the time limit's kill. What a
         reservation and backfill reckon with, so that a backfilled job can never delay a head.
         With time limits not enforced (``over_time_limit_s`` infinite) the declaration alone."""
-        return job.backfill_limit() + self._margin(job)
+        return job.backfill_limit(self.gov.limits.max_restart_s) + self._margin(job)
 
     def _margin(self, job: Job) -> float:
         lim = self.gov.limits

@@ -291,6 +291,8 @@ class _Auditor:
         # ``res``): head -> (reserved_t, pool, nodes, prio, seq when set); and node -> heads reserving it
         self.held_res: dict[str, tuple[float, str, frozenset[str], int, int]] = {}
         self.reserved_on: dict[str, dict[str, None]] = {}
+        # heads whose reservation a capacity loss made impossible: the scheduler dropped it unlogged
+        self.dropped: set[str] = set()
         # what lets a reservation move later: a sequence number per event, the last capacity loss and,
         # per priority, the last start, preemption or reservation of a job of that priority
         self.seq = 0
@@ -583,6 +585,7 @@ class _Auditor:
 
     def clear_reservation(self, jid: str, t: float) -> None:
         """``jid`` started or left: its reservation, in force or remembered, is over."""
+        self.dropped.discard(jid)
         if self.res is not None and self.res[0] == jid:
             self.res = None
             self.mark(t)
@@ -708,7 +711,18 @@ class _Auditor:
         declaration, no later than the reserved time: the head's in force (``res``), and that of
         every other head still pending whose reservation nothing has let move later since."""
         jid, nodes, end, prio, t = start
-        if res is not None and res[0] != jid and prio <= res[4] and end > res[1] + EPS and not res[3].isdisjoint(nodes):
+        # a backfilled run asked to leave later in its own pass (a claim evicted it) ends by its
+        # deadline: the pass's reservation, planned after that, counts it so
+        end = min(end, self.leaving.get(jid, math.inf))
+        if (
+            res is not None
+            and res[0] != jid
+            and prio <= res[4]
+            and end > res[1] + EPS
+            and not res[3].isdisjoint(nodes)
+            and res[0] not in self.dropped
+            and not self.leaves_room(res[0], jid, nodes & res[3], end, res[1])
+        ):
             self.flag(
                 "reservation_delayed",
                 t,
@@ -725,7 +739,12 @@ class _Auditor:
                 if hid == jid or (res is not None and hid == res[0]):
                     continue
                 held = self.held_res[hid]
-                if prio <= held[3] and end > held[0] + EPS and not self.excused(held, t):
+                if (
+                    prio <= held[3]
+                    and end > held[0] + EPS
+                    and not self.excused(held, t)
+                    and not self.leaves_room(hid, jid, frozenset((n,)), end, held[0])
+                ):
                     self.flag(
                         "reservation_delayed",
                         t,
@@ -734,6 +753,61 @@ class _Auditor:
                         f"with a declared end at t={end:g}",
                     )
                     return
+
+    def leaves_room(self, head_id: str, jid: str, nodes: frozenset[str], end: float, rt: float) -> bool:
+        """Does the head still fit each of these reserved nodes at its reserved time ``rt``, beside
+        every job declared to hold GPUs there past it (``jid``, ending at ``end``, included)? Then
+        the start delays nothing. The scheduler keeps a long backfill off reserved nodes whole, but
+        a reservation a claim moves earlier in the same pass (``_earlier_after_claim``) may land on
+        a node where such a job started around the earlier plan: a head of 2 x 1 GPU reserved
+        beside a 4-GPU job on an 8-GPU node was flagged."""
+        head = self.jobs.get(head_id)
+        me = self.jobs.get(jid)
+        if head is None or me is None or not isinstance(head.gpn, int) or not isinstance(me.gpn, int):
+            return False
+        jobs, leaving = self.jobs, self.leaving
+        for n in nodes:
+            busy = me.gpn if end > rt + EPS else 0  # its shape: judged at its start, before its run is booked
+            for k in self.on_node.get(n, ()):
+                if k == jid:
+                    continue
+                o = jobs[k]
+                if not isinstance(o.run_gpn, int):
+                    return False
+                e = o.start_t + max(0.0, o.limit_s - o.resume) if o.limit_s > 0 else math.inf
+                if min(e, leaving.get(k, math.inf)) > rt + EPS:
+                    busy += o.run_gpn
+            if self.cap.get(n, 0) - busy < head.gpn:
+                return False
+        return True
+
+    def note_unplaceable(self) -> None:
+        """Capacity was lost: if the reserved head in force can no longer start anywhere in its
+        pool, the scheduler drops its reservation without a record (it plans no time for a gang
+        the pool cannot hold, and cannot know when a node returns), and with it the head's place:
+        its last ``reserved`` binds no start until a new one is logged for it. Without this, a
+        start on the one node left after the other was lost was flagged as delaying a two-node head
+        that could not start at all (and, once the node was back, a job that went first by fair
+        share while that head held no reservation)."""
+        res = self.res
+        if res is not None and self.unplaceable(res):
+            self.dropped.add(res[0])
+
+    def unplaceable(self, res: tuple[str, float, str, frozenset[str], int]) -> bool:
+        """Has the reserved head lost the capacity it could ever start on? Fewer nodes of its pool
+        big enough for its gang are left up and without a notice."""
+        head = self.jobs.get(res[0])
+        if head is None or head.phase != _PENDING or not isinstance(head.nodes, int) or not isinstance(head.gpn, int):
+            return False
+        pool, gpn = res[2], head.gpn
+        usable = 0
+        # the reserved nodes are the pool's even where no start has named them yet
+        for n in res[3] | {n for n, p in self.node_pool.items() if p == pool}:
+            if n not in self.lost and n not in self.notice and self.cap.get(n, 0) >= gpn:
+                usable += 1
+                if usable >= head.nodes:
+                    return False
+        return True
 
     def flush_backfilled(self) -> None:
         """The pass is over (its reservation logged, or the clock moved): judge its backfilled starts."""
@@ -808,6 +882,7 @@ class _Auditor:
             if node in self.eff:
                 self.refresh(node)
         self.bump(None)  # capacity is going: a reservation may move later
+        self.note_unplaceable()
         self.excuse_claims(node)
 
     def on_reserved(self, rec: dict[str, Any], t: float) -> None:
@@ -824,6 +899,7 @@ class _Auditor:
         nodes = frozenset(rec["nodes"])
         prio = j.prio if j is not None else 0
         self.res = (jid, rt, pool, nodes, prio)
+        self.dropped.discard(jid)
         if held is not None:
             self.forget_held(jid)
         if j is not None and j.phase == _PENDING:
@@ -1246,6 +1322,7 @@ class _Auditor:
         if node in self.eff:
             self.refresh(node)
         self.bump(None)
+        self.note_unplaceable()
         self.excuse_claims(node)
         jobs = self.jobs
         for jid in self.on_node.get(node, ()):

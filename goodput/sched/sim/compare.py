@@ -147,7 +147,11 @@ def rules_of(cluster: Cluster) -> Rules:
     lim = getattr(getattr(cluster, "governance", None), "limits", None)
     if lim is None:
         return Rules()
-    return Rules(over_time_limit_s=float(lim.over_time_limit_s), max_grace_s=float(lim.max_grace_s))
+    return Rules(
+        over_time_limit_s=float(lim.over_time_limit_s),
+        max_grace_s=float(lim.max_grace_s),
+        max_restart_s=float(lim.max_restart_s),  # a rerun's hold: the cap stands in for its restart
+    )
 
 
 def full_metrics(res: SimResult, jobs: Sequence[Job], cluster: Cluster) -> dict[str, Any]:

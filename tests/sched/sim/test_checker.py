@@ -907,3 +907,15 @@ def test_a_reservation_may_move_later_while_a_leaving_run_outlives_its_deadline(
     reserved(g.at(40), "h", 105.0, ["a", "b"])
     r = pol(g.records)
     assert r.violations["reservation_delayed"] == int(bad), (r.summary(), r.examples)
+
+
+def test_the_comparisons_audit_takes_max_restart_s_from_the_cluster() -> None:
+    """`goodput sched sim`'s audit (rules_of) passed over_time_limit_s and max_grace_s but not
+    max_restart_s: a cluster capping restarts below 1,800 s had its reruns judged by 1,800 s."""
+    from goodput.sched.core.governance import Governance
+    from goodput.sched.sim.compare import rules_of
+    from goodput.sched.sim.formats import Cluster
+
+    cl = Cluster(pools=[], governance=Governance.from_obj(None, {"max_restart_s": 120, "max_grace_s": 30}))
+    r = rules_of(cl)
+    assert (r.max_restart_s, r.max_grace_s) == (120.0, 30.0)

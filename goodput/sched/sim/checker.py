@@ -1002,11 +1002,18 @@ class _Auditor:
             or any(n not in cap for n in names)
             or (j.shape_ok and gpn and (len(names) != j.nodes or gpn != j.gpn))
         ):
+            unknown = [n for n in names if n not in cap]
             self.flag(
                 "not_all_or_nothing",
                 t,
                 who,
-                f"started on {list(names)} x {gpn} GPUs, submitted {j.nodes} nodes x {j.gpn} GPUs",
+                f"started on {list(names)} x {gpn} GPUs, submitted {j.nodes} nodes x {j.gpn} GPUs"
+                + (
+                    f"; {unknown[:3]} not in the cluster checked against (is --cluster / --nodes the cluster "
+                    "that wrote this log?)"
+                    if unknown
+                    else ""
+                ),
             )
         lost = self.lost
         if lost and any(n in lost for n in names):

@@ -280,6 +280,7 @@ def test_check_takes_a_live_services_slots(tmp_path: Path) -> None:
     assert ok.exit_code == 0 and "no violations" in ok.output, ok.output
     wrong = runner.invoke(app, ["sched", "check", str(log)])  # the synthetic cluster has no such slots
     assert wrong.exit_code == 1 and "not_all_or_nothing" in wrong.output
+    assert "not in the cluster checked against" in " ".join(wrong.output.split())  # says why, not just what
 
 
 def test_sim_seeds_reports_each_policys_mean_and_range_over_the_seeds() -> None:

@@ -266,7 +266,7 @@ class Checkpointer:
         due, preempt = self._due(step), self.preempt_requested
         if self.world > 1:
             flags = torch.tensor([int(due), int(preempt)], dtype=torch.int32, device=collective.device(self.group))
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+            collective.all_reduce(flags, dist.ReduceOp.MAX, self.group)
             due, preempt = bool(flags[0]), bool(flags[1])
         if preempt:
             self.preempt_now(step, state, data=data)
@@ -346,7 +346,7 @@ class Checkpointer:
         need = step != self._last_step or not storage_for(newest).exists(step_dir(newest, step), MANIFEST)
         if self.world > 1:  # every rank decides alike, or the save's collective would hang
             flag = torch.tensor([int(need)], dtype=torch.int32, device=collective.device(self.group))
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+            collective.all_reduce(flag, dist.ReduceOp.MAX, self.group)
             need = bool(flag[0])
         if need:
             self.saver.if_busy = "wait"
@@ -706,14 +706,14 @@ class Checkpointer:
         if self.world == 1:
             return flags
         t = torch.tensor([int(f) for f in flags], dtype=torch.int32, device=collective.device(self.group))
-        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        collective.all_reduce(t, dist.ReduceOp.MIN, self.group)
         return [bool(x) for x in t.tolist()]
 
     def _sum(self, values: list[int]) -> list[int]:
         if self.world == 1:
             return values
         t = torch.tensor(values, dtype=torch.int64, device=collective.device(self.group))
-        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
+        collective.all_reduce(t, dist.ReduceOp.SUM, self.group)
         return [int(x) for x in t.tolist()]
 
     # ------------------------------------------------------------------ commits, retention

@@ -231,7 +231,7 @@ class AsyncSaver:
             # every rank must make the same choice, or the planning collective below would pair
             # with some other collective of the training loop
             flags = torch.tensor([int(busy), int(failed)], dtype=torch.int32, device=collective.device(self.group))
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+            collective.all_reduce(flags, dist.ReduceOp.MAX, self.group)
             busy, failed = bool(flags[0]), bool(flags[1])
         if failed:
             self.wait()  # this rank's own in-flight save ends first, so its error is reported once
@@ -297,7 +297,7 @@ class AsyncSaver:
         busy = self.inflight is not None and not self.inflight.done()
         if self.world > 1:
             flag = torch.tensor([int(busy)], dtype=torch.int32, device=collective.device(self.group))
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+            collective.all_reduce(flag, dist.ReduceOp.MAX, self.group)
             busy = bool(flag[0])
         return busy
 

@@ -20,6 +20,7 @@ from goodput.sched.core.model import Checkpointing, Job, JobState, Pool, PoolKin
 from goodput.sched.core.policy import POLICIES
 from goodput.sched.core.scheduler import Scheduler
 from goodput.sched.sim.checker import Rules, check
+from tests.sched.core.test_policy_rules import _same_schedule
 
 POOLS = [Pool("od", PoolKind.ON_DEMAND, 1, 8, 4.0)]
 CAP = {"od-00000": 8}
@@ -248,25 +249,11 @@ def test_renaming_every_tenant_and_job_by_a_bijection_gives_the_same_schedule() 
             res = simulate(js, cluster, POLICIES["goodput"], check_log=False)
             report = audit(res.events, cluster)
             assert report.ok, (report.summary(), report.examples)
-            return res.events
+            return res
 
         a = run(jobs, {})
         b = run([replace(j, id=jmap[j.id], tenant=tmap[j.tenant]) for j in jobs], tmap)
-        back, backt = {v: k for k, v in jmap.items()}, {v: k for k, v in tmap.items()}
-
-        def norm(rec: dict, undo: dict[str, str], undot: dict[str, str]) -> dict:
-            out = {}
-            for k, v in rec.items():
-                if k == "candidates":
-                    continue  # the logged list's order among equal prices is not the schedule
-                if k in ("job", "preemptor", "victim_of") and isinstance(v, str):
-                    v = undo.get(v, v)
-                if k == "tenant":
-                    v = undot.get(v, v)
-                out[k] = v
-            return out
-
-        assert [norm(r, {}, {}) for r in a] == [norm(r, back, backt) for r in b]
+        _same_schedule(a, b, jmap, tmap)
 
     prop()
 

@@ -600,7 +600,11 @@ def token_revoke(
     print(f"revoked {n} token{'s' if n != 1 else ''}")
 
 
-def _call(url: str, method: str, path: str, body: dict | None = None, *, stream: bool = False):  # noqa: ANN202
+def _call(url: str, method: str, path: str, body: dict | None = None, *, stream: bool = False,
+          retry: frozenset[int] | None = None):  # noqa: ANN202 # fmt: skip
+    """One request to the service; an HTTP error fails the command (exit 2). ``retry``: the HTTP
+    codes (and an unreachable service) that raise :class:`_StreamBroke` instead, for a caller that
+    tries again."""
     import urllib.error
     import urllib.request
 
@@ -616,13 +620,17 @@ def _call(url: str, method: str, path: str, body: dict | None = None, *, stream:
     try:
         r = urllib.request.urlopen(req, timeout=None if stream else 30)
     except urllib.error.HTTPError as e:
+        if retry is not None and e.code in retry:
+            raise _StreamBroke(f"HTTP {e.code}") from None
         try:
             detail = json.loads(e.read()).get("detail")
         except ValueError:
             detail = e.reason
         _fail(f"HTTP {e.code}: {detail}")
-    except urllib.error.URLError as e:
-        _fail(f"cannot reach {url}: {e.reason}")
+    except OSError as e:  # URLError is one: refused, reset, unreachable
+        if retry is not None:
+            raise _StreamBroke(f"cannot reach {url}: {getattr(e, 'reason', e)}") from None
+        _fail(f"cannot reach {url}: {getattr(e, 'reason', e)}")
     if stream:
         return r
     with r:
@@ -779,34 +787,13 @@ class _StreamBroke(Exception):
 
 
 def _events_request(url: str, since: int | None, follow: bool, page: int):  # noqa: ANN202
-    """One ``GET /events`` (a response to read as lines). An HTTP error fails the command (exit 2; a
-    410 says the retention deleted events after ``since``); an unreachable service, or a 502/503/504,
-    raises :class:`_StreamBroke`."""
-    import urllib.error
-    import urllib.request
-
-    token = os.environ.get("GOODPUT_TOKEN", "")
-    if not token:
-        _fail("set GOODPUT_TOKEN to your token (goodput sched token add TENANT --db URL)")
+    """One ``GET /events`` (a response to read as lines). A 410 (the retention deleted events after
+    ``since``) or another HTTP error fails the command; an unreachable service, a 502/503/504 (restarting,
+    its store busy) or, for a follower, a 429 (its stream slot not yet freed after a broken
+    connection) raises :class:`_StreamBroke`: the same request may succeed."""
     at = "" if since is None else f"since={since}&"
-    req = urllib.request.Request(
-        f"{url.rstrip('/')}/events?{at}limit={page}&follow={'true' if follow else 'false'}",
-        headers={"Authorization": f"Bearer {token}"},
-    )
-    try:
-        return urllib.request.urlopen(req, timeout=None)
-    except urllib.error.HTTPError as e:
-        # restarting, or its store busy; a follower's stream slot not yet freed after a broken
-        # connection (the service notices within a second): the same request may succeed
-        if e.code in (502, 503, 504) or (follow and e.code == 429):
-            raise _StreamBroke(f"HTTP {e.code}") from None
-        try:
-            detail = json.loads(e.read()).get("detail")
-        except ValueError:
-            detail = e.reason
-        _fail(f"HTTP {e.code}: {detail}")
-    except OSError as e:  # URLError is one: refused, reset, unreachable
-        raise _StreamBroke(f"cannot reach {url}: {getattr(e, 'reason', e)}") from None
+    path = f"/events?{at}limit={page}&follow={'true' if follow else 'false'}"
+    return _call(url, "GET", path, stream=True, retry=frozenset({502, 503, 504} | ({429} if follow else set())))
 
 
 @app.command("events")
